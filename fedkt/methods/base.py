@@ -90,6 +90,23 @@ class ClientContext:
     def private(self) -> list[dict]:
         return self.data().private[self.cid]
 
+    def privatize(self, upload: dict[str, torch.Tensor],
+                  reference: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Client-side DP on what this client uploads (identity when it is off).
+
+        The Gaussian mechanism on the change ``upload - reference`` (``reference``
+        None: ``upload`` already is a change): clip its L2 norm to
+        ``differential_privacy.clip_norm``, add ``N(0, (noise_multiplier * clip_norm)^2)``.
+        """
+        dp = self.cfg.differential_privacy
+        if not dp.enabled:
+            return upload
+        from fedkt.privacy import privatize
+
+        noisy, _ = privatize(upload, reference, clip_norm=dp.clip_norm,
+                             noise_multiplier=dp.noise_multiplier, seed=self.seed("dp"))
+        return noisy
+
     def save_state(self, name: str, tensors: dict[str, torch.Tensor]) -> Path:
         """Keep tensors on this client's disk for later rounds."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -141,6 +158,22 @@ class Clients(Protocol):
 
         ``evaluate`` (default: whether this is an evaluation round) tells the clients
         to score their models on the test split in this call.
+        """
+        ...
+
+    def aggregate(self, handler: str, messages: dict[int, Payload], *, field: str,
+                  like: dict[str, torch.Tensor] | torch.Tensor, weighted: bool = True,
+                  decode: Callable[[int, Payload], dict[str, torch.Tensor]] | None = None
+                  ) -> tuple[dict[int, Payload], Any]:
+        """Run ``handler`` and return the replies and the weighted mean of their ``field``.
+
+        Each reply's ``field`` is a dict of tensors shaped like ``like`` (or one tensor
+        when ``like`` is one, and the mean is then a tensor); weights are
+        the replies' ``num_examples`` (or 1 when ``weighted`` is off).  With
+        ``secure_aggregation`` on the runtime uses SecAgg+: the server never sees a
+        single client's ``field`` (it is absent from the returned replies) and
+        clients must send it dense, shaped like ``like``.  Without it ``decode``
+        (client id, reply) -> tensors may turn an encoded field into those tensors.
         """
         ...
 
@@ -203,3 +236,6 @@ class Method:
     handlers: dict[str, Handler]
     summary: str = ""
     paper: str = ""
+    # The server only needs the (weighted) mean of one upload per client, which it gets
+    # through ``Clients.aggregate``: secure aggregation and client-side DP apply.
+    aggregates: bool = False

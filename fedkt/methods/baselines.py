@@ -77,13 +77,13 @@ class CentralizedConfig(MethodConfig):
 
 
 class CentralizedServer(Server):
-    """Pools every client's private data (and the public set) on the server."""
+    """Pools the private data of every client taking part (and the public set) on the server."""
 
     def setup(self) -> None:
         self.lm = server_lm(self.cfg) if self.cfg.server else client_lm(self.cfg, 0)
         self.state = self.lm.trainable()
         data = self.data()
-        self.records = [r for part in data.private for r in part]
+        self.records = [r for cid in self.cfg.client_ids() for r in data.private[cid]]
         if self.method.include_public:
             self.records += data.public
 

@@ -31,8 +31,8 @@ from fedkt.methods.fedkd import (
     SyncedEncoderServer,
     client_global,
     client_sync,
-    encode_update,
     teacher_config,
+    upload_update,
 )
 from fedkt.payload import Payload
 from fedkt.training_classifier import (
@@ -92,7 +92,7 @@ def fedavg_client_train(ctx: ClientContext, msg: Payload) -> Payload:
     update = {k: v - received[k] for k, v in trainable_state(model).items()}
     T = msg.number("T", source="server", low=0.0) if m.compress else None
     metrics = {**_train_metrics(stats), **_test_metrics(ctx, model, tokenizer)}
-    return Payload(update=encode_update(update, T), num_examples=stats["num_examples"],
+    return Payload(update=upload_update(ctx, update, T)[0], num_examples=stats["num_examples"],
                    train_loss=stats["loss"] if stats["steps"] else 0.0, metrics=metrics)
 
 
@@ -132,14 +132,14 @@ class CentralizedEncoderConfig(_EncoderChoice):
 
 
 class CentralizedEncoderServer(Server):
-    """Pools every client's private data (and the public set) on the server."""
+    """Pools the private data of every client taking part (and the public set) on the server."""
 
     def setup(self) -> None:
         m = self.method
         self.model, self.tokenizer = _build(self.cfg, self.data(), m.layers, m.freeze_embeddings)
         self.state = trainable_state(self.model)
         data = self.data()
-        self.records = [r for part in data.private for r in part]
+        self.records = [r for cid in self.cfg.client_ids() for r in data.private[cid]]
         if m.include_public:
             self.records += data.public
 
@@ -163,7 +163,7 @@ class CentralizedEncoderServer(Server):
 
 register(Method(
     "fedavg_encoder", FedAvgEncoderConfig, FedAvgEncoderServer,
-    {"train": fedavg_client_train, "sync": client_sync},
+    {"train": fedavg_client_train, "sync": client_sync}, aggregates=True,
     summary="FedAvg of an encoder classifier, teacher or student size (FedKD's baselines)",
     paper="McMahan et al. 2017; as the 'UniLM (Fed)' / 'UniLM_N' rows of Wu et al. 2022"))
 register(Method(

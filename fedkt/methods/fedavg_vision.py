@@ -22,7 +22,6 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkt.aggregation import fedavg
 from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, derive_seed
@@ -98,13 +97,9 @@ class FedAvgVisionServer(Server):
             if base is not None and cid not in self.synced:
                 msg["base"] = base
             msgs[cid] = msg
-        replies = clients.call("train", msgs)
+        replies, self.theta = clients.aggregate("train", msgs, field="trainable", like=self.theta,
+                                                weighted=self.method.weighted)
         self.synced = set(replies)
-        states = [r.state("trainable", like=self.theta, source=f"client {c}")
-                  for c, r in replies.items()]
-        weights = [r.number("num_examples", source=f"client {c}", low=0)
-                   for c, r in replies.items()]
-        self.theta = fedavg(states, weights if self.method.weighted else None)
         _load_trainable(self.model, mode, self.theta)
         losses = [r["train_loss"] for r in replies.values()]
         return {"train/loss": sum(losses) / len(losses)}
@@ -154,13 +149,14 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
         test_images, test_labels = image_tensors(fd.test)
         metrics.update({f"test/{k}": v for k, v in
                         evaluate_classifier(model, test_images, test_labels).items()})
-    return Payload(trainable=_trainable(model, mode), num_examples=stats["num_examples"],
+    upload = ctx.privatize(_trainable(model, mode), theta)
+    return Payload(trainable=upload, num_examples=stats["num_examples"],
                    train_loss=stats["loss"], metrics=metrics)
 
 
 METHOD = register(Method(
     name="fedavg_vision", config=FedAvgVisionConfig, server=FedAvgVisionServer,
-    handlers={"train": client_train},
+    handlers={"train": client_train}, aggregates=True,
     summary="FedAvg of an image classifier's head or whole model (KOALA's baseline)",
     paper="McMahan et al. 2017; the baseline of Chen et al. (KOALA), arXiv:2407.05268",
 ))

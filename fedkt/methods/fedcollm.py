@@ -10,7 +10,7 @@ large model f (the LLM) with its own LoRA adapter omega and the auxiliary set D_
 1. the server sends the global adapter theta to the clients;
 2. client k trains theta_k on its private data with the task loss (Eq. 3);
 3. the server averages theta = sum_k n_k theta_k / sum_k n_k (FedAvg; with
-   ``secure_aggregation`` it only learns the sum, see :mod:`fedkt.methods.fedavg`);
+   ``secure_aggregation.enabled`` it only learns the sum, by SecAgg+);
 4. on D_a the LLM and the global SLM co-tune by mutual distillation (Eqs. 4-6)::
 
        L_f = L_FT^f + lambda * KL(f || g)        (Eq. 4, LLM adapter omega)
@@ -47,7 +47,6 @@ from fedkt.methods.base import Method, Server
 from fedkt.methods.fedavg import (
     AdapterAveragingConfig,
     average_client_adapters,
-    client_reveal,
     client_train,
 )
 from fedkt.training import (
@@ -63,7 +62,7 @@ from fedkt.training import (
 class FedCoLLMConfig(AdapterAveragingConfig):
     """FedCoLLM hyper-parameters (defaults: the FATE-LLM reference training arguments).
 
-    ``weighted`` / ``secure_aggregation`` (inherited) configure step 3; local client
+    ``weighted`` (inherited) configures step 3 (``secure_aggregation.enabled``: by SecAgg+); local client
     training uses ``training.*`` as in FedAvg.
     """
 
@@ -336,7 +335,7 @@ class FedCoLLMServer(Server):
 
 METHOD = register(Method(
     name="fedcollm", config=FedCoLLMConfig, server=FedCoLLMServer,
-    handlers={"train": client_train, "secagg_reveal": client_reveal},
+    handlers={"train": client_train}, aggregates=True,
     summary="FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
     paper="Fan et al., FedCoLLM: A Parameter-Efficient Federated Co-tuning Framework for "
           "Large and Small Language Models, arXiv:2411.11707",

@@ -45,7 +45,6 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedkt.aggregation import AggregationError, fedavg
 from fedkt.compression import (
     CompressedTensor,
     compress_state,
@@ -172,6 +171,25 @@ def decode_update(msg: Payload, key: str, like: State, source: str
     return comp
 
 
+def upload_update(ctx: ClientContext, update: State, T: float | None
+                  ) -> tuple[State, float, float]:
+    """What a client sends for its update: (tensors, dense/compressed size, seconds of Eq. 8).
+
+    DP (when on) acts on the dense change before compression.  Under secure
+    aggregation SecAgg+ masks are dense, so the client sends the low-rank
+    reconstruction: Eq. 8's effect on the update, not its bandwidth saving (the
+    download stays compressed).
+    """
+    update = ctx.privatize(update)
+    t0 = time.perf_counter()
+    encoded = encode_update(update, T)  # Eq. 8
+    seconds = time.perf_counter() - t0
+    ratio = dense_nbytes(update) / max(1, compressed_nbytes(from_payload(encoded)))
+    if ctx.cfg.secure_aggregation.enabled:
+        return decompress_state(from_payload(encoded)), 1.0, seconds
+    return encoded, ratio, seconds
+
+
 class GlobalModelSync:
     """Server side of the exchange: the global trainable state, its version, stale clients.
 
@@ -194,30 +212,33 @@ class GlobalModelSync:
             msgs[cid] = msg
         return msgs
 
-    def aggregate(self, replies: dict[int, Payload], T: float | None, weighted: bool, rnd: int
-                  ) -> tuple[State, dict[str, float]]:
-        """FedAvg of the reconstructed client updates, re-encoded with ``T``; applied here.
+    def aggregate(self, clients: Clients, handler: str, msgs: dict[int, Payload],
+                  T: float | None, weighted: bool, rnd: int
+                  ) -> tuple[dict[int, Payload], State, dict[str, float]]:
+        """Run ``handler``; FedAvg of the reconstructed client updates, re-encoded with ``T``.
 
-        Returns the encoded aggregate (what goes back to the clients) and traffic stats.
+        Applies the aggregate here and returns the replies, the encoded aggregate (what
+        goes back to the clients) and traffic stats.  Under secure aggregation the
+        clients upload their reconstructed (dense) updates and SecAgg+ sums them.
         """
-        if not replies:
-            raise AggregationError(f"round {rnd}: no client replied to 'train'")
-        updates, weights, sent = [], [], []
-        for cid, reply in replies.items():
+        sent: list[int] = []
+
+        def decode(cid: int, reply: Payload) -> State:
             comp = decode_update(reply, "update", self.state, f"client {cid}")
-            updates.append(decompress_state(comp))
             sent.append(compressed_nbytes(comp))
-            weights.append(reply.number("num_examples", source=f"client {cid}", low=0)
-                           if weighted else 1.0)
-        mean = fedavg(updates, weights)
+            return decompress_state(comp)
+
+        replies, mean = clients.aggregate(handler, msgs, field="update", like=self.state,
+                                          weighted=weighted, decode=decode)
         encoded = encode_update(mean, T)  # the server compresses the aggregate the same way
         comp = from_payload(encoded)
         applied = decompress_state(comp)  # exactly what the clients will reconstruct
         self.state = {k: v + applied[k] for k, v in self.state.items()}
         self.version = rnd
         dense = dense_nbytes(self.state)
-        return encoded, {"train/upload_ratio": dense / max(1, sum(sent) / len(sent)),
-                         "train/download_ratio": dense / max(1, compressed_nbytes(comp))}
+        up = sum(sent) / len(sent) if sent else dense  # secure aggregation: dense uploads
+        return replies, encoded, {"train/upload_ratio": dense / max(1, up),
+                                  "train/download_ratio": dense / max(1, compressed_nbytes(comp))}
 
     def send(self, clients: Clients, encoded: State) -> None:
         """Send the aggregate to every client; those that do not confirm become stale."""
@@ -294,8 +315,9 @@ class SyncedEncoderServer(Server):
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         T = round_threshold(self.method, rnd, self.cfg.rounds)
         extra = {} if T is None else {"T": T}
-        replies = clients.call(self.handler, self.sync.train_messages(clients.ids, **extra))
-        encoded, metrics = self.sync.aggregate(replies, T, self.method.weighted, rnd)
+        replies, encoded, metrics = self.sync.aggregate(
+            clients, self.handler, self.sync.train_messages(clients.ids, **extra), T,
+            self.method.weighted, rnd)
         self.sync.send(clients, encoded)
         losses = [r.number("train_loss", source=f"client {c}") for c, r in replies.items()
                   if r.get("num_examples")]
@@ -480,16 +502,13 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     stats = train_fedkd(cfg, models, ctx.private, seed=ctx.seed("train"))
     update = {k: v - received[k] for k, v in trainable_state(models.student).items()}
     T = msg.number("T", source="server", low=0.0) if m.compress else None
-    t0 = time.perf_counter()
-    encoded = encode_update(update, T)  # Eq. 8
-    seconds = time.perf_counter() - t0
+    encoded, ratio, seconds = upload_update(ctx, update, T)
     ctx.save_state("teacher", trainable_state(models.teacher))
     ctx.save_state("projections", models.projections.state_dict())
     metrics: dict[str, float] = {f"train/{k}": v for k, v in stats.items()
                                  if k not in ("num_examples",)}
     metrics["train/compress_seconds"] = seconds
-    metrics["train/upload_ratio"] = dense_nbytes(update) / max(
-        1, compressed_nbytes(from_payload(encoded)))
+    metrics["train/upload_ratio"] = ratio
     if ctx.evaluate and cfg.eval.clients:  # the teacher is the model used for inference
         scores = evaluate_encoder(cfg, models.teacher, models.tokenizer, ctx.data().test)
         metrics.update({f"test/{k}": v for k, v in scores.items()})
@@ -510,7 +529,7 @@ class FedKDServer(SyncedEncoderServer):
 
 METHOD = register(Method(
     name="fedkd", config=FedKDConfig, server=FedKDServer,
-    handlers={"train": client_train, "sync": client_sync},
+    handlers={"train": client_train, "sync": client_sync}, aggregates=True,
     summary="local teachers + shared student by adaptive mutual distillation; "
             "SVD-compressed student updates",
     paper="Wu et al., Communication-efficient federated learning via knowledge "

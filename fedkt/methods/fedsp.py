@@ -65,10 +65,9 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedkt.aggregation import AggregationError, fedavg
 from fedkt.config import MethodConfig, RunConfig, TrainingConfig
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Clients, Method, Server, broadcast
+from fedkt.methods.base import ClientContext, Clients, Method, Server
 from fedkt.models.auxiliary import (
     AuxSpec,
     aux_param_groups,
@@ -481,16 +480,12 @@ class FedSPServer(Server):
             aux_id = self.ship(clients) if not self.shipped else self.aux_id
         # 1. send P; 2. clients: (i) align the aux model, (ii) train P on local data
         sent = self.client_prompts()
-        replies = broadcast(clients, "train", Payload(prompts=sent, aux_id=aux_id))
-        if not replies:
-            raise AggregationError(f"round {rnd}: no client replied to 'train'")
+        msg = Payload(prompts=sent, aux_id=aux_id)
+        # 3. P = sum_k n_k P_k / sum_k n_k (Eq. 1; by SecAgg+ when secure aggregation is on)
+        replies, avg = clients.aggregate("train", {cid: msg for cid in clients.ids},
+                                         field="prompts", like=sent, weighted=m.weighted)
         counts = {c: r.number("num_examples", source=f"client {c}", low=0)
                   for c, r in replies.items()}
-        prompts = [r.tensor("prompts", source=f"client {c}", shape=sent.shape, dtype=sent.dtype)
-                   for c, r in replies.items()]
-        weights = [counts[c] if m.weighted else 1.0 for c in replies]
-        # 3. P = sum_k n_k P_k / sum_k n_k (Eq. 1), into the LLM
-        avg = fedavg([{"p": p} for p in prompts], weights)["p"]
         self.prompts = avg.clone() if self.spec is None else prompts_into_llm(self.prompts, avg,
                                                                             self.spec)
         for key in ("loss", "align_loss"):
@@ -634,7 +629,8 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
         lm = entry.lm
         params = align_params(lm.model, m.trainable)
     shape = tuple(prompt_param(lm.model).shape)
-    set_prompts(lm.model, msg.tensor("prompts", source="server", shape=shape))
+    received = msg.tensor("prompts", source="server", shape=shape)
+    set_prompts(lm.model, received)
     records = ctx.private
     reply = Payload(num_examples=len(records))
     metrics: dict[str, float] = {}
@@ -649,7 +645,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
                                         seed=ctx.seed("prompts"), lr=m.prompt_lr)
         reply["loss"] = metrics["train/loss"] = stats["loss"]
         metrics["train/steps"] = stats["steps"]
-    reply["prompts"] = get_prompts(lm.model)
+    reply["prompts"] = ctx.privatize({"p": get_prompts(lm.model)}, {"p": received})["p"]
     reply["metrics"] = {**metrics, **client_test_metrics(ctx, lm)}
     return reply
 
@@ -658,11 +654,11 @@ _PAPER = ("Dong, Xie, Ding, Shen, Li, Tunable Soft Prompts are Messengers in Fed
           "Learning, Findings of EMNLP 2023")
 _HANDLERS = {"setup": client_setup, "train": client_train}
 
-register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER,
+register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
                 summary="soft prompts between the server LLM and clients' KD-initialised "
                         "cut-and-shared auxiliary models"))
-register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER,
+register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
                 summary="FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)"))
-register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS, paper=_PAPER,
+register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
                 summary="prompts trained on a 1-layer shared cut without KD or alignment "
                         "(FedSP baseline)"))

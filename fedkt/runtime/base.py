@@ -17,13 +17,15 @@ import os
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, seed_everything
@@ -88,48 +90,140 @@ class RuntimeClients:
         """Begin round ``rnd``; ``evaluate``: clients score their models in this round."""
         self.rnd, self.step, self.evaluating, self.traffic = rnd, 0, evaluate, Traffic()
 
-    def call(self, handler: str, messages: dict[int, Payload], *, evaluate: bool | None = None
-             ) -> dict[int, Payload]:
-        evaluate = self.evaluating if evaluate is None else evaluate
+    def _requests(self, handler: str, messages: dict[int, Payload], evaluate: bool,
+                  **extra: object) -> dict[int, bytes]:
         requests: dict[int, bytes] = {}
         for cid, payload in messages.items():
             if cid in self.traffic.excluded:
                 continue
             envelope = {"handler": handler, "round": self.rnd, "step": self.step,
-                        "cid": cid, "evaluate": evaluate, "config": self._config_yaml}
-            data = dumps({**payload, ENVELOPE: envelope})
-            requests[cid] = data
-            self.traffic.sent[cid] += len(data)
+                        "cid": cid, "evaluate": evaluate, "config": self._config_yaml, **extra}
+            requests[cid] = dumps({**payload, ENVELOPE: envelope})
         self.step += 1
-        replies: dict[int, Payload] = {}
-        raw = self.transport.exchange(requests, self.cfg.runtime.timeout)
-        for cid in requests:
-            got = raw.get(cid, TimeoutError(f"no reply within {self.cfg.runtime.timeout:.0f} s"))
-            try:
-                if isinstance(got, BaseException):
-                    raise got
-                self.traffic.received[cid] += len(got)
-                reply = loads(got, source=f"client {cid}")
-                if ERROR in reply:
-                    raise ClientFailure(reply[ERROR])
-                meta = reply.pop(ENVELOPE, {})
-                self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
-                for k, v in (reply.pop("metrics", None) or {}).items():
-                    self.traffic.metrics[cid][k] = v
-                replies[cid] = reply
-            except (ClientFailure, PayloadError, TimeoutError, OSError, RuntimeError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                self.traffic.excluded[cid] = reason
-                log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler,
-                            reason)
-        need = self.cfg.clients.min_replies or len(requests)
-        if len(replies) < min(need, len(requests)):
+        return requests
+
+    def _exclude(self, cid: int, handler: str, exc: BaseException | str) -> None:
+        reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self.traffic.excluded[cid] = reason
+        log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler, reason)
+
+    def _accept(self, cid: int, got: bytes | BaseException, handler: str) -> Payload | None:
+        """Parse one client's reply; on failure exclude the client and return None."""
+        try:
+            if isinstance(got, BaseException):
+                raise got
+            reply = loads(got, source=f"client {cid}")
+            if ERROR in reply:
+                raise ClientFailure(reply[ERROR])
+            meta = reply.pop(ENVELOPE, {})
+            self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
+            for k, v in (reply.pop("metrics", None) or {}).items():
+                self.traffic.metrics[cid][k] = v
+            return reply
+        except (ClientFailure, PayloadError, TimeoutError, OSError, RuntimeError,
+                ValueError) as exc:
+            self._exclude(cid, handler, exc)
+            return None
+
+    def _check_quorum(self, handler: str, asked: int, replied: int) -> None:
+        need = self.cfg.clients.min_replies or asked
+        if replied < min(need, asked):
             failed = "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
             raise RoundError(
-                f"round {self.rnd}, handler '{handler}': {len(replies)} of {len(requests)} clients "
+                f"round {self.rnd}, handler '{handler}': {replied} of {asked} clients "
                 f"replied, {need} needed (clients.min_replies). {failed}"
             )
+
+    def call(self, handler: str, messages: dict[int, Payload], *, evaluate: bool | None = None
+             ) -> dict[int, Payload]:
+        evaluate = self.evaluating if evaluate is None else evaluate
+        requests = self._requests(handler, messages, evaluate)
+        for cid, data in requests.items():
+            self.traffic.sent[cid] += len(data)
+        raw = self.transport.exchange(requests, self.cfg.runtime.timeout)
+        replies: dict[int, Payload] = {}
+        for cid in requests:
+            got = raw.get(cid, TimeoutError(f"no reply within {self.cfg.runtime.timeout:.0f} s"))
+            if not isinstance(got, BaseException):
+                self.traffic.received[cid] += len(got)
+            reply = self._accept(cid, got, handler)
+            if reply is not None:
+                replies[cid] = reply
+        self._check_quorum(handler, len(requests), len(replies))
         return replies
+
+    def aggregate(self, handler: str, messages: dict[int, Payload], *, field: str,
+                  like: dict[str, torch.Tensor] | torch.Tensor, weighted: bool = True,
+                  decode: Callable[[int, Payload], dict[str, torch.Tensor]] | None = None,
+                  evaluate: bool | None = None) -> tuple[dict[int, Payload], Any]:
+        """See :meth:`fedkt.methods.base.Clients.aggregate`."""
+        if isinstance(like, torch.Tensor):  # a one-tensor field
+            ref = like
+
+            def one(cid: int, reply: Payload) -> dict[str, torch.Tensor]:
+                return {field: reply.tensor(field, source=f"client {cid}", shape=ref.shape,
+                                            dtype=ref.dtype)}
+
+            replies, mean = self.aggregate(handler, messages, field=field, like={field: ref},
+                                           weighted=weighted, decode=decode or one,
+                                           evaluate=evaluate)
+            return replies, mean[field]
+        if self.cfg.secure_aggregation.enabled:
+            return self._secure_aggregate(handler, messages, field, like, weighted, evaluate)
+        replies = self.call(handler, messages, evaluate=evaluate)
+        states, weights = [], []
+        for cid, reply in list(replies.items()):
+            source = f"client {cid}"
+            try:
+                state = decode(cid, reply) if decode else reply.state(field, like=like,
+                                                                     source=source)
+                weight = reply.number("num_examples", source=source, low=0) if weighted else 1.0
+            except (PayloadError, ValueError) as exc:
+                self._exclude(cid, handler, exc)
+                del replies[cid]
+                continue
+            states.append(state)
+            weights.append(weight)
+        self._check_quorum(handler, len(messages), len(replies))
+        if not states:
+            raise RoundError(f"round {self.rnd}, handler '{handler}': no client replied")
+        return replies, fedavg(states, weights if sum(weights) > 0 else None)
+
+    def _secure_aggregate(self, handler: str, messages: dict[int, Payload], field: str,
+                          like: dict[str, torch.Tensor], weighted: bool, evaluate: bool | None
+                          ) -> tuple[dict[int, Payload], dict[str, torch.Tensor]]:
+        from fedkt.runtime.secagg import AGGREGATE, SecAggError, secure_mean
+
+        evaluate = self.evaluating if evaluate is None else evaluate
+        shapes = {k: tuple(v.shape) for k, v in like.items()}
+        spec = {"field": field, "weighted": weighted,
+                "shapes": {k: list(s) for k, s in shapes.items()}}
+        requests = self._requests(handler, messages, evaluate, **{AGGREGATE: spec})
+        grid, node_of = self.transport.secagg_grid(sorted(requests))  # type: ignore[attr-defined]
+        missing = [c for c in requests if c not in node_of]
+        for cid in missing:
+            self._exclude(cid, handler, "no node for this client")
+            del requests[cid]
+        try:
+            result = secure_mean(grid, node_of, requests, shapes, self.cfg.secure_aggregation,
+                                 self.rnd, self.cfg.runtime.timeout)
+        except SecAggError as exc:
+            raise RoundError(str(exc)) from exc
+        for cid in requests:
+            self.traffic.sent[cid] += result.sent.get(cid, 0)
+            self.traffic.received[cid] += result.received.get(cid, 0)
+        for cid, reason in result.failed.items():
+            self._exclude(cid, handler, reason)
+        replies: dict[int, Payload] = {}
+        for cid, data in result.replies.items():
+            reply = self._accept(cid, data, handler)
+            if reply is not None:
+                replies[cid] = reply
+        self._check_quorum(handler, len(messages), len(replies))
+        assert result.mean is not None
+        mean = {k: (result.mean[k] if v.is_floating_point() else result.mean[k].round()).to(v.dtype)
+                for k, v in like.items()}
+        return replies, mean
 
 
 class ClientFailure(RuntimeError):

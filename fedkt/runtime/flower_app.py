@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedkt.runtime.base import TransportError, handle_request
+from fedkt.runtime.secagg import secure_fit
 
 log = logging.getLogger("fedkt.runtime.flower")
 
@@ -259,8 +261,29 @@ class GridTransport:
             out.setdefault(cid, TimeoutError(f"no reply from client {cid} within {timeout:.0f} s"))
         return out
 
+    def secagg_grid(self, cids: list[int]) -> tuple[_FastGrid, dict[int, int]]:
+        """The grid for Flower's SecAgg+ workflow (:mod:`fedkt.runtime.secagg`), node ids."""
+        return _FastGrid(self.grid, self._ttl), {c: self.node_of[c] for c in cids
+                                                 if c in self.node_of}
+
     def close(self) -> None:
         pass
+
+
+class _FastGrid:
+    """``send_and_receive`` as the SecAgg+ workflow calls it, with fedkt's fast polling."""
+
+    def __init__(self, grid: Grid, ttl: Callable[[float], float]) -> None:
+        self.grid = grid
+        self.ttl = ttl
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> list[Message]:
+        timeout = DEFAULT_CONNECT_TIMEOUT * 72 if timeout is None else timeout
+        msgs = list(messages)
+        for m in msgs:
+            m.metadata.ttl = self.ttl(timeout)
+        return [r for _, r in _send_and_receive(self.grid, msgs, timeout) if r is not None]
 
 
 def make_server_app(job: Callable[[Grid, Context], Any]) -> ServerApp:
@@ -312,7 +335,7 @@ def make_client_app(state_root: Path | str | None = None,
     process's working directory).  ``plugins``: modules to import first (methods
     registered outside fedkt).
     """
-    app = ClientApp()
+    app = ClientApp(mods=[secaggplus_mod])  # SecAgg+ acts on 'train' messages only
     # Plugins named now (e.g. in FEDKT_PLUGINS) travel with the app to simulation workers.
     plugins = (*plugins, *os.environ.get(PLUGINS_ENV, "").split(","))
     default_root = None if state_root is None else str(state_root)
@@ -346,6 +369,17 @@ def make_client_app(state_root: Path | str | None = None,
             root = context.node_config.get(STATE_DIR) or default_root
             reply = handle_request(unpack(msg.content), Path(str(root)) if root else None, cid)
         return Message(pack(reply), reply_to=msg)
+
+    @app.train()
+    def _secure_train(msg: Message, context: Context) -> Message:
+        # SecAgg+'s 'collect masked vectors' stage: secaggplus_mod masks what this returns.
+        import_plugins(plugins + tuple(str(context.run_config.get(CFG_PLUGINS, "")).split(",")))
+        cid = _partition(context)
+        root = context.node_config.get(STATE_DIR) or default_root
+        state_root = Path(str(root)) if root else None
+        content = secure_fit(msg.content, lambda data: handle_request(data, state_root, cid),
+                             source=f"client {cid}")
+        return Message(content, reply_to=msg)
 
     return app
 

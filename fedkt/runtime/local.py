@@ -22,5 +22,14 @@ class LocalTransport:
         # Sequential and in order of client id: deterministic; `timeout` is not enforced here.
         return {cid: handle_request(data, self.state_root, cid) for cid, data in sorted(requests.items())}
 
+    def secagg_grid(self, cids: list[int]) -> tuple[object, dict[int, int]]:
+        """An in-process Flower grid for SecAgg+ (:mod:`fedkt.runtime.secagg`) and the
+        clients' node ids on it."""
+        from fedkt.runtime.secagg import LocalGrid
+
+        grid = LocalGrid(lambda cid, data: handle_request(data, self.state_root, cid))
+        return grid, {cid: LocalGrid.node(cid) for cid in cids}
+
     def close(self) -> None:
         pass
+

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedkt.aggregation import decode_fixed_point
 from fedkt.losses import mutual_kl
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters
@@ -194,47 +193,22 @@ def _received_tensors(clients):
                         yield handler, cid, key, sub, t
 
 
-def test_secure_aggregation_server_sees_only_masked_updates(make_config):
+def test_secure_aggregation_gives_the_plain_weighted_mean(make_config):
+    """SecAgg+ (runtime/secagg.py) leaves FedCoLLM's step 3 unchanged up to quantisation."""
     plain_cfg = fedcollm_config(make_config, *DIRICHLET, name="plain")
     plain_server, plain_clients = _server(plain_cfg), _clients(plain_cfg)
     theta_plain, _ = average_client_adapters(plain_server, plain_clients, plain_server.theta, 1)
-    plain = plain_clients.calls[0][1]
-
-    cfg = fedcollm_config(make_config, *DIRICHLET, "method.secure_aggregation=true", name="sec")
+    cfg = fedcollm_config(make_config, *DIRICHLET, "secure_aggregation.enabled=true",
+                          "secure_aggregation.max_weight=64", name="sec")
     server, clients = _server(cfg), _clients(cfg)
-    theta, _ = average_client_adapters(server, clients, server.theta, 1)
-    replies = clients.calls[0][1]
-    assert set(replies) == {0, 1, 2}
-    for _, _, key, _, t in _received_tensors(clients):
-        # Nothing but masked fixed-point integers reaches the server.
-        assert key == "masked_adapter" and t.dtype == torch.int64
-    for cid, reply in replies.items():
-        assert "adapter" not in reply
-        n = reply["num_examples"]
-        assert n == plain[cid]["num_examples"]
-        for key, q in reply["masked_adapter"].items():
-            alone = decode_fixed_point(q)  # what one masked update reveals: noise
-            assert (alone - n * plain[cid]["adapter"][key].double()).abs().max() > 1e3
-    # The sum the masks leave is the plain FedAvg aggregate (fixed-point rounding only).
+    theta, metrics = average_client_adapters(server, clients, server.theta, 1)
+    assert not hasattr(clients, "calls")  # no plain call: only SecAgg+ messages went out
+    assert metrics["train/loss"] > 0
+    # Quantisation step of SecAgg+: 2 * clipping_range / quantization_range per unit weight.
+    step = 2 * 8.0 / 2**22 * 64 / min(r["num_examples"] for r in plain_clients.calls[0][1].values())
     for key, value in theta.items():
         assert value.dtype == theta_plain[key].dtype
-        torch.testing.assert_close(value, theta_plain[key], rtol=0, atol=1e-6)
-
-
-def test_secure_aggregation_recovers_a_dropped_client(make_config, monkeypatch):
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # client 1 fails in round 1
-    over = (*DIRICHLET, "clients.min_replies=2")
-    plain_cfg = fedcollm_config(make_config, *over, name="plain")
-    plain_server, plain_clients = _server(plain_cfg), _clients(plain_cfg)
-    theta_plain, _ = average_client_adapters(plain_server, plain_clients, plain_server.theta, 1)
-    assert set(plain_clients.calls[0][1]) == {0, 2}
-
-    cfg = fedcollm_config(make_config, *over, "method.secure_aggregation=true", name="sec")
-    server, clients = _server(cfg), _clients(cfg)
-    theta, _ = average_client_adapters(server, clients, server.theta, 1)
-    assert [h for h, _ in clients.calls] == ["train", "secagg_reveal"]
-    for key, value in theta.items():
-        torch.testing.assert_close(value, theta_plain[key], rtol=0, atol=1e-6)
+        torch.testing.assert_close(value, theta_plain[key], rtol=0, atol=3 * step)
 
 
 # ---------------------------------------------------------------- full runs, config

@@ -1,0 +1,128 @@
+"""Secure aggregation: Flower's SecAgg+ workflow and client mod on the local and Flower runtimes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import bytes_to_ndarray
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from safetensors.torch import load_file
+
+from fedkt.config import ConfigError
+from fedkt.payload import loads
+from fedkt.runner import SERVER_STATE, final_metrics, run, run_job
+from fedkt.runtime.base import RoundError, default_state_root
+from fedkt.runtime.local import LocalTransport
+from fedkt.runtime.secagg import REST
+
+SECURE = ("secure_aggregation.enabled=true", "secure_aggregation.max_weight=64")
+THREE = ("clients.num_clients=3", "rounds=1")
+# SecAgg+ quantises w/max_weight * x to 2 * clipping_range / quantization_range; with
+# <= 32 examples per client and max_weight 64 the error per value stays below this.
+ATOL = 3 * (2 * 8.0 / 2**22) * 64 / 8
+
+
+def _state(cfg, rnd=None):
+    rnd = rnd or cfg.rounds
+    return load_file(str(cfg.run_dir / "checkpoints" / f"round_{rnd:04d}" / SERVER_STATE))
+
+
+class SpyTransport(LocalTransport):
+    """The local transport, keeping every SecAgg+ message the server receives."""
+
+    def __init__(self, state_root):
+        super().__init__(state_root)
+        self.received = []
+
+    def secagg_grid(self, cids):
+        grid, nodes = super().secagg_grid(cids)
+        inner = grid.send_and_receive
+
+        def spy(messages, timeout=None):
+            replies = inner(messages, timeout)
+            self.received += replies
+            return replies
+
+        grid.send_and_receive = spy
+        return grid, nodes
+
+
+def test_secure_fedavg_equals_plain_and_the_server_sees_only_masked_vectors(make_config):
+    plain = make_config(*THREE, name="plain")
+    rows_plain = run_job(plain, LocalTransport(default_state_root(plain)), quiet=True)
+    cfg = make_config(*THREE, *SECURE, name="secure")
+    spy = SpyTransport(default_state_root(cfg))
+    rows = run_job(cfg, spy, quiet=True)
+
+    a, b = _state(plain), _state(cfg)
+    assert set(a) == set(b)
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert 0 < diff < ATOL  # the plain mean up to SecAgg+'s quantisation, not bit-equal
+    assert final_metrics(rows)["server"]["accuracy"] == final_metrics(rows_plain)["server"][
+        "accuracy"]
+
+    # What the server received: keys, encrypted shares, masked vectors, key shares; the
+    # adapters themselves (which the plain run's clients sent) appear nowhere.
+    stages = [r.content.config_records[RECORD_KEY_CONFIGS] for r in spy.received]
+    masked = [[bytes_to_ndarray(x) for x in c[Key.MASKED_PARAMETERS]] for c in stages
+              if Key.MASKED_PARAMETERS in c]
+    assert len(masked) == 3 and len(spy.received) == 4 * 3  # 4 stages x 3 clients
+    for r in spy.received:
+        assert all(not len(rec) for rec in r.content.array_records.values())
+        rest = r.content.config_records.get("fitres.metrics", {}).get(REST)
+        if rest is not None:
+            assert "adapter" not in loads(rest)  # the rest of the reply: numbers only
+    for vectors in masked:
+        values = np.concatenate([v.ravel() for v in vectors[1:]]).astype(np.float64)
+        # uniform over [0, 2**32): mean 2**31, std 2**32 / sqrt(12)
+        assert abs(values.mean() / 2**31 - 1) < 0.05
+        assert abs(values.std() / (2**32 / 12**0.5) - 1) < 0.05
+    # Secure traffic is counted per client and exceeds the plain adapter exchange.
+    sent = [r["bytes_sent"] for r in rows if r["participant"] == "client_0" and r["split"] == "train"]
+    sent_plain = [r["bytes_sent"] for r in rows_plain
+                  if r["participant"] == "client_0" and r["split"] == "train"]
+    assert sent[0] > sent_plain[0]
+
+
+def test_a_client_dropping_out_within_the_threshold_is_recovered(make_config, monkeypatch):
+    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # client 1 fails while training in round 1
+    over = ("clients.num_clients=4", "rounds=1", "clients.min_replies=3")
+    plain = make_config(*over, name="plain")
+    run_job(plain, LocalTransport(default_state_root(plain)), quiet=True)
+    cfg = make_config(*over, *SECURE, name="secure")
+    rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    a, b = _state(plain), _state(cfg)
+    # The survivors' mean, as in the plain run without client 1 (its masks were removed
+    # with the key shares of its neighbours).
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < ATOL
+    row = next(r for r in rows if r["participant"] == "client_1" and r["split"] == "train")
+    assert "injected fault" in row["excluded"]
+    server = next(r for r in rows if r["participant"] == "server" and r["split"] == "train")
+    assert server["clients_replied"] == 3
+
+
+def test_too_many_dropouts_fail_the_round_cleanly(make_config, monkeypatch):
+    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1,2:1")
+    cfg = make_config(*THREE, *SECURE, "clients.min_replies=1",
+                      "secure_aggregation.reconstruction_threshold=3", name="secure")
+    with pytest.raises(RoundError, match="secure aggregation halted in round 1.*client 1"):
+        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+
+
+def test_secure_aggregation_is_refused_where_the_server_needs_each_upload(make_config):
+    with pytest.raises(ConfigError, match="secure_aggregation.enabled: method 'standalone'"):
+        make_config("secure_aggregation.enabled=true", method="standalone")
+    with pytest.raises(ConfigError, match="secure_aggregation"):
+        make_config("secure_aggregation.enabled=true", "secure_aggregation.num_shares=2")
+
+
+def test_flower_simulation_runs_the_same_protocol_with_the_same_numbers(make_config):
+    local = make_config(*THREE, *SECURE, name="local")
+    run_job(local, LocalTransport(default_state_root(local)), quiet=True)
+    sim = make_config(*THREE, *SECURE, "runtime.name=flower-sim", name="sim")
+    run(sim, quiet=True)
+    a, b = _state(local), _state(sim)
+    # Same Flower workflow and mod, same seeded stochastic rounding: the same aggregate.
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
