@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     SerializeAsAny,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -28,7 +29,9 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # allow_inf_nan=False: a NaN or infinite number is never a meaningful setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
+                              allow_inf_nan=False)
 
 
 class LoraSettings(_Strict):
@@ -143,6 +146,9 @@ class ClientsConfig(_Strict):
     fraction: float = Field(1.0, gt=0, le=1)
     # The round fails unless at least this many clients reply.
     min_replies: int | None = Field(None, ge=1)
+    # Only these client ids take part (None: all); the data is still split num_clients ways,
+    # so each participant's private data is the same as in the full run.
+    participants: list[int] | None = None
 
     @model_validator(mode="after")
     def _models_match(self) -> ClientsConfig:
@@ -151,6 +157,16 @@ class ClientsConfig(_Strict):
                 f"'models' has {len(self.models)} entries; give 1 (shared by all clients) "
                 f"or num_clients={self.num_clients} (one per client)"
             )
+        if self.participants is not None:
+            ids = self.participants
+            bad = sorted({c for c in ids if not 0 <= c < self.num_clients})
+            dup = sorted({c for c in ids if ids.count(c) > 1})
+            if not ids or bad or dup:
+                raise ValueError(
+                    f"'participants' {ids} must list unique client ids in 0..{self.num_clients - 1} "
+                    f"(num_clients={self.num_clients}); "
+                    + (f"out of range: {bad}" if bad else f"repeated: {dup}" if dup else "empty")
+                )
         return self
 
     def model_for(self, cid: int) -> ModelConfig:
@@ -169,12 +185,64 @@ class RuntimeConfig(_Strict):
     # flower: the SuperLink's control address used by ``fedkt run``.
     superlink: str = "127.0.0.1:9093"
     federation: str | None = None
+    # flower: plain HTTP to the SuperLink; false: TLS (see docs/deployment.md).
     insecure: bool = True
+    # flower with insecure=false: CA certificate (PEM) that signed the SuperLink's
+    # certificate, e.g. ca.crt of `fedkt deploy certs` (None: the system's CAs).
+    root_certificates: str | None = None
     # Seconds to wait for a client's reply before excluding it.
     timeout: float = Field(3600.0, gt=0)
     # torch intra-op threads for client and server work (None: torch's default).
     torch_threads: int | None = Field(None, ge=1)
     device: str = "auto"
+
+
+class SecureAggregationConfig(_Strict):
+    """Flower's SecAgg+ on every runtime: the server learns only the clients' weighted mean.
+
+    Applies to methods whose server sums client uploads (adapters, updates, prompts).
+    """
+
+    enabled: bool = False
+    # Neighbours each client shares its secrets with: an int > 2, or a fraction of the
+    # clients in the round (1.0: all, i.e. SecAgg).
+    num_shares: int | float = Field(1.0, gt=0)
+    # Shares needed to rebuild a dropped client's mask: an int, or a fraction of num_shares.
+    # Higher: more privacy against colluding clients, less tolerance to dropouts.
+    reconstruction_threshold: int | float = Field(0.5, gt=0)
+    # Each value (times weight / max_weight) is clipped to [-clipping_range, clipping_range]
+    # and quantised to quantization_range levels before masking.
+    clipping_range: float = Field(8.0, gt=0)
+    quantization_range: int = Field(2**22, gt=0)
+    modulus_range: int = Field(2**32, gt=0)
+    # The largest client weight (examples); larger weights overflow.
+    max_weight: float = Field(1000.0, gt=0)
+
+    @model_validator(mode="after")
+    def _flower_checks(self) -> SecureAggregationConfig:
+        if self.modulus_range <= self.quantization_range or self.modulus_range & (
+                self.modulus_range - 1):
+            raise ValueError("modulus_range must be a power of 2 above quantization_range")
+        if isinstance(self.num_shares, int) and self.num_shares != 1 and self.num_shares <= 2:
+            raise ValueError("num_shares as an integer must be > 2 (or a fraction of clients)")
+        if isinstance(self.num_shares, float) and self.num_shares > 1:
+            raise ValueError("num_shares as a fraction must be in (0, 1]")
+        if isinstance(self.reconstruction_threshold, float) and self.reconstruction_threshold > 1:
+            raise ValueError("reconstruction_threshold as a fraction must be in (0, 1]")
+        if (isinstance(self.num_shares, int) and isinstance(self.reconstruction_threshold, int)
+                and self.num_shares > 2 and self.reconstruction_threshold >= self.num_shares):
+            raise ValueError("reconstruction_threshold must be below num_shares")
+        return self
+
+
+class DifferentialPrivacyConfig(_Strict):
+    """Client-side Gaussian mechanism on each upload: clip the change to clip_norm (L2),
+    add N(0, (noise_multiplier * clip_norm)^2) noise; epsilon reported per round."""
+
+    enabled: bool = False
+    clip_norm: float = Field(1.0, gt=0)
+    noise_multiplier: float = Field(1.0, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
 
 
 class EvalConfig(_Strict):
@@ -206,6 +274,9 @@ class RunConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
+    differential_privacy: DifferentialPrivacyConfig = Field(
+        default_factory=DifferentialPrivacyConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -216,11 +287,36 @@ class RunConfig(_Strict):
             values["method"] = _validate_method(values["method"])
         return values
 
+    @model_validator(mode="after")
+    def _privacy_applies(self) -> RunConfig:
+        """Secure aggregation and DP need a method whose server only sums client uploads."""
+        from fedkt.methods import get_method  # local: methods import this module
+
+        for key in ("secure_aggregation", "differential_privacy"):
+            if getattr(self, key).enabled and not get_method(self.method.name).aggregates:
+                raise ValueError(
+                    f"{key}.enabled: method {self.method.name!r} uses each client's upload "
+                    "on its own (not only their sum), so this does not apply (see "
+                    "docs/security.md for the methods it applies to)")
+        return self
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_placeholders(cls, value: str) -> str:
+        try:
+            value.format(name="run")
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(f"the only placeholder allowed is {{name}} ({exc!r})") from None
+        return value
+
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir.format(name=self.name))
 
     def client_ids(self) -> list[int]:
+        """The clients that take part: ``clients.participants`` (sorted), else all."""
+        if self.clients.participants is not None:
+            return sorted(self.clients.participants)
         return list(range(self.clients.num_clients))
 
     def to_yaml(self) -> str:
@@ -241,6 +337,12 @@ def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
 
     if isinstance(method, str):
         method = {"name": method}
+    if not isinstance(method, dict):
+        raise ConfigError(f"method: expected a method name or a mapping with 'name', "
+                          f"got {type(method).__name__}")
+    if not isinstance(method.get("name"), str):
+        raise ConfigError(f"method.name: expected a method name (a string), "
+                          f"got {type(method.get('name')).__name__}")
     try:
         return method_config_class(method.get("name")).model_validate(method)
     except ValidationError as err:
@@ -257,15 +359,31 @@ def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
         elif e["type"] == "literal_error":
             msg = f"not allowed; {msg[0].lower()}{msg[1:]}"
         given = e.get("input")
-        shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {given!r})"
+        shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {_short(given)})"
         lines.append(f"  {key or '<top>'}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` for error messages: cut to ``limit`` characters, safe for huge ints."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node = data
     parts = dotted.split(".")
-    for part in parts[:-1]:
+    if not all(parts):
+        raise ConfigError(f"override {dotted!r}: empty key part; use dotted keys like training.lr")
+    for i, part in enumerate(parts):
+        if isinstance(node, list) and not (part.isdigit() and int(part) < len(node)):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])!r} is a list of "
+                              f"{len(node)}; {part!r} is not an index 0..{len(node) - 1}")
+        if i == len(parts) - 1:
+            break
         if isinstance(node, list):
             node = node[int(part)]
             continue
@@ -283,15 +401,19 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config dict."""
+    if not isinstance(data, dict):
+        raise ConfigError("the config's top level must be a mapping to apply overrides to")
     data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. rounds=5")
         key, raw = item.split("=", 1)
+        if not key.strip():
+            raise ConfigError(f"override {_short(item)}: no key before '='; expected KEY=VALUE")
         try:
             value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {key}: value {raw!r} is not valid YAML") from exc
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int of 5000 digits
+            raise ConfigError(f"override {key}: value {_short(raw)} is not valid YAML") from exc
         _set_dotted(data, key.strip(), value)
     return data
 
@@ -319,8 +441,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc.reason} at byte "
+                          f"{exc.start}") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int of 5000 digits
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if overrides:
         data = apply_overrides(data, overrides)
