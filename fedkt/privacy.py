@@ -381,3 +381,19 @@ class GaussianAccountant:
             "dp/order": order,
             "dp/rounds": float(self.steps),
         }
+
+
+def upload_epsilon(clip_norm: float, noise_multiplier: float, delta: float, rounds: int
+                   ) -> dict[str, float]:
+    """The epsilon of one client's uploads after ``rounds`` rounds, as the server reports it.
+
+    Adjacency is *replacing* the client's whole local dataset, so one upload can move by
+    ``2 * clip_norm`` (the clipped change goes from ``+c`` to ``-c``): the mechanism is a
+    Gaussian with sensitivity ``2 C`` and std ``z C``, i.e. noise multiplier ``z / 2``.
+    This is the local guarantee against a server that sees each upload; under secure
+    aggregation the server sees only the sum, which carries every client's noise.
+    """
+    _positive("clip_norm", clip_norm)
+    acc = GaussianAccountant(noise_multiplier=noise_multiplier / 2, delta=delta)
+    acc.step(rounds)
+    return {"dp_epsilon": acc.epsilon, "dp_delta": delta}

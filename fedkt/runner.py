@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from fedkt.config import RunConfig
 from fedkt.methods import get_method
 from fedkt.methods.base import seed_everything
+from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root
 from fedkt.tracking import RunRecorder
@@ -78,6 +80,10 @@ def run_job(
         clients.start_round(rnd, evaluate)
         seed_everything(server.seed(rnd))
         server_metrics = _split_metrics(server.round(rnd, clients) or {})
+        dp = cfg.differential_privacy
+        if dp.enabled:  # the privacy budget each client has spent so far
+            server_metrics.setdefault("train", {}).update(
+                upload_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd))
         if evaluate:
             server_eval = server.evaluate(rnd)
             if server_eval is not None:
@@ -107,6 +113,7 @@ def run_job(
             recorder.log(row)
             for split, values in per_split.items():
                 recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
+        _test_pause(rnd)
         _checkpoint(recorder, server.state_dict(), rnd)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
@@ -116,6 +123,17 @@ def run_job(
         recorder.summary()
     recorder.plot()
     return recorder.rows()
+
+
+def _test_pause(rnd: int) -> None:
+    """Test hook: with ``FEDKT_PAUSE_IN_ROUND=N`` the server stops for
+    ``FEDKT_PAUSE_SECONDS`` (default 600) in round N, after the clients replied and
+    the round's metrics rows were written but before its checkpoint, and says so on
+    stderr; tests kill the process there (tests/test_kill_resume.py)."""
+    if os.environ.get("FEDKT_PAUSE_IN_ROUND", "") == str(rnd):
+        print(f"fedkt: FEDKT_PAUSE_IN_ROUND={rnd}: pausing before the checkpoint",
+              file=sys.stderr, flush=True)
+        time.sleep(float(os.environ.get("FEDKT_PAUSE_SECONDS", "600")))
 
 
 def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor], rnd: int) -> None:
