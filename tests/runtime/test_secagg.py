@@ -126,3 +126,26 @@ def test_flower_simulation_runs_the_same_protocol_with_the_same_numbers(make_con
     # Same Flower workflow and mod, same seeded stochastic rounding: the same aggregate.
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["fedkd", "fedsp"])
+def test_fedkd_updates_and_fedsp_prompts_are_securely_averaged(tmp_path, method):
+    """FedKD: dense low-rank reconstructions are summed (the download stays compressed);
+    FedSP: the prompts (Eq. 1). Both give the plain run's model up to quantisation."""
+    if method == "fedkd":
+        from tests.methods.test_fedkd import fedkd_config as make
+        over = ("rounds=1",)
+    else:
+        from tests.methods.test_fedsp import fedsp_config as make
+        over = ("rounds=1", "method.server_prompt_steps=0")
+    plain = make(tmp_path / "plain", *over) if method == "fedsp" else make(tmp_path, *over,
+                                                                            name="plain")
+    secure = (make(tmp_path / "secure", *over, *SECURE) if method == "fedsp"
+              else make(tmp_path, *over, *SECURE, name="secure"))
+    for cfg in (plain, secure):
+        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    a, b = _state(plain), _state(secure)
+    floats = [k for k in a if a[k].is_floating_point()]
+    assert floats and set(a) == set(b)
+    diff = max((a[k] - b[k]).abs().max().item() for k in floats)
+    assert diff < ATOL
