@@ -1,7 +1,7 @@
 """FedCoLLM communication per round: LoRA adapter bytes vs the full SLM's parameters.
 
 FedCoLLM clients exchange only the SLM's LoRA adapter: the global theta down, their
-theta_k up (masked int64 with secure aggregation).  The paper (Fan et al., Table 2)
+theta_k up (as SecAgg+ masked vectors with secure aggregation).  The paper (Fan et al., Table 2)
 reports 0.23-0.29% of the full model's parameters for its model pairs.  This script
 builds the configured SLM (and LLM), counts parameters and the bytes of the payloads
 the runtime actually serialises, and prints the per-round ratio; with ``--run`` it
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from fedkt.aggregation import mask_update
 from fedkt.config import load_config
 from fedkt.payload import Payload, nbytes
 from fedkt.training import client_lm, server_lm
@@ -62,8 +61,6 @@ def main() -> None:
     theta = slm.trainable()
     down = nbytes(Payload(adapter=theta))
     up_plain = nbytes(Payload(adapter=theta, num_examples=100, train_loss=1.0))
-    masked = mask_update(theta, 0, list(range(k)), 0, weight=100.0).values
-    up_secure = nbytes(Payload(masked_adapter=masked, num_examples=100, train_loss=1.0))
     full = base * 4  # the full SLM in float32
 
     lora_cfg = cfg.training.lora
@@ -77,10 +74,10 @@ def main() -> None:
             l_lora, l_base = _params(llm.model)
             print(f"LLM {cfg.server.name}: {l_base:,} base parameters, {l_lora:,} LoRA "
                   "(never leaves the server)")
-    print(f"per client per round: down {_mb(down)} (theta, fp32), up {_mb(up_plain)} plain / "
-          f"{_mb(up_secure)} with secure aggregation (int64 fixed point)")
-    print(f"per round, {k} clients: {_mb(k * (down + up_plain))} plain, "
-          f"{_mb(k * (down + up_secure))} secure; FedAvg of the full SLM would move "
+    print(f"per client per round: down {_mb(down)} (theta, fp32), up {_mb(up_plain)} plain "
+          "(with secure aggregation: measure a run with --run; SecAgg+ adds key exchange and "
+          "masked vectors)")
+    print(f"per round, {k} clients: {_mb(k * (down + up_plain))} plain; FedAvg of the full SLM would move "
           f"{_mb(2 * k * full)} ({100 * (down + up_plain) / (2 * full):.3f}% of that)")
 
     if args.run:

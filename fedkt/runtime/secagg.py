@@ -281,6 +281,18 @@ class _Recording:
         return replies
 
 
+@contextmanager
+def _quiet_flower() -> Iterator[None]:
+    """Flower logs every SecAgg+ stage at INFO/DEBUG; fedkt logs the outcome per round."""
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        flwr_log.setLevel(level)
+
+
 @dataclass
 class SecureResult:
     """What the server learns: the mean of the summed field and the rest of each reply."""
@@ -316,7 +328,7 @@ def secure_mean(grid: Any, node_of: dict[int, int], requests: dict[int, bytes],
         timeout=timeout)
     recording = _Recording(grid)
     try:
-        with getattr(grid, "identity", nullcontext)():
+        with getattr(grid, "identity", nullcontext)(), _quiet_flower():
             workflow(recording, ctx)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - e.g. every weight zero, inconsistent vectors
         raise SecAggError(f"secure aggregation failed in round {rnd}: {type(exc).__name__}: "

@@ -149,3 +149,31 @@ def test_fedkd_updates_and_fedsp_prompts_are_securely_averaged(tmp_path, method)
     assert floats and set(a) == set(b)
     diff = max((a[k] - b[k]).abs().max().item() for k in floats)
     assert diff < ATOL
+
+
+@pytest.mark.slow
+def test_deployed_secure_fedavg_matches_local(tmp_path):
+    """A real SuperLink and SuperNodes: SecAgg+ across processes, the local run's numbers."""
+    from fedkt.runtime.flower_deploy import free_port, start_superlink, start_supernode, submit_job
+    from tests.conftest import small_config
+
+    local = small_config(tmp_path / "local", *SECURE, "rounds=1")
+    run_job(local, LocalTransport(default_state_root(local)), quiet=True)
+    port = free_port()
+    procs = [start_superlink("127.0.0.1", port, flwr_home=tmp_path / "home" / "link",
+                             log_file=tmp_path / "logs" / "superlink.log")]
+    try:
+        for cid in range(2):
+            procs.append(start_supernode(cid, 2, f"127.0.0.1:{port}",
+                                         state_dir=tmp_path / "state" / f"node{cid}",
+                                         flwr_home=tmp_path / "home" / f"node{cid}",
+                                         log_file=tmp_path / "logs" / f"supernode{cid}.log"))
+        deployed = small_config(tmp_path / "deployed", *SECURE, "rounds=1", "runtime.name=flower",
+                                f"runtime.superlink=127.0.0.1:{port}")
+        submit_job(deployed, quiet=True)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    a, b = _state(local), _state(deployed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
