@@ -53,6 +53,9 @@ class RunInfo:
     def num_clients(self) -> int:
         clients = self.config.get("clients")
         configured = clients.get("num_clients") if isinstance(clients, dict) else None
+        taking_part = clients.get("participants") if isinstance(clients, dict) else None
+        if isinstance(taking_part, list) and taking_part:
+            return len(taking_part)
         return int(configured) if isinstance(configured, int) else len(self.clients)
 
 

@@ -85,6 +85,7 @@ class RuntimeClients:
         self.step = 0
         self.evaluating = False
         self.traffic = Traffic()
+        self.asked = 0
 
     def start_round(self, rnd: int, evaluate: bool = False) -> None:
         """Begin round ``rnd``; ``evaluate``: clients score their models in this round."""
@@ -100,6 +101,7 @@ class RuntimeClients:
                         "cid": cid, "evaluate": evaluate, "config": self._config_yaml, **extra}
             requests[cid] = dumps({**payload, ENVELOPE: envelope})
         self.step += 1
+        self.asked = len(requests)  # clients asked in the latest call
         return requests
 
     def _exclude(self, cid: int, handler: str, exc: BaseException | str) -> None:
@@ -184,7 +186,7 @@ class RuntimeClients:
                 continue
             states.append(state)
             weights.append(weight)
-        self._check_quorum(handler, len(messages), len(replies))
+        self._check_quorum(handler, self.asked, len(replies))
         if not states:
             raise RoundError(f"round {self.rnd}, handler '{handler}': no client replied")
         return replies, fedavg(states, weights if sum(weights) > 0 else None)
@@ -219,7 +221,7 @@ class RuntimeClients:
             reply = self._accept(cid, data, handler)
             if reply is not None:
                 replies[cid] = reply
-        self._check_quorum(handler, len(messages), len(replies))
+        self._check_quorum(handler, self.asked, len(replies))
         assert result.mean is not None
         mean = {k: (result.mean[k] if v.is_floating_point() else result.mean[k].round()).to(v.dtype)
                 for k, v in like.items()}

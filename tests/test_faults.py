@@ -1,0 +1,70 @@
+"""Faulty clients: excluded with their reason, and the result equals a run without them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedkt.config import ConfigError
+from fedkt.faults import FaultyTransport, persistent_plan
+from fedkt.runner import SERVER_STATE, client_state_root, final_metrics, run_job
+from fedkt.runtime.base import RoundError
+from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import RunRecorder
+
+
+def _faulty(cfg, faulty):
+    return FaultyTransport(LocalTransport(client_state_root(cfg)), persistent_plan(faulty))
+
+
+def _final_state(cfg):
+    rec = RunRecorder(cfg.run_dir, resume=True)
+    return load_file(str(rec.checkpoint_dir(rec.last_complete_round()) / SERVER_STATE))
+
+
+def test_persistent_faults_equal_participants_only_run(make_config):
+    faulty = {1: "crash", 2: "nan"}
+    cfg = make_config("clients.num_clients=4", "clients.min_replies=2", name="faulty")
+    transport = _faulty(cfg, faulty)
+    rows = run_job(cfg, transport, quiet=True)
+    assert set(transport.injected.values()) == {"crash", "nan"}
+
+    healthy = make_config("clients.num_clients=4", "clients.participants=[0, 3]", name="healthy")
+    assert healthy.client_ids() == [0, 3]
+    clean = run_job(healthy, LocalTransport(client_state_root(healthy)), quiet=True)
+
+    a, b = _final_state(cfg), _final_state(healthy)
+    assert a.keys() == b.keys() and a
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # ... and not merely the initial adapter: training moved it.
+    assert any(not torch.equal(a[k], v) for k, v in load_file(
+        str(RunRecorder(cfg.run_dir, resume=True).checkpoint_dir(1) / SERVER_STATE)).items())
+    got, want = final_metrics(rows), final_metrics(clean)
+    assert set(want) == {"server", "client_0", "client_3"}
+    assert {k: got[k] for k in want} == want
+
+    for rnd in (1, 2):
+        row = {r["participant"]: r for r in rows if r["round"] == rnd and r["split"] == "train"}
+        assert row["server"]["clients_replied"] == 2
+        assert "excluded" not in row["client_0"] and "excluded" not in row["client_3"]
+        crash, nan = row["client_1"]["excluded"], row["client_2"]["excluded"]
+        assert "ConnectionResetError" in crash and "client 1" in crash
+        assert "PayloadError" in nan and "client 2" in nan and "non-finite" in nan
+        # the rejected reply's bytes are still accounted for
+        assert row["client_2"]["bytes_sent"] > 0 and row["client_1"]["bytes_received"] > 0
+
+
+def test_malformed_reply_fails_round_without_min_replies(make_config):
+    cfg = make_config("rounds=1")
+    with pytest.raises(RoundError, match=r"round 1\b.* 1 of 2 clients.*client 1: PayloadError.*dtype"):
+        run_job(cfg, _faulty(cfg, {1: "dtype"}), quiet=True)
+
+
+@pytest.mark.parametrize("ids, why", [("[0, 4]", "out of range: [4]"),
+                                      ("[1, 1]", "repeated: [1]"), ("[]", "empty")])
+def test_participants_validated_naming_key(make_config, ids, why):
+    with pytest.raises(ConfigError, match=rf"clients: .*'participants'.*{re.escape(why)}"):
+        make_config("clients.num_clients=4", f"clients.participants={ids}")
