@@ -147,6 +147,10 @@ Handler = Callable[[ClientContext, Payload], Payload]
 # --------------------------------------------------------------------------- server side
 
 
+class RoundError(RuntimeError):
+    """A call could not complete: fewer clients replied than ``clients.min_replies``."""
+
+
 class Clients(Protocol):
     """The server's view of its clients; the runtime implements it."""
 

@@ -67,7 +67,7 @@ from torch import Tensor, nn
 
 from fedkt.config import MethodConfig, RunConfig, TrainingConfig
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Clients, Method, Server
+from fedkt.methods.base import ClientContext, Clients, Method, RoundError, Server
 from fedkt.models.auxiliary import (
     AuxSpec,
     aux_param_groups,
@@ -362,7 +362,8 @@ class FedSPServer(Server):
         else:
             self.prompts = self.llm.initial[PROMPT_KEY].clone()
         self.spec: AuxSpec | None = None
-        self.kd_done = self.shipped = False
+        self.kd_done = False
+        self.shipped_to: set[int] = set()  # clients holding the current auxiliary model
         self._aux_id: str | None = None
         if method.client_model == "auxiliary":
             base = unwrap(self.llm.model)
@@ -459,14 +460,21 @@ class FedSPServer(Server):
         return stats
 
     def ship(self, clients: Clients) -> str:
-        """Send the auxiliary model to every client, one at a time; they cache it on disk."""
+        """Send the auxiliary model to each client that lacks it, one at a time (they cache
+        it on disk). A client that fails is excluded from this round (the 'train' call
+        checks the quorum) and is sent the model again next round."""
         payload = self.aux_payload()
         for cid in clients.ids:
-            replies = clients.call("setup", {cid: payload}, evaluate=False)
+            if cid in self.shipped_to:
+                continue
+            try:
+                replies = clients.call("setup", {cid: payload}, evaluate=False)
+            except RoundError:
+                continue
             if cid in replies and replies[cid].get("aux_id") != payload["aux_id"]:
                 raise PayloadError(f"client {cid}: stored auxiliary model has id "
                                    f"{replies[cid].get('aux_id')!r}, sent {payload['aux_id']!r}")
-        self.shipped = True
+            self.shipped_to.update(replies)
         self._aux_id = payload["aux_id"]
         return self._aux_id
 
@@ -477,7 +485,7 @@ class FedSPServer(Server):
         if self.spec is not None:
             if m.distill and not self.kd_done:
                 metrics.update(self.distill(rnd))  # Eq. 2, once, no prompts attached
-            aux_id = self.ship(clients) if not self.shipped else self.aux_id
+            aux_id = self.ship(clients) if set(clients.ids) - self.shipped_to else self.aux_id
         # 1. send P; 2. clients: (i) align the aux model, (ii) train P on local data
         sent = self.client_prompts()
         msg = Payload(prompts=sent, aux_id=aux_id)
@@ -516,7 +524,8 @@ class FedSPServer(Server):
 
     def state_dict(self) -> dict[str, Tensor]:
         state = {"prompts": self.prompts.clone(),
-                 "flags": torch.tensor([int(self.kd_done), int(self.shipped)])}
+                 "flags": torch.tensor([int(self.kd_done)]),
+                 "shipped_to": torch.tensor(sorted(self.shipped_to), dtype=torch.int64)}
         if self.spec is not None:
             names = {id(p): n for n, p in unwrap(self.aux.model).named_parameters()}
             for p in align_params(self.aux.model, self.method.trainable):
@@ -526,7 +535,8 @@ class FedSPServer(Server):
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.prompts = state["prompts"].clone()
-        self.kd_done, self.shipped = (bool(x) for x in state["flags"].tolist())
+        self.kd_done = bool(state["flags"][0])
+        self.shipped_to = {int(c) for c in state["shipped_to"].tolist()}
         self._aux_id = None
         if self.spec is not None:
             params = dict(unwrap(self.aux.model).named_parameters())

@@ -28,17 +28,13 @@ import torch
 from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.methods import get_method
-from fedkt.methods.base import ClientContext, seed_everything
+from fedkt.methods.base import ClientContext, RoundError, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
 
 log = logging.getLogger("fedkt.runtime")
 
 ENVELOPE = "_fedkt"  # reserved payload key carrying the call's metadata
 ERROR = "_error"  # reserved reply key: the client's handler raised
-
-
-class RoundError(RuntimeError):
-    """A round could not complete (too few clients replied)."""
 
 
 class TransportError(RuntimeError):

@@ -156,9 +156,11 @@ class GridTransport:
 
     def __init__(self, grid: Grid, num_clients: int, *,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 ttl: float | None = None) -> None:
+                 ttl: float | None = None, ids: Iterable[int] | None = None) -> None:
         self.grid = grid
         self.num_clients = num_clients
+        # The client ids taking part (clients.participants); all by default.
+        self.ids = sorted(ids) if ids is not None else list(range(num_clients))
         self.ttl = ttl
         self.node_of: dict[int, int] = self._discover(connect_timeout)
         self.cid_of: dict[int, int] = {node: cid for cid, node in self.node_of.items()}
@@ -166,7 +168,7 @@ class GridTransport:
     # -- discovery
 
     def _discover(self, connect_timeout: float) -> dict[int, int]:
-        wanted = set(range(self.num_clients))
+        wanted = set(self.ids)
         deadline = time.monotonic() + connect_timeout
         partition: dict[int, int] = {}  # node id -> partition id
         asked: set[int] = set()
@@ -313,7 +315,7 @@ def server_job(grid: Grid, context: Context) -> list[dict[str, Any]]:
         cfg = load_config(str(rc[CFG_PATH]))
     else:
         raise ValueError(f"the Flower run config has neither {CFG_YAML!r} nor {CFG_PATH!r}")
-    transport = GridTransport(grid, cfg.clients.num_clients,
+    transport = GridTransport(grid, cfg.clients.num_clients, ids=cfg.client_ids(),
                               connect_timeout=float(rc.get(CFG_CONNECT_TIMEOUT,
                                                            DEFAULT_CONNECT_TIMEOUT)))
     try:

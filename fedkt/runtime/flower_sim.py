@@ -109,7 +109,8 @@ def run_simulation_job(cfg: RunConfig, *, resume: bool = False, quiet: bool = Fa
     rows: list[list[dict[str, Any]]] = []
 
     def job(grid: Grid, context: Context) -> None:
-        transport = GridTransport(grid, num, connect_timeout=max(300.0, cfg.runtime.timeout))
+        transport = GridTransport(grid, num, connect_timeout=max(300.0, cfg.runtime.timeout),
+                                  ids=cfg.client_ids())
         try:
             rows.append(run_job(cfg, transport, resume=resume, quiet=quiet))
         finally:

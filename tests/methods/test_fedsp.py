@@ -352,3 +352,16 @@ def test_smollm2_auxiliary_model_and_prompts():
             pllm(**x).logits,
             model(input_ids=torch.tensor([prefix + x["input_ids"][0].tolist()])).logits[:, 40:],
             rtol=1e-3, atol=1e-3)
+
+
+def test_a_client_failing_setup_is_excluded_and_gets_the_model_next_round(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # client 1 fails every call of round 1
+    cfg = fedsp_config(tmp_path / "run", "clients.num_clients=3", "clients.min_replies=2")
+    transport = Capturing(default_state_root(cfg))
+    rows = run_job(cfg, transport, quiet=True)
+    setups = [cid for call in transport.requests for cid, r in call.items() if "aux_model" in r]
+    assert setups == [0, 1, 2, 1]  # round 1 to everyone (1 fails), round 2 to client 1 again
+    trained = {(r["round"], r["participant"]) for r in rows
+               if r["split"] == "train" and "excluded" not in r and r["participant"] != "server"}
+    assert trained == {(1, "client_0"), (1, "client_2"), (2, "client_0"), (2, "client_1"),
+                       (2, "client_2")}
