@@ -136,6 +136,10 @@ class TrainingConfig(_Strict):
     peft: Literal["lora", "prefix", "full", "none"] = "lora"
     lora: LoraSettings = Field(default_factory=LoraSettings)
     prefix_tokens: int = Field(40, ge=1)
+    # peft: prefix only. random: peft's random prefix; text: the model's own keys/values of
+    # the first prefix_tokens tokens of the public split (the same on server and clients),
+    # so the model starts as if that text preceded every input (FedSP: method.prompt_init).
+    prefix_init: Literal["random", "text"] = "random"
 
 
 class ClientsConfig(_Strict):
@@ -352,12 +356,18 @@ def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
 def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        key = prefix + ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        key = prefix + ".".join(str(p) or "''" for p in e["loc"]
+                                if not str(p).startswith("function-"))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check spelling; see `fedkt run --help` and configs/)"
         elif e["type"] == "literal_error":
             msg = f"not allowed; {msg[0].lower()}{msg[1:]}"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            named, sep, rest = msg.partition(": ")  # a cross-field check naming its key
+            if sep and named.replace(".", "").replace("_", "").isalnum():
+                key, msg = f"{key}.{named}" if key else prefix + named, rest
         given = e.get("input")
         shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {_short(given)})"
         lines.append(f"  {key or '<top>'}: {msg}{shown}")
@@ -375,21 +385,20 @@ def _short(value: Any, limit: int = 80) -> str:
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node = data
-    parts = dotted.split(".")
+    parts = [p.strip() for p in dotted.split(".")]  # "training . lr" is training.lr
     if not all(parts):
         raise ConfigError(f"override {dotted!r}: empty key part; use dotted keys like training.lr")
     for i, part in enumerate(parts):
-        if isinstance(node, list) and not (part.isdigit() and int(part) < len(node)):
+        if isinstance(node, list) and not (
+                part.isascii() and part.isdigit() and int(part) < len(node)):
             raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])!r} is a list of "
                               f"{len(node)}; {part!r} is not an index 0..{len(node) - 1}")
         if i == len(parts) - 1:
             break
-        if isinstance(node, list):
-            node = node[int(part)]
-            continue
-        nxt = node.get(part)
+        key: str | int = int(part) if isinstance(node, list) else part
+        nxt = node[key] if isinstance(node, list) else node.get(key)
         if nxt is None:
-            nxt = node[part] = {}
+            nxt = node[key] = {}
         if not isinstance(nxt, dict | list):
             raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
         node = nxt

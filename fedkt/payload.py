@@ -71,8 +71,14 @@ class Payload(dict[str, Any]):
 
     def number(self, key: str, *, source: str = "peer", low: float | None = None) -> float:
         value = self.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise PayloadError(f"{source}: field {key!r} should be a finite number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or (isinstance(value, int) and abs(value) >= 2**1024)  # float() overflows
+                or not math.isfinite(value)):
+            try:
+                shown = repr(value)[:80]
+            except ValueError:  # an int too long to print, or a container holding one
+                shown = f"a {type(value).__name__} too large to show"
+            raise PayloadError(f"{source}: field {key!r} should be a finite number, got {shown}")
         if low is not None and value < low:
             raise PayloadError(f"{source}: field {key!r} = {value} is below {low}")
         return float(value)
@@ -154,9 +160,19 @@ def loads(data: bytes, source: str = "peer") -> Payload:
         tensors = st_load(bytes(data[12 + n :])) if len(data) > 12 + n else {}
     except Exception as exc:  # noqa: BLE001 - any parse failure is a malformed payload
         raise PayloadError(f"{source}: malformed payload: {exc}") from None
+    if not (isinstance(header, dict) and isinstance(header.get("meta"), dict)
+            and isinstance(header.get("kinds"), dict)):
+        raise PayloadError(f"{source}: malformed payload: the header must hold 'meta' and "
+                           "'kinds' objects")
     out = Payload(header["meta"])
     for key, kind in header["kinds"].items():
+        if kind not in ("tensor", "state"):
+            raise PayloadError(f"{source}: malformed payload: field {key!r} has unknown kind "
+                               f"{str(kind)[:40]!r} (expected 'tensor' or 'state')")
         if kind == "tensor":
+            if key not in tensors:
+                raise PayloadError(f"{source}: malformed payload: tensor field {key!r} is "
+                                   "missing from the data")
             out[key] = tensors[key]
         else:
             prefix = key + _SEP

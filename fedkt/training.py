@@ -2,7 +2,8 @@
 
 * :func:`get_lm` builds (once per process) a model with its PEFT adapter and
   resets the trainable weights on every use, so a cached model gives the same
-  numbers as a fresh one;
+  numbers as a fresh one; :func:`client_lm` / :func:`server_lm` start a
+  ``prefix_init: text`` prefix from the public split's text (:func:`prefix_init_text`);
 * :func:`make_optimizer` is AdamW with linear warm-up (FedMKT paper defaults);
 * :func:`train_lm` runs local epochs over (prompt, target) pairs with an optional
   extra loss term (distillation), and :func:`evaluate_records` scores a model
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from fedkt.config import ModelConfig, RunConfig, TrainingConfig
+from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any, int], torch.Tensor]
 
@@ -54,21 +56,26 @@ class LM:
 _LM_CACHE: dict[str, LM] = {}
 
 
-def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: str = "auto") -> LM:
+def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: str = "auto",
+           prefix_text: str | None = None) -> LM:
     """The model ``model_cfg`` names with the configured PEFT, reset to its initial adapter.
 
     Base weights are frozen and never change, so one cached copy serves every
-    client with the same model config in this process.
+    client with the same model config in this process.  ``prefix_text``: the text a
+    ``prefix_init: text`` prefix starts from (:func:`prefix_init_text`).
     """
+    text_init = training.peft == "prefix" and training.prefix_init == "text"
+    text_key = hashlib.sha256((prefix_text or "").encode()).hexdigest() if text_init else ""
     key = "|".join([model_cfg.model_dump_json(), training.peft, training.lora.model_dump_json(),
-                    str(training.prefix_tokens), str(seed), device])
+                    str(training.prefix_tokens), text_key, str(seed), device])
     lm = _LM_CACHE.get(key)
     if lm is None:
         from fedkt.models.adapters import adapter_state, apply_peft
         from fedkt.models.causal_lm import load_causal_lm
 
         model, tokenizer = load_causal_lm(model_cfg, seed=seed)
-        model = apply_peft(model, training, seed=seed).to(pick_device(device))
+        model = apply_peft(model, training, seed=seed, prefix_text=prefix_text,
+                           tokenizer=tokenizer).to(pick_device(device))
         lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()})
         _LM_CACHE[key] = lm
     return lm.reset()
@@ -178,16 +185,47 @@ def evaluate_records(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, f
                        positive_label=cfg.eval.positive_label, template=fd.template)
 
 
+def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:
+    """The text a ``prefix_init: text`` prefix starts from: ``records`` formatted as training
+    pairs and joined, by default the public split's (the same on the server and every
+    client, so every party builds the same initial prefix).  Only the first
+    ``prefix_tokens`` tokens are used, so records are formatted only until the text has
+    32 characters per token.
+    """
+    if records is None:
+        records = _federated_data(cfg).public
+        if not records:
+            raise ConfigError("training.prefix_init: 'text' starts the prefix from the public "
+                              "split's text, which is empty; set data.split.public_fraction > 0 "
+                              "(or use prefix_init: random)")
+    parts: list[str] = []
+    size, need = -2, 32 * cfg.training.prefix_tokens  # size: len("\n\n".join(parts))
+    for record in records:
+        (prompt, target), = lm_pairs(cfg, [record])
+        parts.append(prompt + target)
+        size += 2 + len(parts[-1])
+        if size >= need:
+            break
+    return "\n\n".join(parts)
+
+
+def _prefix_text(cfg: RunConfig) -> str | None:
+    text_init = cfg.training.peft == "prefix" and cfg.training.prefix_init == "text"
+    return prefix_init_text(cfg) if text_init else None
+
+
 def client_lm(cfg: RunConfig, cid: int) -> LM:
     """Client ``cid``'s model (``clients.models``), reset to its initial adapter."""
-    return get_lm(cfg.clients.model_for(cid), cfg.training, cfg.seed, cfg.runtime.device)
+    return get_lm(cfg.clients.model_for(cid), cfg.training, cfg.seed, cfg.runtime.device,
+                  prefix_text=_prefix_text(cfg))
 
 
 def server_lm(cfg: RunConfig) -> LM:
     """The server's model (``server``), reset to its initial adapter."""
     if cfg.server is None:
         raise ValueError(f"server: method {cfg.method.name!r} needs a server model")
-    return get_lm(cfg.server, cfg.training, cfg.seed, cfg.runtime.device)
+    return get_lm(cfg.server, cfg.training, cfg.seed, cfg.runtime.device,
+                  prefix_text=_prefix_text(cfg))
 
 
 def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:

@@ -60,7 +60,7 @@ def format_prompt(
             f"template placeholder {{{exc.args[0]}}} is not a field of record "
             f"{record.get('id', '?')}; available: {sorted(values)}"
         ) from None
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError, AttributeError, TypeError) as exc:  # {x.y}, {label[0]}
         raise DataError(f"template {template!r} is malformed: {exc}") from None
 
 

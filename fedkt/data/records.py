@@ -42,6 +42,8 @@ TASK_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 _LIST_FIELDS = ("choices", "references")
 _TEXT_FIELDS = ("prompt", "text", "target")
+# Without label_names, classes are "0".."max label": refuse absurd maxima (a typo, an id).
+_MAX_UNNAMED_CLASSES = 10_000
 
 
 class DataError(ValueError):
@@ -205,28 +207,49 @@ def _check_row(where: str, row: Any) -> dict[str, Any]:
     return row
 
 
+def _not_utf8(path: Path) -> DataError:
+    """The error for a file that is not UTF-8, naming the first bad line."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        return DataError(f"{path} line {line}: not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start}); save the file as UTF-8")
+    return DataError(f"{path}: not UTF-8 text; save the file as UTF-8")
+
+
 def _read_jsonl(path: Path) -> _Rows:
-    with path.open(encoding="utf-8") as fh:
-        n = 0
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            n += 1
-            where = f"{path} record {n} (line {lineno})"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            yield where, _check_row(where, row)
+    try:
+        with path.open(encoding="utf-8-sig") as fh:
+            n = 0
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                n += 1
+                where = f"{path} record {n} (line {lineno})"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(
+                        f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
+                    ) from None
+                except ValueError as exc:  # e.g. an integer of more than 4300 digits
+                    raise DataError(f"{where}: not valid JSON ({exc})") from None
+                yield where, _check_row(where, row)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
 
 
 def _read_json(path: Path) -> _Rows:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(data, dict):
         lists = [k for k, v in data.items() if isinstance(v, list)]
         if len(lists) != 1:
@@ -245,13 +268,19 @@ def _read_json(path: Path) -> _Rows:
 def _read_csv(path: Path) -> _Rows:
     with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.DictReader(fh)
-        if not reader.fieldnames:
-            raise DataError(f"{path}: empty CSV file (expected a header row)")
-        for n, row in enumerate(reader, start=1):
-            where = f"{path} record {n} (line {reader.line_num})"
-            if None in row:
-                raise DataError(f"{where}: more values than header columns {reader.fieldnames}")
-            yield where, dict(row)
+        try:
+            if not reader.fieldnames:
+                raise DataError(f"{path}: empty CSV file (expected a header row)")
+            for n, row in enumerate(reader, start=1):
+                where = f"{path} record {n} (line {reader.line_num})"
+                if None in row:
+                    raise DataError(
+                        f"{where}: more values than header columns {reader.fieldnames}")
+                yield where, dict(row)
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        except csv.Error as exc:  # e.g. a field over csv's size limit
+            raise DataError(f"{path} line {reader.line_num + 1}: not valid CSV ({exc})") from None
 
 
 _READERS: dict[str, Callable[[Path], _Rows]] = {
@@ -333,8 +362,12 @@ def _as_int(value: Any) -> int | None:
         return int(value)
     if isinstance(value, str):
         s = value.strip()
-        if s.lstrip("-").isdigit():
-            return int(s)
+        digits = s.removeprefix("-")
+        if digits.isascii() and digits.isdigit():  # not "²" or "٣", which int() refuses
+            try:
+                return int(s)
+            except ValueError:  # more than 4300 digits
+                return None
     return None
 
 
@@ -573,13 +606,20 @@ def _load(cfg: DatasetConfig) -> Dataset:
             row = convert(row)
         records.append(norm(where, index, row))
     if not records:
-        raise DataError(f"dataset {ds_name!r}: no records found")
+        raise DataError(f"dataset {ds_name!r}: no records found"
+                        + (f" in {cfg.path}" if cfg.path else ""))
     if task == "classification" and label_names is None:
+        top = max(range(len(records)), key=lambda i: records[i]["label"])
+        if records[top]["label"] >= _MAX_UNNAMED_CLASSES:
+            raise DataError(
+                f"{cfg.path or ds_name} record {top + 1}: label {records[top]['label']} without "
+                f"label_names would make {records[top]['label'] + 1} classes; give label_names "
+                f"(labels are class indices 0..N-1)")
         label_names = [str(i) for i in range(max(r["label"] for r in records) + 1)]
     if template:
         from fedkt.data.formatting import check_template  # local: formatting imports us
 
-        check_template(template, records, task, label_names, ds_name)
+        check_template(template, records, task, label_names, cfg.path or ds_name)
     return Dataset(
         name=ds_name, task=task, records=records, label_names=label_names, template=template
     )

@@ -16,8 +16,9 @@ Flower: the runtime moves the payloads.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,7 +27,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedkt.config import MethodConfig, RunConfig
-from fedkt.payload import Payload
+from fedkt.payload import Payload, PayloadError
+
+log = logging.getLogger("fedkt.methods")
 
 if TYPE_CHECKING:
     from fedkt.data.splits import FederatedData
@@ -180,6 +183,33 @@ class Clients(Protocol):
         (client id, reply) -> tensors may turn an encoded field into those tensors.
         """
         ...
+
+
+    def validate(self, replies: dict[int, Payload], check: Callable[[int, Payload], Any],
+                 handler: str = "") -> dict[int, Any]:
+        """The server's own checks of replies it uses one by one.
+
+        Returns ``{cid: check(cid, reply)}``; a client whose reply fails the check
+        (``PayloadError`` / ``ValueError``) is excluded from the round with the reason,
+        and the round fails if fewer than ``clients.min_replies`` pass.
+        """
+        ...
+
+
+def mean_number(replies: dict[int, Payload], key: str, cids: Iterable[int] | None = None
+                ) -> float | None:
+    """Mean of a reported number (a loss) over the replies where it is a finite number.
+
+    Such numbers are metrics: a missing or malformed one is logged and skipped, it never
+    excludes a client.  ``cids``: only these replies (default all).
+    """
+    values = []
+    for cid in (replies if cids is None else cids):
+        try:
+            values.append(replies[cid].number(key, source=f"client {cid}"))
+        except (KeyError, PayloadError) as exc:
+            log.warning("ignoring client %s's %r: %s", cid, key, exc)
+    return sum(values) / len(values) if values else None
 
 
 def broadcast(clients: Clients, handler: str, payload: Payload | None = None,

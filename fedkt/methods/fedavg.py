@@ -24,7 +24,7 @@ import torch
 
 from fedkt.config import MethodConfig
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Clients, Method, Server
+from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload
 from fedkt.training import client_lm, client_test_metrics, evaluate_records, train_lm
 
@@ -56,9 +56,9 @@ def average_client_adapters(server: Server, clients: Clients, adapter: Adapter, 
     msg = Payload(adapter=adapter)
     replies, new = clients.aggregate("train", {cid: msg for cid in clients.ids},
                                      field="adapter", like=adapter, weighted=cfg.weighted)
-    losses = [r.number("train_loss", source=f"client {c}") for c, r in replies.items()
-              if r.number("num_examples", source=f"client {c}", low=0) > 0]
-    metrics = {"train/loss": sum(losses) / len(losses)} if losses else {}
+    loss = mean_number(replies, "train_loss", [c for c, r in replies.items()
+                                               if r.get("num_examples")])
+    metrics = {"train/loss": loss} if loss is not None else {}
     return new, metrics
 
 

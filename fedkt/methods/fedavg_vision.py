@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Method, Server, derive_seed
+from fedkt.methods.base import ClientContext, Method, Server, derive_seed, mean_number
 from fedkt.payload import Payload
 from fedkt.training import pick_device
 from fedkt.training_vision import (
@@ -101,8 +101,8 @@ class FedAvgVisionServer(Server):
                                                 weighted=self.method.weighted)
         self.synced = set(replies)
         _load_trainable(self.model, mode, self.theta)
-        losses = [r["train_loss"] for r in replies.values()]
-        return {"train/loss": sum(losses) / len(losses)}
+        loss = mean_number(replies, "train_loss")
+        return {"train/loss": loss} if loss is not None else {}
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         _load_trainable(self.model, self.method.trainable, self.theta)

@@ -64,7 +64,7 @@ from fedkt.losses import (
     fedkd_task_loss,
 )
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Clients, Method, Server
+from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError
 from fedkt.training import make_optimizer
 from fedkt.training_classifier import (
@@ -168,6 +168,13 @@ def decode_update(msg: Payload, key: str, like: State, source: str
         if c.rank is not None and c.rank > min(ref.shape[0], ref[0].numel()):
             raise PayloadError(f"{source}: field {key!r}[{name!r}]: rank {c.rank} exceeds "
                                f"the matrix {tuple(ref.shape)}")
+        if c.raw is not None and tuple(c.raw.shape) != c.shape:
+            raise PayloadError(f"{source}: field {key!r}[{name!r}]: raw part has shape "
+                               f"{tuple(c.raw.shape)}, expected {c.shape}")
+        if c.S is not None and (c.S.dim() != 1 or {c.S.dtype, c.Vh.dtype} != {c.dtype}):
+            raise PayloadError(f"{source}: field {key!r}[{name!r}]: factors U, S, Vh must share "
+                               f"the dtype {c.dtype} and S be a vector, got S {tuple(c.S.shape)} "
+                               f"{c.S.dtype}, Vh {c.Vh.dtype}")
     return comp
 
 
@@ -319,10 +326,10 @@ class SyncedEncoderServer(Server):
             clients, self.handler, self.sync.train_messages(clients.ids, **extra), T,
             self.method.weighted, rnd)
         self.sync.send(clients, encoded)
-        losses = [r.number("train_loss", source=f"client {c}") for c, r in replies.items()
-                  if r.get("num_examples")]
-        if losses:
-            metrics["train/loss"] = sum(losses) / len(losses)
+        loss = mean_number(replies, "train_loss", [c for c, r in replies.items()
+                                                   if r.get("num_examples")])
+        if loss is not None:
+            metrics["train/loss"] = loss
         if T is not None:
             metrics["train/T"] = T
         return metrics

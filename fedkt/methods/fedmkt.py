@@ -67,7 +67,7 @@ from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
 from fedkt.data.lm_batches import IGNORE_INDEX, make_batches, pad_token_id, tokenize_pairs
 from fedkt.losses import lambda_mix
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Method, Server
+from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError, check_tensor
 from fedkt.training import (
     LM,
@@ -286,6 +286,9 @@ def unpack_topk(packed: dict[str, Tensor], vocab: int, k: int, source: str) -> T
     missing = sorted(set(want) - set(packed))
     if missing:
         raise PayloadError(f"{source}: top-K payload lacks field(s) {missing}")
+    extra = sorted(set(packed) - set(want))
+    if extra:
+        raise PayloadError(f"{source}: top-K payload has unexpected field(s) {extra}")
     for name, dtype in want.items():
         ndim = 2 if name in ("values", "indices") else 1
         check_tensor(packed[name], f"{source}: top-K field {name!r}",
@@ -313,9 +316,13 @@ def unpack_topk(packed: dict[str, Tensor], vocab: int, k: int, source: str) -> T
     topk = TopKLogits(sample_ids=packed["sample_ids"], values=values, indices=indices,
                       lengths=lengths, vocab_size=vocab, losses=packed["losses"])
     try:
-        return topk.validate(vocab, k, source)
+        topk.validate(vocab, k, source)
     except ValueError as exc:
         raise PayloadError(str(exc)) from None
+    v = packed["values"]
+    if v.numel() and not bool((v[:, :-1] >= v[:, 1:]).all()):  # torch.topk order
+        raise PayloadError(f"{source}: top-K field 'values' is not sorted in descending order")
+    return topk
 
 
 # --------------------------------------------------------------------------- alignment
@@ -566,11 +573,11 @@ class FedMKTServer(Server):
             msg["adapter"] = self.global_adapter
         replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
         metrics: dict[str, float] = {}
-        losses = [r.number("train_loss", source=f"client {c}") for c, r in replies.items()]
-        if losses:
-            metrics["train/client_loss"] = sum(losses) / len(losses)
+        loss = mean_number(replies, "train_loss")
+        if loss is not None:
+            metrics["train/client_loss"] = loss
         if m.llm_training:
-            metrics.update(self.learn_from_clients(rnd, replies))
+            metrics.update(self.learn_from_clients(rnd, replies, clients))
             self.s0, self.s0_version = None, rnd
         # 6. S_0 of the (new) adapter goes to every client that lacks this version
         s0 = pack_topk(self.own_knowledge())
@@ -581,9 +588,9 @@ class FedMKTServer(Server):
             msgs[cid] = Payload(down) if has else Payload(down, topk=s0)
         # 7. clients align S_0, DualMinCE against their own loss, train on L3
         got = clients.call("distill", msgs)
-        kd = [r.number("kd_loss", source=f"client {c}") for c, r in got.items()]
-        if kd:
-            metrics["train/client_kd_loss"] = sum(kd) / len(kd)
+        kd = mean_number(got, "kd_loss")
+        if kd is not None:
+            metrics["train/client_kd_loss"] = kd
         if m.post_fedavg and got:
             like = client_lm(self.cfg, 0).initial
             states = [r.state("adapter", like=like, source=f"client {c}") for c, r in got.items()]
@@ -592,27 +599,31 @@ class FedMKTServer(Server):
             self.global_adapter = fedavg(states, weights if sum(weights) > 0 else None)
         return metrics
 
-    def learn_from_clients(self, rnd: int, replies: dict[int, Payload]) -> dict[str, float]:
-        """Steps 3-5: validate and align each S_k, DualMinCE, train the LLM on L2."""
+    def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
+                           ) -> dict[str, float]:
+        """Steps 3-5: validate and align each S_k, DualMinCE, train the LLM on L2.
+
+        A client whose S_k fails validation is excluded from the round (with the reason).
+        """
         m: FedMKTConfig = self.method
         own = self.own_knowledge()
-        others: list[tuple[TopKLogits, Tensor]] = []
-        entries = tensor_bytes = rejected = 0
-        for cid, reply in sorted(replies.items()):
+
+        def receive(cid: int, reply: Payload) -> tuple[tuple[TopKLogits, Tensor], dict]:
             source = f"client {cid}"
             tok, pub = self.client_side(cid)
-            try:
-                packed = reply.state("topk", source=source, finite=False)
-                if reply.get("k") != m.top_k:
-                    raise PayloadError(f"{source}: field 'k' is {reply.get('k')!r}, "
-                                       f"expected {m.top_k}")
-                topk = unpack_topk(packed, vocab_size(tok), m.top_k, source)  # on receipt
-                others.append(to_receiver(topk, tok, pub, self.llm.tokenizer, self.public,
-                                          source))  # 3. SLM -> LLM tokens
-            except PayloadError as exc:
-                rejected += 1
-                log.warning("round %d: knowledge of %s rejected: %s", rnd, source, exc)
-                continue
+            packed = reply.state("topk", source=source, finite=False)
+            if reply.get("k") != m.top_k:
+                raise PayloadError(f"{source}: field 'k' is {reply.get('k')!r}, "
+                                   f"expected {m.top_k}")
+            topk = unpack_topk(packed, vocab_size(tok), m.top_k, source)  # on receipt
+            # 3. SLM -> LLM tokens
+            return to_receiver(topk, tok, pub, self.llm.tokenizer, self.public, source), packed
+
+        checked = clients.validate(dict(sorted(replies.items())), receive, "train_and_share")
+        rejected = len(replies) - len(checked)
+        others: list[tuple[TopKLogits, Tensor]] = [aligned for aligned, _ in checked.values()]
+        entries = tensor_bytes = 0
+        for _, packed in checked.values():
             e, b = packed_entries(packed)
             entries, tensor_bytes = entries + e, tensor_bytes + b
         # 4. DualMinCE; 5. L2 = lam L_FT + (1 - lam) L_KD on D_p (Eqs. 5, 7, 9)

@@ -44,9 +44,10 @@ run once, depth N; only the prefixes of the LLM layers they were cut from travel
 the others are trained on the server only), ``alternating: false`` (clients train
 prompts only); ``layer_position: bot|mid|top`` and ``aux_layers: 1..4``.
 
-``prompt_init: text`` (not in the paper, which starts from peft's random prefix)
-initialises P with the LLM's own keys/values of the server's data, so that the LLM
-with P behaves at the start exactly as if that text preceded every input.
+``prompt_init: text`` (not in the paper, which starts from peft's random prefix; the
+shared ``training.prefix_init: text`` does the same) initialises P with the LLM's own
+keys/values of the server's data (:func:`fedkt.models.adapters.text_prefix`), so that
+the LLM with P behaves at the start exactly as if that text preceded every input.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from torch import Tensor, nn
 
 from fedkt.config import MethodConfig, RunConfig, TrainingConfig
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Clients, Method, RoundError, Server
+from fedkt.methods.base import ClientContext, Clients, Method, RoundError, Server, mean_number
 from fedkt.models.auxiliary import (
     AuxSpec,
     aux_param_groups,
@@ -87,10 +88,10 @@ from fedkt.training import (
     evaluate_records,
     get_lm,
     lm_batches,
-    lm_pairs,
     make_optimizer,
     optimizer_step,
     pick_device,
+    prefix_init_text,
     train_lm,
 )
 
@@ -175,8 +176,17 @@ class FedPromptSingleConfig(PromptMessengerConfig):
 
 
 def prefix_training(cfg: RunConfig) -> TrainingConfig:
-    """``cfg.training`` with prefix tuning (the prompts are what travels)."""
-    return cfg.training.model_copy(update={"peft": "prefix"})
+    """``cfg.training`` with prefix tuning (the prompts are what travels).
+
+    ``prefix_init`` is reset to ``random``: the server sets the initial prompts itself
+    (:func:`text_init`) and sends them; clients start from what they receive.
+    """
+    return cfg.training.model_copy(update={"peft": "prefix", "prefix_init": "random"})
+
+
+def text_init(cfg: RunConfig) -> bool:
+    """Whether P starts from text: ``method.prompt_init`` or ``training.prefix_init``."""
+    return cfg.method.prompt_init == "text" or cfg.training.prefix_init == "text"
 
 
 def prompt_param(model: nn.Module) -> nn.Parameter:
@@ -311,26 +321,6 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
     return {"kd_loss_first": losses[0], "kd_loss": sum(tail) / len(tail), "kd_steps": steps}
 
 
-def text_prompts(llm: nn.Module, tokenizer: Any, text: str, tokens: int) -> Tensor:
-    """Prompts equal to the LLM's keys/values of the first ``tokens`` tokens of ``text``.
-
-    With them, the LLM's output on any input is what it would be with that text in
-    front (positions continue after the prefix).  Layout: peft's
-    ``[T, L, 2 (key, value), kv_heads, head_dim]`` flattened to ``[T, L * 2 * kv_dim]``.
-    """
-    ids = list(tokenizer(text[: 32 * tokens])["input_ids"])  # plenty: T tokens are needed
-    if not ids:
-        raise ValueError("prompt_init 'text': the server's text gives no tokens")
-    ids = (ids * math.ceil(tokens / len(ids)))[:tokens]
-    base = unwrap(llm)
-    device = next(base.parameters()).device
-    with torch.no_grad():
-        cache = base(input_ids=torch.tensor([ids], device=device), use_cache=True).past_key_values
-    layers = [torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers]
-    kv = torch.stack(layers)  # [L, 2, kv_heads, T, head_dim]
-    return kv.permute(3, 0, 1, 2, 4).reshape(tokens, -1).to("cpu").clone()
-
-
 # --------------------------------------------------------------------------- server
 
 
@@ -349,16 +339,17 @@ class FedSPServer(Server):
             ("distillation (Eq. 2)", method.client_model == "auxiliary" and method.distill
              and method.kd_steps > 0),
             ("server prompt optimisation", method.server_prompt_steps > 0),
-            ("prompt_init 'text'", method.prompt_init == "text")) if on]
+            ("prompt_init 'text'", text_init(cfg))) if on]
         if needs and not public:
             raise ValueError(f"data.split: {', '.join(needs)} use(s) the server's own data, the "
                              "public split, which is empty; set data.split.public_fraction > 0")
         self.training = prefix_training(cfg)
         self.llm = get_lm(cfg.server, self.training, cfg.seed, cfg.runtime.device)
-        if method.prompt_init == "text":
-            text = "\n\n".join(p + t for p, t in lm_pairs(cfg, public))
-            self.prompts = text_prompts(self.llm.model, self.llm.tokenizer, text,
-                                        cfg.training.prefix_tokens)
+        if text_init(cfg):
+            from fedkt.models.adapters import text_prefix
+
+            self.prompts = text_prefix(self.llm.model, self.llm.tokenizer,
+                                       prefix_init_text(cfg, public), cfg.training.prefix_tokens)
         else:
             self.prompts = self.llm.initial[PROMPT_KEY].clone()
         self.spec: AuxSpec | None = None
@@ -497,10 +488,10 @@ class FedSPServer(Server):
         self.prompts = avg.clone() if self.spec is None else prompts_into_llm(self.prompts, avg,
                                                                             self.spec)
         for key in ("loss", "align_loss"):
-            vals = [r.number(key, source=f"client {c}") for c, r in replies.items()
-                    if key in r and counts[c] > 0]
-            if vals:
-                metrics[key] = sum(vals) / len(vals)
+            value = mean_number(replies, key, [c for c, r in replies.items()
+                                               if key in r and counts[c] > 0])
+            if value is not None:
+                metrics[key] = value
         # ... then the server optimises P in the LLM on its own data
         if m.server_prompt_steps:
             public = self.data().public

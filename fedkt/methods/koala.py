@@ -51,7 +51,7 @@ from fedkt.losses import (
     koala_soft_labels,
 )
 from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Method, Server, derive_seed
+from fedkt.methods.base import ClientContext, Method, Server, derive_seed, mean_number
 from fedkt.payload import Payload
 from fedkt.training import pick_device
 from fedkt.training_vision import (
@@ -228,10 +228,11 @@ class KoalaServer(Server):
                 for cid in clients.ids}
         replies = clients.call("train", msgs)
         self.synced = set(replies)
-        states = {c: r.state("model", like=self.template(c), source=f"client {c}")
-                  for c, r in replies.items()}
-        counts = {c: r.number("num_examples", source=f"client {c}", low=0)
-                  for c, r in replies.items()}
+        checked = clients.validate(replies, lambda c, r: (
+            r.state("model", like=self.template(c), source=f"client {c}"),
+            r.number("num_examples", source=f"client {c}", low=0)), "train")
+        states = {c: state for c, (state, _) in checked.items()}
+        counts = {c: n for c, (_, n) in checked.items()}
         # 2. soft labels on the unlabelled proxy set
         if m.mode == "homo":
             self.small["global"].load_state_dict(fedavg(list(states.values()),
@@ -252,8 +253,7 @@ class KoalaServer(Server):
             epochs=m.reverse_epochs, batch_size=m.distill_batch_size, lr=m.reverse_lr,
             weight_decay=m.weight_decay, betas=(0.9, 0.999), seed=self.seed(rnd, "reverse"))
         metrics = {"train/loss": rev["loss"], "train/reverse_kl": rev["loss"],
-                   "train/client_loss": sum(r["train_loss"] for r in replies.values())
-                   / max(1, len(replies))}
+                   "train/client_loss": mean_number(replies, "train_loss", checked) or 0.0}
         # 4. forward distillation into the small model(s)
         if m.forward_distillation:
             large_probs = koala_soft_labels(predict_logits(self.head, self.proxy_features),

@@ -7,7 +7,8 @@
             ``query_key_value``, Llama/OPT/Qwen2 ``q_proj``/``v_proj``, BERT
             ``query``/``value``).
 ``prefix``  prefix tuning with ``prefix_tokens`` virtual tokens per layer (works with
-            grouped-query attention: the prefix has the model's key/value heads).
+            grouped-query attention: the prefix has the model's key/value heads);
+            ``prefix_init: text`` starts it from :func:`text_prefix` of a given text.
 ``full``    every parameter trainable.
 ``none``    nothing trainable (a frozen model, e.g. a teacher).
 
@@ -17,9 +18,10 @@ names that do not depend on peft's adapter name, as CPU tensors.
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from peft import LoraConfig, PeftModel, PrefixTuningConfig, TaskType, get_peft_model
@@ -27,11 +29,12 @@ from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPP
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from fedkt.config import TrainingConfig
+from fedkt.config import ConfigError, TrainingConfig
 from fedkt.models.offline import ModelError
 from fedkt.models.tiny import seeded
 
 __all__ = [
+    "PREFIX_KEY",
     "LoadResult",
     "adapter_state",
     "apply_peft",
@@ -40,7 +43,11 @@ __all__ = [
     "load_adapter",
     "load_adapter_state",
     "save_adapter",
+    "set_prefix",
+    "text_prefix",
 ]
+
+PREFIX_KEY = "prompt_encoder.embedding.weight"  # peft's prefix embedding, adapter name dropped
 
 # Looked for, in this order, when peft has no default for an architecture.
 _FALLBACK_TARGETS: tuple[tuple[str, ...], ...] = (
@@ -83,13 +90,16 @@ def default_lora_targets(model: nn.Module) -> list[str]:
     )
 
 
-def apply_peft(model: nn.Module, training_cfg: TrainingConfig, seed: int = 0) -> nn.Module:
+def apply_peft(model: nn.Module, training_cfg: TrainingConfig, seed: int = 0, *,
+               prefix_text: str | None = None, tokenizer: Any = None) -> nn.Module:
     """Make ``model`` trainable as ``training_cfg.peft`` says; returns the model to train.
 
     ``lora``/``prefix`` wrap ``model`` in a peft model (LoRA layers are injected into
     ``model`` itself); ``full``/``none`` return ``model`` with every parameter
     trainable / frozen.  Adapter weights come from ``seed``: the same seed gives the
-    same initial adapter.
+    same initial adapter.  With ``peft: prefix`` and ``prefix_init: text`` the prefix
+    is :func:`text_prefix` of ``prefix_text`` (tokenised by ``tokenizer``), both then
+    required; ``prefix_init`` is ignored for the other kinds.
     """
     kind = training_cfg.peft
     if kind in ("full", "none"):
@@ -127,7 +137,59 @@ def apply_peft(model: nn.Module, training_cfg: TrainingConfig, seed: int = 0) ->
             peft_model = get_peft_model(model, config)
         except ValueError as exc:
             raise ModelError(f"cannot apply {kind} to {type(model).__name__}: {exc}") from exc
+    if kind == "prefix" and training_cfg.prefix_init == "text":
+        if prefix_text is None or tokenizer is None:
+            raise ConfigError("training.prefix_init: 'text' needs the text to start from; this "
+                              "caller gives none (use prefix_init: random)")
+        if task != TaskType.CAUSAL_LM:
+            raise ConfigError(f"training.prefix_init: 'text' needs a causal LM; got "
+                              f"{type(model).__name__}")
+        set_prefix(peft_model, text_prefix(peft_model, tokenizer, prefix_text,
+                                           training_cfg.prefix_tokens))
     return peft_model
+
+
+# --------------------------------------------------------------------------- prefix
+
+
+def _prefix_param(model: nn.Module) -> nn.Parameter:
+    try:
+        return model.prompt_encoder[model.active_adapter].embedding.weight
+    except (AttributeError, KeyError, TypeError):
+        raise ModelError(f"{type(model).__name__} has no peft prefix-tuning prefix") from None
+
+
+def set_prefix(model: nn.Module, prefix: torch.Tensor) -> None:
+    """Copy ``prefix`` (``[num_virtual_tokens, depth * 2 * kv_dim]``) into a peft prefix model."""
+    param = _prefix_param(model)
+    if tuple(prefix.shape) != tuple(param.shape):
+        raise ValueError(f"prefix of shape {tuple(prefix.shape)}, the model's is "
+                         f"{tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(prefix.to(device=param.device, dtype=param.dtype))
+
+
+def text_prefix(model: nn.Module, tokenizer: Any, text: str, tokens: int) -> torch.Tensor:
+    """A prefix equal to the model's keys/values of the first ``tokens`` tokens of ``text``.
+
+    With it, the model's output on any input is what it would be with that text in
+    front (positions continue after the prefix); a text shorter than ``tokens`` tokens
+    is repeated.  ``model``: a causal LM, peft-wrapped or not (the base model computes
+    the keys/values).  Layout: peft's ``[T, L, 2 (key, value), kv_heads, head_dim]``
+    flattened to ``[T, L * 2 * kv_dim]``, on the CPU.
+    """
+    ids = list(tokenizer(text[: 32 * tokens])["input_ids"])  # plenty: T tokens are needed
+    if not ids:
+        raise ValueError("prefix from text: the text gives no tokens")
+    ids = (ids * math.ceil(tokens / len(ids)))[:tokens]
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    device = next(base.parameters()).device
+    with torch.no_grad():
+        cache = base(input_ids=torch.tensor([ids], device=device), use_cache=True).past_key_values
+    layers = [torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers]
+    kv = torch.stack(layers)  # [L, 2, kv_heads, T, head_dim]
+    return kv.permute(3, 0, 1, 2, 4).reshape(tokens, -1).to("cpu").clone()
 
 
 # --------------------------------------------------------------------------- state

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import yaml
 
 from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
@@ -69,6 +70,14 @@ def client_view(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"output_dir": ".", "runtime": runtime})
 
 
+def envelope_config(cfg: RunConfig) -> str:
+    """The client view as compact YAML: only the keys that differ from their defaults
+    (and the method's name), so every request stays small as the schema grows."""
+    data = client_view(cfg).model_dump(mode="json", exclude_defaults=True)
+    data["method"] = {"name": cfg.method.name, **data.get("method", {})}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 class RuntimeClients:
     """Implements :class:`fedkt.methods.base.Clients` on top of a transport."""
 
@@ -76,7 +85,7 @@ class RuntimeClients:
         self.cfg = cfg
         self.transport = transport
         self.ids = cfg.client_ids()
-        self._config_yaml = client_view(cfg).to_yaml()
+        self._config_yaml = envelope_config(cfg)
         self.rnd = 0
         self.step = 0
         self.evaluating = False
@@ -149,6 +158,18 @@ class RuntimeClients:
                 replies[cid] = reply
         self._check_quorum(handler, len(requests), len(replies))
         return replies
+
+    def validate(self, replies: dict[int, Payload], check: Callable[[int, Payload], Any],
+                 handler: str = "") -> dict[int, Any]:
+        """See :meth:`fedkt.methods.base.Clients.validate`."""
+        out = {}
+        for cid, reply in replies.items():
+            try:
+                out[cid] = check(cid, reply)
+            except (PayloadError, ValueError) as exc:
+                self._exclude(cid, handler or "reply check", exc)
+        self._check_quorum(handler or "reply check", self.asked, len(out))
+        return out
 
     def aggregate(self, handler: str, messages: dict[int, Payload], *, field: str,
                   like: dict[str, torch.Tensor] | torch.Tensor, weighted: bool = True,

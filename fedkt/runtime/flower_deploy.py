@@ -10,8 +10,15 @@
   ServerApp's log, waits for the run to end and returns the rows the ServerApp
   wrote to the (absolute) run folder.
 
-Connections are plain HTTP (``--insecure``) for now; the ``tls`` arguments are
-the place where certificates will go.
+Security (docs/deployment.md, "Secure deployment"): by default every connection is
+plain HTTP (``--insecure``).  With ``insecure=False`` the SuperLink serves HTTPS with a
+:class:`TLS` certificate (all its APIs: Fleet for SuperNodes, Control for ``flwr run``,
+Runtime for the ServerApp); SuperNodes and ``flwr`` verify it against
+``root_certificates`` (a CA file).  With ``enable_supernode_auth`` the SuperLink only
+accepts SuperNodes whose public key was registered through the Control API
+(:func:`register_supernodes`, i.e. ``flwr supernode register``); a SuperNode signs its
+requests with its private key (``auth_private_key``).  :mod:`fedkt.runtime.certs`
+(``fedkt deploy certs``) writes the CA, the server certificate and the node keys.
 """
 
 from __future__ import annotations
@@ -82,11 +89,39 @@ class DeploymentError(TransportError):
 
 @dataclass
 class TLS:
-    """Certificate files (reserved: deployment is ``--insecure`` until TLS lands)."""
+    """The SuperLink's TLS files (PEM): its certificate, its private key and the CA
+    certificate that signed it (``flower-superlink --ssl-certfile/--ssl-keyfile/
+    --ssl-ca-certfile``)."""
 
     certfile: str | None = None
     keyfile: str | None = None
     ca_certfile: str | None = None
+
+    @classmethod
+    def from_dir(cls, folder: Path | str) -> TLS:
+        """The files of ``fedkt deploy certs --out FOLDER``."""
+        from fedkt.runtime.certs import CA_CERT, SERVER_CERT, SERVER_KEY
+
+        folder = Path(folder).expanduser().absolute()
+        return cls(str(folder / SERVER_CERT), str(folder / SERVER_KEY), str(folder / CA_CERT))
+
+    def checked(self) -> TLS:
+        """These files with absolute paths; :class:`DeploymentError` names a missing one."""
+        files = {}
+        for flag, value in (("--ssl-certfile", self.certfile), ("--ssl-keyfile", self.keyfile),
+                            ("--ssl-ca-certfile", self.ca_certfile)):
+            if not value:
+                raise DeploymentError(f"TLS needs a SuperLink {flag} file (or run --insecure)")
+            files[flag] = _existing_file(value, f"SuperLink TLS {flag}")
+        return TLS(*files.values())
+
+
+def _existing_file(path: Path | str, what: str) -> str:
+    """``path`` made absolute; :class:`DeploymentError` naming ``what`` if it is no file."""
+    full = Path(path).expanduser().absolute()
+    if not full.is_file():
+        raise DeploymentError(f"{what}: no such file {str(full)!r}")
+    return str(full)
 
 
 # --------------------------------------------------------------------------- processes
@@ -230,39 +265,49 @@ def _popen(name: str, cmd: list[str], address: str, *, log_file: Path | str | No
 
 
 def superlink_command(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, insecure: bool = True,
-                      tls: TLS | None = None, database: str | None = None) -> list[str]:
-    """``flower-superlink`` arguments: one HTTP port for SuperNodes, ``flwr`` and ServerApps."""
+                      tls: TLS | None = None, database: str | None = None,
+                      enable_supernode_auth: bool = False) -> list[str]:
+    """``flower-superlink`` arguments: one HTTP(S) port for SuperNodes, ``flwr`` and
+    ServerApps.  ``insecure=False`` needs ``tls`` (all three files, which must exist);
+    ``enable_supernode_auth`` (only registered SuperNodes) needs TLS."""
     cmd = ["flower-superlink", "--host", host, "--port", str(port),
            "--disable-runtime-dependency-installation"]
     if insecure:
+        if enable_supernode_auth:
+            raise DeploymentError("SuperNode authentication (--enable-supernode-auth) needs "
+                                  "TLS: give the SuperLink's certificates instead of --insecure")
         cmd.append("--insecure")
-    elif tls is not None:
-        cmd += _tls_args(tls)
+    else:
+        if tls is None:
+            raise DeploymentError("a SuperLink without --insecure needs TLS certificates "
+                                  "(--ssl-certfile, --ssl-keyfile, --ssl-ca-certfile)")
+        tls = tls.checked()
+        cmd += ["--ssl-certfile", str(tls.certfile), "--ssl-keyfile", str(tls.keyfile),
+                "--ssl-ca-certfile", str(tls.ca_certfile)]
+        if enable_supernode_auth:
+            cmd.append("--enable-supernode-auth")
     if database:
         cmd += ["--database", database]
     return cmd
 
 
-def _tls_args(tls: TLS) -> list[str]:
-    args = []
-    for flag, value in (("--ssl-certfile", tls.certfile), ("--ssl-keyfile", tls.keyfile),
-                        ("--ssl-ca-certfile", tls.ca_certfile)):
-        if value:
-            args += [flag, value]
-    return args
-
-
 def start_superlink(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, insecure: bool = True,
-                    tls: TLS | None = None, database: str | None = None,
+                    tls: TLS | None = None, enable_supernode_auth: bool = False,
+                    database: str | None = None,
                     flwr_home: Path | str | None = None, log_file: Path | str | None = None,
                     env: dict[str, str] | None = None, cwd: Path | str | None = None,
                     wait: float | None = 60.0) -> FlowerProcess:
-    """Start ``flower-superlink`` listening on ``host:port``; waits until it listens."""
+    """Start ``flower-superlink`` listening on ``host:port``; waits until it listens.
+
+    ``insecure=False``: HTTPS with ``tls``; ``enable_supernode_auth``: only SuperNodes
+    registered with :func:`register_supernodes` may connect.
+    """
     extra = dict(env or {})
     if flwr_home:
         extra["FLWR_HOME"] = str(flwr_home)
-    proc = _popen("SuperLink", superlink_command(host, port, insecure=insecure, tls=tls,
-                                                 database=database),
+    cmd = superlink_command(host, port, insecure=insecure, tls=tls, database=database,
+                            enable_supernode_auth=enable_supernode_auth)
+    proc = _popen("SuperLink", cmd,
                   f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}",
                   log_file=log_file, env=flower_child_env(extra), cwd=cwd)
     if wait:
@@ -289,15 +334,30 @@ def node_config(partition_id: int, num_partitions: int, state_dir: Path | str | 
 def supernode_command(partition_id: int, num_partitions: int,
                       superlink: str = f"127.0.0.1:{DEFAULT_PORT}", *,
                       state_dir: Path | str | None = None, port: int = 9094,
-                      insecure: bool = True, root_certificates: str | None = None) -> list[str]:
-    """``flower-supernode`` arguments; ``port`` is the node's own local API port."""
+                      insecure: bool = True, root_certificates: str | None = None,
+                      auth_private_key: str | None = None) -> list[str]:
+    """``flower-supernode`` arguments; ``port`` is the node's own local API port.
+
+    ``insecure=False``: TLS to the SuperLink, verified with ``root_certificates`` (a CA
+    file; None: the system's CAs).  ``auth_private_key``: the node's OpenSSH EC private
+    key, for a SuperLink with SuperNode authentication.
+    """
     cmd = ["flower-supernode", "--superlink", superlink,
            "--node-config", node_config(partition_id, num_partitions, state_dir),
            "--host", "127.0.0.1", "--port", str(port)]
     if insecure:
+        if root_certificates:
+            raise DeploymentError("--root-certificates given with --insecure: drop one of them")
+        if auth_private_key:
+            raise DeploymentError("SuperNode authentication (--auth-supernode-private-key) "
+                                  "needs TLS: drop --insecure")
         cmd.append("--insecure")
     elif root_certificates:
-        cmd += ["--root-certificates", root_certificates]
+        cmd += ["--root-certificates",
+                _existing_file(root_certificates, "SuperNode --root-certificates")]
+    if auth_private_key:
+        cmd += ["--auth-supernode-private-key",
+                _existing_file(auth_private_key, "SuperNode --auth-supernode-private-key")]
     return cmd
 
 
@@ -305,20 +365,25 @@ def start_supernode(partition_id: int, num_partitions: int,
                     superlink: str = f"127.0.0.1:{DEFAULT_PORT}",
                     state_dir: Path | str | None = None, *, port: int | None = None,
                     insecure: bool = True, root_certificates: str | None = None,
+                    auth_private_key: str | None = None,
                     flwr_home: Path | str | None = None, log_file: Path | str | None = None,
                     env: dict[str, str] | None = None, cwd: Path | str | None = None,
                     wait: float | None = 60.0) -> FlowerProcess:
     """Start ``flower-supernode`` for fedkt client ``partition_id``.
 
     ``state_dir``: the client's state folder on this machine (default:
-    ``fedkt-client-state`` in the SuperNode's working directory).  ``port``: the node's local API port (a free one by default).
+    ``fedkt-client-state`` in the SuperNode's working directory).  ``port``: the node's
+    local API port (a free one by default).  ``insecure``, ``root_certificates`` and
+    ``auth_private_key``: see :func:`supernode_command`.  Waiting only covers the node's
+    local API: a node the SuperLink refuses exits soon after (see its log).
     """
     port = port or free_port()
     extra = dict(env or {})
     if flwr_home:
         extra["FLWR_HOME"] = str(flwr_home)
     cmd = supernode_command(partition_id, num_partitions, superlink, state_dir=state_dir,
-                            port=port, insecure=insecure, root_certificates=root_certificates)
+                            port=port, insecure=insecure, root_certificates=root_certificates,
+                            auth_private_key=auth_private_key)
     proc = _popen(f"SuperNode {partition_id}", cmd, f"127.0.0.1:{port}", log_file=log_file,
                   env=flower_child_env(extra), cwd=cwd)
     if wait:
@@ -350,7 +415,8 @@ def write_cli_config(flwr_home: Path | str, superlink: str, *, insecure: bool = 
     if federation:
         conn["federation"] = federation
     if root_certificates and not insecure:
-        conn["root-certificates"] = root_certificates
+        # Flower wants an absolute path.
+        conn["root-certificates"] = _existing_file(root_certificates, "runtime.root_certificates")
     path = Path(flwr_home) / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
@@ -401,7 +467,8 @@ def submit_job(cfg: RunConfig, *, resume: bool = False, quiet: bool = False,
     plugins = [*method_plugins(job.method.name),
                *filter(None, os.environ.get(PLUGINS_ENV, "").split(","))]
     with _cli_home() as home:
-        write_cli_config(home, rt.superlink, insecure=rt.insecure, federation=rt.federation)
+        write_cli_config(home, rt.superlink, insecure=rt.insecure, federation=rt.federation,
+                         root_certificates=rt.root_certificates)
         app = write_app(home / "app")
         overrides = home / "run-config.toml"
         overrides.write_text(tomli_w.dumps({
@@ -412,7 +479,8 @@ def submit_job(cfg: RunConfig, *, resume: bool = False, quiet: bool = False,
         if run_id is None:
             raise DeploymentError(
                 f"`flwr run` could not start the job on SuperLink {rt.superlink} (is it running? "
-                f"`fedkt deploy superlink`):\n{_tail(output)}")
+                f"`fedkt deploy superlink`){_tls_hint(rt.insecure, rt.root_certificates)}:\n"
+                f"{_tail(output)}")
         status, details = run_status(run_id, env)
     if status != "finished:completed":
         from fedkt.runtime.base import RoundError
@@ -470,6 +538,62 @@ def run_status(run_id: int, env: dict[str, str]) -> tuple[str, str]:
     return str(run.get("status", "")), str(run.get("status-details", ""))
 
 
+# --------------------------------------------------------------------------- SuperNode registry
+
+
+def _flwr_json(args: list[str], superlink: str, *, insecure: bool,
+               root_certificates: str | None, what: str) -> dict[str, Any]:
+    """Run ``flwr ARGS fedkt --format json`` against ``superlink``; its JSON answer."""
+    with _cli_home() as home:
+        write_cli_config(home, superlink, insecure=insecure, root_certificates=root_certificates)
+        res = subprocess.run(["flwr", *args, CONNECTION, "--format", "json"],
+                             env=flower_child_env({"FLWR_HOME": str(home)}), capture_output=True,
+                             text=True, timeout=120, check=False)
+    try:
+        out = json.loads(res.stdout)
+    except ValueError:
+        out = {}
+    if res.returncode != 0 or not out.get("success"):
+        raise DeploymentError(f"{what} on SuperLink {superlink} failed (`flwr {' '.join(args)}`, "
+                              f"exit code {res.returncode}){_tls_hint(insecure, root_certificates)}"
+                              f":\n{res.stdout}{res.stderr}".rstrip())
+    return out
+
+
+def _tls_hint(insecure: bool, root_certificates: str | None) -> str:
+    """What to check when ``flwr`` cannot reach a SuperLink (it hides TLS errors)."""
+    if insecure:
+        return " (plain HTTP: does the SuperLink use TLS? then set runtime.insecure=false)"
+    return (" (TLS: is the SuperLink's certificate signed by runtime.root_certificates="
+            f"{root_certificates or 'the system CAs'} and valid for this host name?)")
+
+
+def register_supernodes(superlink: str, public_keys: Sequence[Path | str], *,
+                        insecure: bool = False, root_certificates: str | None = None
+                        ) -> list[int]:
+    """Register SuperNodes' public keys (OpenSSH EC keys, e.g. ``supernode-0.pub``) with a
+    SuperLink started with SuperNode authentication (``flwr supernode register``); returns
+    their Flower node ids.  Registrations live in the SuperLink's database (lost on a
+    restart with the default in-memory database)."""
+    ids = []
+    for key in public_keys:
+        path = _existing_file(key, "SuperNode public key")
+        out = _flwr_json(["supernode", "register", path], superlink, insecure=insecure,
+                         root_certificates=root_certificates,
+                         what=f"registering the SuperNode key {path}")
+        ids.append(int(out["node-id"]))
+    return ids
+
+
+def list_supernodes(superlink: str, *, insecure: bool = False,
+                    root_certificates: str | None = None) -> list[dict[str, Any]]:
+    """The SuperLink's SuperNodes (``flwr supernode ls``): dicts with ``node-id`` and
+    ``status`` (``registered``, ``online``, ``offline``, ...)."""
+    out = _flwr_json(["supernode", "ls"], superlink, insecure=insecure,
+                     root_certificates=root_certificates, what="listing SuperNodes")
+    return list(out.get("nodes", []))
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -484,7 +608,10 @@ def _wait_forever(procs: Sequence[FlowerProcess]) -> int:
         while all(p.alive() for p in procs):
             time.sleep(0.5)
         dead = next(p for p in procs if not p.alive())
-        print(f"fedkt: {dead.name} exited with code {dead.popen.returncode}", file=sys.stderr)
+        tail = dead.log_tail(15)  # e.g. why the SuperLink refused a SuperNode
+        print(f"fedkt: {dead.name} exited with code {dead.popen.returncode}"
+              + (f"; the end of its log {dead.log_path}:\n{tail}" if tail else ""),
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
@@ -493,58 +620,155 @@ def _wait_forever(procs: Sequence[FlowerProcess]) -> int:
             p.stop()
 
 
+def _superlink_tls(args: argparse.Namespace) -> tuple[bool, TLS | None]:
+    """``(insecure, tls)`` from ``--insecure/--certs-dir/--ssl-*``: certificates imply TLS."""
+    tls = TLS.from_dir(args.certs_dir) if args.certs_dir else TLS()
+    tls = TLS(args.ssl_certfile or tls.certfile, args.ssl_keyfile or tls.keyfile,
+              args.ssl_ca_certfile or tls.ca_certfile)
+    given = any((tls.certfile, tls.keyfile, tls.ca_certfile))
+    if args.insecure and given:
+        raise DeploymentError("--insecure given with TLS certificates: drop one of them")
+    insecure = args.insecure if args.insecure is not None else not given
+    return insecure, (None if insecure else tls)
+
+
+def _node_tls(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """``(insecure, root_certificates)`` for a SuperNode or ``flwr`` from the CLI flags."""
+    root = args.root_certificates or (
+        str(Path(args.certs_dir) / "ca.crt") if getattr(args, "certs_dir", None) else None)
+    if args.insecure and root:
+        raise DeploymentError("--insecure given with --root-certificates: drop one of them")
+    insecure = args.insecure if args.insecure is not None else not (
+        root or getattr(args, "auth_key", None))
+    return insecure, root
+
+
 def cmd_superlink(args: argparse.Namespace) -> int:
+    proc = None
     try:
-        proc = start_superlink(args.host, args.port, insecure=args.insecure,
+        insecure, tls = _superlink_tls(args)
+        proc = start_superlink(args.host, args.port, insecure=insecure, tls=tls,
+                               enable_supernode_auth=args.enable_supernode_auth,
                                database=args.database, log_file=args.log_file, wait=60)
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        ids = []
+        if args.register:
+            ids = register_supernodes(f"{shown}:{args.port}", args.register, insecure=insecure,
+                                      root_certificates=tls.ca_certfile if tls else None)
     except DeploymentError as exc:
+        if proc is not None:
+            proc.stop()
         print(f"fedkt: error: {exc}", file=sys.stderr)
         return 1
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"fedkt: SuperLink listening on {args.host}:{args.port} (pid {proc.pid}); start one "
-          f"SuperNode per client with\n  fedkt deploy supernode --client-id N --num-clients M "
-          f"--superlink {shown}:{args.port}\nand submit jobs with\n  fedkt run CONFIG --set "
-          f"runtime.name=flower --set runtime.superlink={shown}:{args.port}\nCtrl-C stops it.",
-          flush=True)
+    for key, node_id in zip(args.register or [], ids, strict=True):
+        print(f"fedkt: registered SuperNode key {key} as node {node_id}", flush=True)
+    sec = "" if insecure else (
+        f" --root-certificates {tls.ca_certfile}" if tls else "")
+    auth = " --auth-key supernode-N.key" if args.enable_supernode_auth else ""
+    run_sec = "" if insecure else (
+        f" --set runtime.insecure=false --set runtime.root_certificates={tls.ca_certfile}"
+        if tls else "")
+    mode = "plain HTTP" if insecure else "TLS" + (
+        " + SuperNode authentication" if args.enable_supernode_auth else "")
+    print(f"fedkt: SuperLink ({mode}) listening on {args.host}:{args.port} (pid {proc.pid}); "
+          f"start one SuperNode per client with\n  fedkt deploy supernode --client-id N "
+          f"--num-clients M --superlink {shown}:{args.port}{sec}{auth}\nand submit jobs with\n"
+          f"  fedkt run CONFIG --set runtime.name=flower --set runtime.superlink={shown}:"
+          f"{args.port}{run_sec}\nCtrl-C stops it.", flush=True)
     return _wait_forever([proc])
 
 
 def cmd_supernode(args: argparse.Namespace) -> int:
     try:
+        insecure, root = _node_tls(args)
         proc = start_supernode(args.client_id, args.num_clients, args.superlink,
-                               state_dir=args.state_dir, port=args.port, insecure=args.insecure,
+                               state_dir=args.state_dir, port=args.port, insecure=insecure,
+                               root_certificates=root, auth_private_key=args.auth_key,
                                log_file=args.log_file, wait=60)
     except DeploymentError as exc:
         print(f"fedkt: error: {exc}", file=sys.stderr)
         return 1
     print(f"fedkt: SuperNode for client {args.client_id} of {args.num_clients} (pid {proc.pid}) "
-          f"connecting to {args.superlink}"
+          f"connecting to {args.superlink} ({'plain HTTP' if insecure else 'TLS'}"
+          + (", authenticated" if args.auth_key else "") + ")"
           + (f", state in {args.state_dir}" if args.state_dir else "") + "; Ctrl-C stops it.",
           flush=True)
     return _wait_forever([proc])
 
 
+def cmd_register(args: argparse.Namespace) -> int:
+    try:
+        insecure, root = _node_tls(args)
+        ids = register_supernodes(args.superlink, args.public_keys, insecure=insecure,
+                                  root_certificates=root)
+    except DeploymentError as exc:
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 1
+    for key, node_id in zip(args.public_keys, ids, strict=True):
+        print(f"fedkt: registered SuperNode key {key} as node {node_id}")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from fedkt.runtime.certs import generate_certs
+
+    try:
+        files = generate_certs(args.out, args.host or [], args.nodes,
+                               days=args.days, overwrite=args.force)
+    except ValueError as exc:
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 1
+    for path in files.written:
+        print(f"fedkt: wrote {path}")
+    kept = [p for p in (files.ca_cert, files.ca_key, files.server_cert, files.server_key,
+                        *(k for pair in files.node_keys for k in pair)) if p not in files.written]
+    if kept:
+        print(f"fedkt: kept {len(kept)} existing file(s) in {files.ca_cert.parent} "
+              "(--force regenerates them)")
+    return 0
+
+
 def add_deploy_commands(subparsers: Any) -> None:
-    """Add ``fedkt deploy superlink|supernode`` to the CLI."""
+    """Add ``fedkt deploy superlink|supernode|register|certs`` to the CLI."""
     deploy = subparsers.add_parser(
         "deploy", help="start Flower processes for the 'flower' runtime",
         description="Start a Flower SuperLink (once) and one SuperNode per client, then run "
                     "jobs with `fedkt run CONFIG --set runtime.name=flower --set "
-                    "runtime.superlink=HOST:PORT`. See docs/deployment.md.")
-    sub = deploy.add_subparsers(dest="deploy_command", required=True, metavar="PROCESS")
+                    "runtime.superlink=HOST:PORT`. `fedkt deploy certs` makes TLS "
+                    "certificates and SuperNode keys. See docs/deployment.md.")
+    sub = deploy.add_subparsers(dest="deploy_command", required=True, metavar="COMMAND")
 
-    def security(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--insecure", action=argparse.BooleanOptionalAction, default=True,
-                       help="plain HTTP without TLS (the only mode for now)")
+    def insecure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--insecure", action=argparse.BooleanOptionalAction, default=None,
+                       help="plain HTTP without TLS (default: TLS when certificates or "
+                            "keys are given, plain HTTP otherwise)")
+
+    def log_file(p: argparse.ArgumentParser) -> None:
         p.add_argument("--log-file", help="write the process's log here instead of the terminal")
+
+    def root_certs(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--root-certificates", metavar="CA_CERT",
+                       help="CA certificate (PEM) to verify the SuperLink's TLS certificate "
+                            "(ca.crt of `fedkt deploy certs`); implies TLS")
 
     p = sub.add_parser("superlink", help="start the SuperLink (the server machine)")
     p.add_argument("--host", default="0.0.0.0",
                    help="interface to listen on (default: all; 127.0.0.1 for one machine)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help=f"HTTP port for SuperNodes and `fedkt run` (default: {DEFAULT_PORT})")
-    p.add_argument("--database", help="SQLite file for the SuperLink's state (default: memory)")
-    security(p)
+                   help=f"HTTP(S) port for SuperNodes and `fedkt run` (default: {DEFAULT_PORT})")
+    p.add_argument("--database", help="SQLite file for the SuperLink's state, registered "
+                                      "SuperNodes included (default: memory)")
+    insecure(p)
+    p.add_argument("--certs-dir", help="folder of `fedkt deploy certs`: use its server.pem, "
+                                       "server.key and ca.crt (implies TLS)")
+    p.add_argument("--ssl-certfile", help="server certificate (PEM); overrides --certs-dir")
+    p.add_argument("--ssl-keyfile", help="server private key (PEM); overrides --certs-dir")
+    p.add_argument("--ssl-ca-certfile", help="CA certificate (PEM); overrides --certs-dir")
+    p.add_argument("--enable-supernode-auth", action="store_true",
+                   help="accept only SuperNodes whose public key is registered (needs TLS)")
+    p.add_argument("--register", nargs="+", metavar="PUBLIC_KEY",
+                   help="register these SuperNode public keys (supernode-K.pub) once started")
+    log_file(p)
     p.set_defaults(func=cmd_superlink)
 
     p = sub.add_parser("supernode", help="start the SuperNode of one client (its machine)")
@@ -557,5 +781,35 @@ def add_deploy_commands(subparsers: Any) -> None:
                                        "./fedkt-client-state where the SuperNode runs)")
     p.add_argument("--port", type=int, default=None,
                    help="the node's local API port (default: a free port)")
-    security(p)
+    insecure(p)
+    root_certs(p)
+    p.add_argument("--auth-key", metavar="PRIVATE_KEY",
+                   help="this node's private key (supernode-K.key) for a SuperLink with "
+                        "--enable-supernode-auth; its public key must be registered")
+    log_file(p)
     p.set_defaults(func=cmd_supernode)
+
+    p = sub.add_parser("register", help="authorise SuperNodes: register their public keys",
+                       description="Register SuperNode public keys with a SuperLink started "
+                                   "with --enable-supernode-auth (`flwr supernode register`).")
+    p.add_argument("public_keys", nargs="+", metavar="PUBLIC_KEY",
+                   help="OpenSSH EC public key files (supernode-K.pub)")
+    p.add_argument("--superlink", default=f"127.0.0.1:{DEFAULT_PORT}",
+                   help=f"SuperLink HOST:PORT (default: 127.0.0.1:{DEFAULT_PORT})")
+    insecure(p)
+    root_certs(p)
+    p.set_defaults(func=cmd_register)
+
+    p = sub.add_parser("certs", help="write a CA, the SuperLink's TLS certificate and "
+                                     "SuperNode keys",
+                       description="Write ca.crt/ca.key, server.pem/server.key (valid for the "
+                                   "--host names) and supernode-K.key/.pub (K = 0..N-1) into "
+                                   "--out. Existing files are kept unless --force.")
+    p.add_argument("--out", required=True, help="folder to write into")
+    p.add_argument("--host", action="append", metavar="NAME_OR_IP",
+                   help="a host name or IP address clients use to reach the SuperLink "
+                        "(repeat; 127.0.0.1 and localhost are always included)")
+    p.add_argument("--nodes", type=int, default=0, help="SuperNode key pairs to write")
+    p.add_argument("--days", type=int, default=365, help="validity in days (default: 365)")
+    p.add_argument("--force", action="store_true", help="regenerate existing files")
+    p.set_defaults(func=cmd_certs)

@@ -16,9 +16,8 @@ from fedkt.methods.fedsp import (
     get_prompts,
     prompt_param,
     set_prompts,
-    text_prompts,
 )
-from fedkt.models.adapters import apply_peft
+from fedkt.models.adapters import apply_peft, text_prefix
 from fedkt.models.auxiliary import (
     VirtualLayer,
     aux_param_groups,
@@ -190,12 +189,26 @@ def test_prompts_round_trip_between_llm_and_auxiliary_with_identical_shapes():
 def test_text_init_prompts_equal_the_text_in_front(name):
     model, tok = llm(name)
     pm = apply_peft(model, PREFIX, seed=0)
-    set_prompts(pm, text_prompts(pm, tok, "Text: play some jazz\nLabel: PlayMusic", 4))
+    set_prompts(pm, text_prefix(pm, tok, "Text: play some jazz\nLabel: PlayMusic", 4))
     prefix = list(tok("Text: play some jazz\nLabel: PlayMusic")["input_ids"])[:4]
     with torch.no_grad():
         a = pm(**ids([7, 8, 9])).logits
         b = pm.get_base_model()(input_ids=torch.tensor([prefix + [7, 8, 9]])).logits[:, 4:]
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_shared_prefix_init_text_starts_fedsp_from_the_same_prompts(tmp_path):
+    def prompts(*overrides):
+        cfg = fedsp_config(tmp_path, *overrides, method="fedprompt")
+        server = get_method("fedprompt").server(cfg, cfg.run_dir)
+        server.setup()
+        return server.prompts
+
+    text = prompts()  # method.prompt_init: text
+    shared = prompts("method.prompt_init=random", "training.prefix_init=text")
+    random = prompts("method.prompt_init=random")
+    torch.testing.assert_close(shared, text, rtol=0, atol=0)
+    assert not torch.allclose(random, text)
 
 
 def test_each_alternating_phase_changes_only_what_it_should(tmp_path):
@@ -339,7 +352,7 @@ def test_smollm2_auxiliary_model_and_prompts():
     paux = apply_peft(aux, training, seed=0)
     text = "Question: Tracy went home. What will Tracy do next?\nAnswer: sleep\n\n" * 4
     pllm = apply_peft(model, training, seed=0)
-    prompts = text_prompts(pllm, tok, text, 40)
+    prompts = text_prefix(pllm, tok, text, 40)
     assert prompts.shape == prompt_param(paux).shape == prompt_param(pllm).shape == (40, 11520)
     set_prompts(paux, prompts)
     set_prompts(pllm, prompts)

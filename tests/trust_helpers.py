@@ -1,0 +1,216 @@
+"""Shared pieces of the trust tests: transports that record, replay or tamper with the
+exact bytes clients send back, the tiny per-method configs, and one cached real run
+per method.
+
+Every wrapper sits around the real transport: clients run the method's real handlers
+on real (tiny) models and data; only the bytes of one reply are recorded or edited.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedkt.config import RunConfig
+from fedkt.payload import Payload, loads
+from fedkt.runner import run_job
+from fedkt.runtime.base import ENVELOPE, default_state_root
+from fedkt.runtime.local import LocalTransport
+from tests.conftest import small_config
+from tests.methods.test_fedkd import fedkd_config
+from tests.methods.test_fedmkt import LLM
+from tests.methods.test_fedsp import fedsp_config
+from tests.methods.test_koala import koala_config
+
+NUM_CLIENTS = 3
+
+
+# --------------------------------------------------------------------------- transports
+
+
+def handler_of(request: bytes) -> str:
+    """The client handler a serialised request names."""
+    return loads(request, source="server")[ENVELOPE]["handler"]
+
+
+@dataclass
+class Exchange:
+    """One client call as it travelled: handler, client, request and reply bytes."""
+
+    handler: str
+    cid: int
+    request: bytes
+    reply: bytes | BaseException
+
+
+class RecordingTransport:
+    """Wraps a transport and keeps every request and the exact bytes of every reply."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[Exchange] = []
+
+    def exchange(self, requests: dict[int, bytes], timeout: float) -> dict[int, bytes | BaseException]:
+        replies = self.inner.exchange(requests, timeout)
+        for cid, data in sorted(requests.items()):
+            if cid in replies:
+                self.calls.append(Exchange(handler_of(data), cid, data, replies[cid]))
+        return replies
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReplayTransport:
+    """Answers each request with the reply the real client sent to the same (handler, cid,
+    n-th call) in a recorded run of the same config: the server side runs for real, the
+    clients' real bytes come from the recording (so the fault tests do not retrain)."""
+
+    def __init__(self, calls: list[Exchange]) -> None:
+        self.recorded: dict[tuple[str, int], list[bytes | BaseException]] = {}
+        for c in calls:
+            self.recorded.setdefault((c.handler, c.cid), []).append(c.reply)
+        self.seen: dict[tuple[str, int], int] = {}
+
+    def exchange(self, requests: dict[int, bytes], timeout: float) -> dict[int, bytes | BaseException]:
+        out: dict[int, bytes | BaseException] = {}
+        for cid, data in sorted(requests.items()):
+            key = (handler_of(data), cid)
+            n = self.seen.get(key, 0)
+            self.seen[key] = n + 1
+            out[cid] = self.recorded[key][n]
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+Tamper = Callable[[Payload], "Payload | bytes | None"]
+
+
+class TamperingTransport:
+    """Wraps a transport and corrupts the reply of client ``cid`` to ``handler``.
+
+    ``tamper`` gets the parsed reply and returns the edited payload (re-serialised with
+    :func:`fedkt.payload.dumps`), raw bytes to send instead, or ``None``: the reply never
+    arrives (the server's transport times out on that client).
+    """
+
+    def __init__(self, inner: Any, cid: int, handler: str, tamper: Tamper) -> None:
+        self.inner, self.cid, self.handler, self.tamper = inner, cid, handler, tamper
+        self.tampered = 0
+
+    def exchange(self, requests: dict[int, bytes], timeout: float) -> dict[int, bytes | BaseException]:
+        from fedkt.payload import dumps
+
+        replies = dict(self.inner.exchange(requests, timeout))
+        data = requests.get(self.cid)
+        if data is not None and handler_of(data) == self.handler and self.cid in replies:
+            self.tampered += 1
+            got = self.tamper(loads(replies[self.cid], source=f"client {self.cid}"))
+            if got is None:
+                del replies[self.cid]
+            else:
+                replies[self.cid] = got if isinstance(got, bytes) else dumps(got)
+        return replies
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def method_config(method: str, root: Path, *overrides: str, name: str = "run") -> RunConfig:
+    """The tiny config the method's own tests use, with 3 clients and 1 round."""
+    run_dir = root / name
+    n = f"clients.num_clients={NUM_CLIENTS}"
+    lm_small = ("rounds=1", n, "data.max_private_per_client=12",
+                "data.split={scheme: holdout, test_size: 8, public_fraction: 0.2}",
+                "data.max_public=8")
+    if method in ("fedavg", "standalone", "centralized"):
+        return small_config(run_dir, *lm_small, *overrides, method=method)
+    if method == "zero_shot":
+        return small_config(run_dir, *lm_small, "server={name: tiny-llama}", *overrides,
+                            method=method)
+    if method == "fedcollm":
+        return small_config(run_dir, *lm_small, LLM, "training.lora.target_modules=all-linear",
+                            *overrides, method=method)
+    if method in ("fedmkt", "llm2slm"):
+        models = "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2}, {name: tiny-gpt2}]"
+        return small_config(run_dir, "rounds=1", n, LLM, models,
+                            "data.split={scheme: fedmkt, test_size: 8}", "data.max_public=8",
+                            "data.max_private_per_client=12",
+                            "training.lora.target_modules=all-linear", "method.top_k=8",
+                            *overrides, method=method)
+    if method in ("fedsp", "fedprompt", "fedprompt_single"):
+        return fedsp_config(run_dir, "rounds=1", n, "data.max_private_per_client=12",
+                            "data.split.test_size=8", "data.max_public=8", *overrides,
+                            method=method)
+    if method == "fedkd":
+        return fedkd_config(root, n, "data.max_private_per_client=12", *overrides,
+                            method=method, name=name)
+    if method.endswith("_encoder"):
+        return fedkd_config(root, n, "data.max_private_per_client=12",
+                            f"method={{name: {method}, layers: 2}}", *overrides, name=name)
+    if method == "koala":
+        return koala_config(root, "rounds=1", *overrides, name=name)
+    if method == "fedavg_vision":
+        return koala_config(root, "rounds=1", "method={name: fedavg_vision, pretrain: {epochs: 3}}",
+                            *overrides, name=name)
+    raise KeyError(f"no tiny config for method {method!r}")
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class RecordedRun:
+    cfg: RunConfig
+    rows: list[dict]
+    calls: list[Exchange] = field(default_factory=list)
+
+    def replies(self) -> list[Exchange]:
+        return [c for c in self.calls if isinstance(c.reply, bytes)]
+
+
+_ROOT: Path | None = None
+_RUNS: dict[str, RecordedRun] = {}
+
+
+def scratch() -> Path:
+    """A folder for this test session's cached runs (removed at exit)."""
+    global _ROOT
+    if _ROOT is None:
+        _ROOT = Path(tempfile.mkdtemp(prefix="fedkt-trust-"))
+        atexit.register(shutil.rmtree, _ROOT, True)
+    return _ROOT
+
+
+def recorded_run(method: str) -> RecordedRun:
+    """One real 1-round job of ``method`` (3 clients), every reply's bytes kept (cached)."""
+    if method not in _RUNS:
+        torch.set_num_threads(1)
+        cfg = method_config(method, scratch() / method)
+        transport = RecordingTransport(LocalTransport(default_state_root(cfg)))
+        rows = run_job(cfg, transport, quiet=True)
+        _RUNS[method] = RecordedRun(cfg, rows, transport.calls)
+    return _RUNS[method]
+
+
+def flat_tensors(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor of a payload: ``field`` or ``field/key`` for tensor dicts."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in payload.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value
+        elif isinstance(value, dict):
+            out.update({f"{key}/{k}": v for k, v in value.items() if isinstance(v, torch.Tensor)})
+    return out
