@@ -53,13 +53,16 @@ def _reply(prompts: torch.Tensor) -> Payload:
                    metrics={"train/align_loss": 1.0, "train/loss": 1.0, "train/steps": 10})
 
 
-def _measured(run: Path) -> tuple[str, float, float, float]:
-    """(method, first round's and later rounds' mean MB received per client, MB sent)."""
+def _measured(run: Path) -> tuple[str, float, float, float] | tuple[str, None, None, None]:
+    """(method, first round's and later rounds' mean MB received per client, MB sent);
+    Nones for a run without client traffic (e.g. ``centralized``)."""
     config = (run / "config.yaml").read_text()
     method = next(line.split(":", 1)[1].strip() for line in config.splitlines()
                   if line.strip().startswith("name:") and line.startswith("  "))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["participant"].startswith("client") and r["split"] == "train"]
+    if not train:
+        return method, None, None, None
     first = [r["bytes_received"] for r in train if r["round"] == 1]
     later = [r["bytes_received"] for r in train if r["round"] > 1] or first
     up = [r["bytes_sent"] for r in train]
@@ -110,7 +113,10 @@ def main() -> None:
         print("|---|---|---:|---:|---:|")
         for run in map(Path, args.run):
             method, first, later, up = _measured(run)
-            print(f"| {run.name} | {method} | {first:.3f} | {later:.3f} | {up:.3f} |")
+            if first is None:
+                print(f"| {run.name} | {method} | - | - | - (no client traffic) |")
+            else:
+                print(f"| {run.name} | {method} | {first:.3f} | {later:.3f} | {up:.3f} |")
 
 
 if __name__ == "__main__":
