@@ -146,7 +146,8 @@ class ClientsConfig(_Strict):
     num_clients: int = Field(4, ge=1)
     # One model for all clients, or one per client (heterogeneous settings).
     models: list[ModelConfig] = Field(default_factory=list)
-    # Clients sampled per round (1.0: all).
+    # Share of the clients taking part in each round, sampled uniformly without
+    # replacement from (seed, round), at least one (FedAvg's C; 1.0: all).
     fraction: float = Field(1.0, gt=0, le=1)
     # The round fails unless at least this many clients reply.
     min_replies: int | None = Field(None, ge=1)
@@ -295,6 +296,11 @@ class RunConfig(_Strict):
     def _privacy_applies(self) -> RunConfig:
         """Secure aggregation and DP need a method whose server only sums client uploads."""
         from fedkt.methods import get_method  # local: methods import this module
+
+        sampled = max(1, round(self.clients.fraction * len(self.client_ids())))
+        if self.secure_aggregation.enabled and sampled < 2:
+            raise ValueError("secure_aggregation.enabled: SecAgg+ needs at least 2 clients per "
+                             f"round; clients.fraction gives {sampled}")
 
         for key in ("secure_aggregation", "differential_privacy"):
             if getattr(self, key).enabled and not get_method(self.method.name).aggregates:

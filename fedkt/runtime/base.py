@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 import traceback
 from collections import defaultdict
@@ -29,7 +30,7 @@ import yaml
 from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.methods import get_method
-from fedkt.methods.base import ClientContext, RoundError, seed_everything
+from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
 
 log = logging.getLogger("fedkt.runtime")
@@ -70,6 +71,17 @@ def client_view(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"output_dir": ".", "runtime": runtime})
 
 
+def sample_clients(cfg: RunConfig, rnd: int) -> list[int]:
+    """The clients of round ``rnd``: ``max(1, round(fraction * K))`` of the K participants,
+    uniformly without replacement (FedAvg's C), reproducible from ``seed`` and ``rnd``."""
+    ids = cfg.client_ids()
+    frac = cfg.clients.fraction
+    if frac >= 1:
+        return ids
+    k = max(1, round(frac * len(ids)))
+    return sorted(random.Random(derive_seed(cfg.seed, "sample", rnd)).sample(ids, k))
+
+
 def envelope_config(cfg: RunConfig) -> str:
     """The client view as compact YAML: only the keys that differ from their defaults
     (and the method's name), so every request stays small as the schema grows."""
@@ -93,8 +105,13 @@ class RuntimeClients:
         self.asked = 0
 
     def start_round(self, rnd: int, evaluate: bool = False) -> None:
-        """Begin round ``rnd``; ``evaluate``: clients score their models in this round."""
+        """Begin round ``rnd``; ``evaluate``: clients score their models in this round.
+
+        ``ids`` becomes the round's clients: all participants, or with
+        ``clients.fraction < 1`` a sample of them drawn from (seed, round).
+        """
         self.rnd, self.step, self.evaluating, self.traffic = rnd, 0, evaluate, Traffic()
+        self.ids = sample_clients(self.cfg, rnd)
 
     def _requests(self, handler: str, messages: dict[int, Payload], evaluate: bool,
                   **extra: object) -> dict[int, bytes]:
