@@ -69,6 +69,7 @@ from torch import Tensor, nn
 from fedkt.config import MethodConfig, RunConfig, TrainingConfig
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, RoundError, Server, mean_number
+from fedkt.models.adapters import prefix_param, set_prefix
 from fedkt.models.auxiliary import (
     AuxSpec,
     aux_param_groups,
@@ -189,25 +190,13 @@ def text_init(cfg: RunConfig) -> bool:
     return cfg.method.prompt_init == "text" or cfg.training.prefix_init == "text"
 
 
-def prompt_param(model: nn.Module) -> nn.Parameter:
-    """The prefix embedding ``[num_virtual_tokens, depth * 2 * kv_dim]`` of a peft model."""
-    try:
-        return model.prompt_encoder[model.active_adapter].embedding.weight
-    except (AttributeError, KeyError, TypeError):
-        raise TypeError(f"{type(model).__name__} has no peft prefix-tuning prompt") from None
+# FedSP's names for the shared prefix helpers: the prompts are peft's prefix embedding.
+prompt_param = prefix_param
+set_prompts = set_prefix
 
 
 def get_prompts(model: nn.Module) -> Tensor:
     return prompt_param(model).detach().to("cpu").clone()
-
-
-def set_prompts(model: nn.Module, prompts: Tensor) -> None:
-    param = prompt_param(model)
-    if tuple(prompts.shape) != tuple(param.shape):
-        raise ValueError(f"prompts of shape {tuple(prompts.shape)}, the model's are "
-                         f"{tuple(param.shape)}")
-    with torch.no_grad():
-        param.copy_(prompts.to(device=param.device, dtype=param.dtype))
 
 
 @contextmanager

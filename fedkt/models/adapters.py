@@ -152,7 +152,8 @@ def apply_peft(model: nn.Module, training_cfg: TrainingConfig, seed: int = 0, *,
 # --------------------------------------------------------------------------- prefix
 
 
-def _prefix_param(model: nn.Module) -> nn.Parameter:
+def prefix_param(model: nn.Module) -> nn.Parameter:
+    """The prefix embedding ``[num_virtual_tokens, depth * 2 * kv_dim]`` of a peft model."""
     try:
         return model.prompt_encoder[model.active_adapter].embedding.weight
     except (AttributeError, KeyError, TypeError):
@@ -161,7 +162,7 @@ def _prefix_param(model: nn.Module) -> nn.Parameter:
 
 def set_prefix(model: nn.Module, prefix: torch.Tensor) -> None:
     """Copy ``prefix`` (``[num_virtual_tokens, depth * 2 * kv_dim]``) into a peft prefix model."""
-    param = _prefix_param(model)
+    param = prefix_param(model)
     if tuple(prefix.shape) != tuple(param.shape):
         raise ValueError(f"prefix of shape {tuple(prefix.shape)}, the model's is "
                          f"{tuple(param.shape)}")
