@@ -109,8 +109,8 @@ def secure_fit(content: RecordDict, run: Callable[[bytes], bytes], source: str =
 
     Runs fedkt's request (``run``: bytes -> reply bytes) and returns a legacy
     ``FitRes`` whose parameters are the summed field, for ``secaggplus_mod`` to
-    quantise and mask.  A failed handler raises, so Flower reports this client
-    as dropped and the server recovers its masks.
+    quantise and mask.  A failed handler contributes zeros with weight 0 and its
+    error in the clear part.
     """
     from fedkt.runtime.base import ENVELOPE, ERROR, ClientFailure
 
@@ -118,10 +118,21 @@ def secure_fit(content: RecordDict, run: Callable[[bytes], bytes], source: str =
     request = fitins.parameters.tensors[0]
     spec = loads(request, source="server")[ENVELOPE][AGGREGATE]
     reply = loads(run(request), source=source)
-    if ERROR in reply:
-        raise ClientFailure(reply[ERROR])
-    tensors, weight = summed_field(reply, spec, source)
-    del reply[spec["field"]]
+    try:
+        if ERROR in reply:
+            raise ClientFailure(reply[ERROR])
+        tensors, weight = summed_field(reply, spec, source)
+        del reply[spec["field"]]
+    except (ClientFailure, PayloadError) as exc:
+        # A failed handler (or an upload that fails its own check) takes part with weight
+        # 0: it adds nothing to the mean, and the clear part tells the server why, which
+        # excludes the client. (Raising would make it a dropout, which SecAgg+ survives
+        # too, but a Flower simulation worker that raises can take other clients' messages
+        # down with it.)
+        text = reply[ERROR] if ERROR in reply else f"{type(exc).__name__}: {exc}"
+        reply = Payload({ERROR: text})
+        tensors = {k: torch.zeros(tuple(v)) for k, v in spec["shapes"].items()}
+        weight = 0
     arrays = [tensors[k].detach().cpu().to(torch.float64).numpy() for k in sorted(tensors)]
     res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight,
                  {REST: dumps(reply)})
