@@ -233,6 +233,7 @@ class RuntimeClients:
         evaluate = self.evaluating if evaluate is None else evaluate
         shapes = {k: tuple(v.shape) for k, v in like.items()}
         spec = {"field": field, "weighted": weighted,
+                "max_weight": self.cfg.secure_aggregation.max_weight,
                 "shapes": {k: list(s) for k, s in shapes.items()}}
         requests = self._requests(handler, messages, evaluate, **{AGGREGATE: spec})
         grid, node_of = self.transport.secagg_grid(sorted(requests))  # type: ignore[attr-defined]

@@ -122,6 +122,10 @@ def secure_fit(content: RecordDict, run: Callable[[bytes], bytes], source: str =
         if ERROR in reply:
             raise ClientFailure(reply[ERROR])
         tensors, weight = summed_field(reply, spec, source)
+        if weight > spec["max_weight"]:
+            raise PayloadError(f"{source}: weight {weight} (num_examples) exceeds "
+                               f"secure_aggregation.max_weight {spec['max_weight']:g}, which "
+                               "would overflow SecAgg+'s quantisation; raise max_weight")
         del reply[spec["field"]]
     except (ClientFailure, PayloadError) as exc:
         # A failed handler (or an upload that fails its own check) takes part with weight

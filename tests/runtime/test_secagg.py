@@ -139,6 +139,14 @@ def test_a_failing_client_adds_nothing_and_is_excluded_with_its_reason(make_conf
     assert "injected fault" in row["excluded"]
 
 
+def test_a_weight_above_max_weight_is_refused_by_the_client(make_config):
+    cfg = make_config(*THREE, "secure_aggregation.enabled=true",
+                      "secure_aggregation.max_weight=4", name="secure")
+    with pytest.raises(RoundError, match=r"client 0: weight \d+ \(num_examples\) exceeds "
+                                         r"secure_aggregation.max_weight 4"):
+        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+
+
 def test_too_many_dropouts_fail_the_round_cleanly(make_config):
     cfg = make_config(*THREE, *SECURE, "clients.min_replies=1",
                       "secure_aggregation.reconstruction_threshold=3", name="secure")
