@@ -63,8 +63,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedkt.config import SecureAggregationConfig
 from fedkt.payload import Payload, PayloadError, dumps, loads
 
-log = logging.getLogger("fedkt.secagg")
-
 AGGREGATE = "aggregate"  # envelope key: which reply field is summed, and how
 REST = "fedkt"  # FitRes metrics key carrying the rest of the reply (bytes)
 
