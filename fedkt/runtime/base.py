@@ -258,6 +258,10 @@ class RuntimeClients:
                 replies[cid] = reply
         self._check_quorum(handler, self.asked, len(replies))
         assert result.mean is not None
+        if not all(torch.isfinite(v).all() for v in result.mean.values()):
+            failed = "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
+            raise RoundError(f"round {self.rnd}, handler '{handler}': every client that took "
+                             f"part had weight 0 (no examples, or failed). {failed}")
         mean = {k: (result.mean[k] if v.is_floating_point() else result.mean[k].round()).to(v.dtype)
                 for k, v in like.items()}
         return replies, mean

@@ -199,13 +199,13 @@ def test_secure_aggregation_gives_the_plain_weighted_mean(make_config):
     plain_server, plain_clients = _server(plain_cfg), _clients(plain_cfg)
     theta_plain, _ = average_client_adapters(plain_server, plain_clients, plain_server.theta, 1)
     cfg = fedcollm_config(make_config, *DIRICHLET, "secure_aggregation.enabled=true",
-                          "secure_aggregation.max_weight=64", name="sec")
+                          "secure_aggregation.max_weight=256", name="sec")
     server, clients = _server(cfg), _clients(cfg)
     theta, metrics = average_client_adapters(server, clients, server.theta, 1)
     assert not hasattr(clients, "calls")  # no plain call: only SecAgg+ messages went out
     assert metrics["train/loss"] > 0
     # Quantisation step of SecAgg+: 2 * clipping_range / quantization_range per unit weight.
-    step = 2 * 8.0 / 2**22 * 64 / min(r["num_examples"] for r in plain_clients.calls[0][1].values())
+    step = 2 * 8.0 / 2**22 * 256 / min(r["num_examples"] for r in plain_clients.calls[0][1].values())
     for key, value in theta.items():
         assert value.dtype == theta_plain[key].dtype
         torch.testing.assert_close(value, theta_plain[key], rtol=0, atol=3 * step)
