@@ -141,6 +141,11 @@ class TrainingConfig(_Strict):
     # so the model starts as if that text preceded every input (FedSP: method.prompt_init).
     prefix_init: Literal["random", "text"] = "random"
 
+    @property
+    def prefix_from_text(self) -> bool:
+        """Prefix tuning that starts from text (``peft: prefix``, ``prefix_init: text``)."""
+        return self.peft == "prefix" and self.prefix_init == "text"
+
 
 class ClientsConfig(_Strict):
     num_clients: int = Field(4, ge=1)

@@ -64,8 +64,8 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
     client with the same model config in this process.  ``prefix_text``: the text a
     ``prefix_init: text`` prefix starts from (:func:`prefix_init_text`).
     """
-    text_init = training.peft == "prefix" and training.prefix_init == "text"
-    text_key = hashlib.sha256((prefix_text or "").encode()).hexdigest() if text_init else ""
+    text_key = (hashlib.sha256((prefix_text or "").encode()).hexdigest()
+                if training.prefix_from_text else "")
     key = "|".join([model_cfg.model_dump_json(), training.peft, training.lora.model_dump_json(),
                     str(training.prefix_tokens), text_key, str(seed), device])
     lm = _LM_CACHE.get(key)
@@ -210,8 +210,7 @@ def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:
 
 
 def _prefix_text(cfg: RunConfig) -> str | None:
-    text_init = cfg.training.peft == "prefix" and cfg.training.prefix_init == "text"
-    return prefix_init_text(cfg) if text_init else None
+    return prefix_init_text(cfg) if cfg.training.prefix_from_text else None
 
 
 def client_lm(cfg: RunConfig, cid: int) -> LM:

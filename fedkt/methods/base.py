@@ -184,7 +184,6 @@ class Clients(Protocol):
         """
         ...
 
-
     def validate(self, replies: dict[int, Payload], check: Callable[[int, Payload], Any],
                  handler: str = "") -> dict[int, Any]:
         """The server's own checks of replies it uses one by one.

@@ -45,7 +45,7 @@ class FedAvgConfig(AdapterAveragingConfig):
 # --------------------------------------------------------------------------- server side
 
 
-def average_client_adapters(server: Server, clients: Clients, adapter: Adapter, rnd: int
+def average_client_adapters(server: Server, clients: Clients, adapter: Adapter
                             ) -> tuple[Adapter, dict[str, float]]:
     """Broadcast ``adapter``, let every client train it, return the (weighted) average.
 
@@ -97,7 +97,7 @@ class FedAvgServer(Server):
 
     def round(self, rnd: int, clients) -> dict[str, float]:
         # 1. broadcast theta; 2. clients train locally; 3. (secure) weighted average
-        self.adapter, metrics = average_client_adapters(self, clients, self.adapter, rnd)
+        self.adapter, metrics = average_client_adapters(self, clients, self.adapter)
         return metrics
 
     def evaluate(self, rnd: int) -> dict[str, float]:

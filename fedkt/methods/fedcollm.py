@@ -309,7 +309,7 @@ class FedCoLLMServer(Server):
 
     def round(self, rnd: int, clients) -> dict[str, float]:
         # 1-3. broadcast theta; clients train theta_k (Eq. 3); (secure) FedAvg into theta
-        self.theta, metrics = average_client_adapters(self, clients, self.theta, rnd)
+        self.theta, metrics = average_client_adapters(self, clients, self.theta)
         # 4. co-tune LLM (omega) and global SLM (theta) on D_a (Eqs. 4-6)
         stats = cotune(self.cfg, self.llm.reset(self.omega), self.slm.reset(self.theta),
                        self.data().public, seed=self.seed(rnd, "cotune"), bridge=self.bridge)

@@ -51,7 +51,6 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedkt.aggregation import fedavg
 from fedkt.alignment import (
     PAD_VALUE,
     Alignment,
@@ -587,16 +586,14 @@ class FedMKTServer(Server):
             has = bool(replies[cid].get("has_s0", False))
             msgs[cid] = Payload(down) if has else Payload(down, topk=s0)
         # 7. clients align S_0, DualMinCE against their own loss, train on L3
-        got = clients.call("distill", msgs)
+        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs)
+            got, self.global_adapter = clients.aggregate(
+                "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
+        else:
+            got = clients.call("distill", msgs)
         kd = mean_number(got, "kd_loss")
         if kd is not None:
             metrics["train/client_kd_loss"] = kd
-        if m.post_fedavg and got:
-            like = client_lm(self.cfg, 0).initial
-            states = [r.state("adapter", like=like, source=f"client {c}") for c, r in got.items()]
-            weights = [r.number("num_examples", source=f"client {c}", low=0)
-                       for c, r in got.items()]
-            self.global_adapter = fedavg(states, weights if sum(weights) > 0 else None)
         return metrics
 
     def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients

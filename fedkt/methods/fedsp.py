@@ -69,7 +69,7 @@ from torch import Tensor, nn
 from fedkt.config import MethodConfig, RunConfig, TrainingConfig
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, RoundError, Server, mean_number
-from fedkt.models.adapters import prefix_param, set_prefix
+from fedkt.models.adapters import PREFIX_KEY, prefix_param, set_prefix, text_prefix
 from fedkt.models.auxiliary import (
     AuxSpec,
     aux_param_groups,
@@ -96,7 +96,7 @@ from fedkt.training import (
     train_lm,
 )
 
-PROMPT_KEY = "prompt_encoder.embedding.weight"  # peft's prefix embedding, adapter name dropped
+PROMPT_KEY = PREFIX_KEY  # peft's prefix embedding, adapter name dropped
 _META = "__fedsp_meta__"  # reserved keys of the client's cached auxiliary model
 _TOK = "__fedsp_tok__/"
 
@@ -335,8 +335,6 @@ class FedSPServer(Server):
         self.training = prefix_training(cfg)
         self.llm = get_lm(cfg.server, self.training, cfg.seed, cfg.runtime.device)
         if text_init(cfg):
-            from fedkt.models.adapters import text_prefix
-
             self.prompts = text_prefix(self.llm.model, self.llm.tokenizer,
                                        prefix_init_text(cfg, public), cfg.training.prefix_tokens)
         else:

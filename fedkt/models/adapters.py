@@ -137,7 +137,7 @@ def apply_peft(model: nn.Module, training_cfg: TrainingConfig, seed: int = 0, *,
             peft_model = get_peft_model(model, config)
         except ValueError as exc:
             raise ModelError(f"cannot apply {kind} to {type(model).__name__}: {exc}") from exc
-    if kind == "prefix" and training_cfg.prefix_init == "text":
+    if training_cfg.prefix_from_text:
         if prefix_text is None or tokenizer is None:
             raise ConfigError("training.prefix_init: 'text' needs the text to start from; this "
                               "caller gives none (use prefix_init: random)")

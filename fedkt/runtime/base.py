@@ -149,13 +149,15 @@ class RuntimeClients:
             self._exclude(cid, handler, exc)
             return None
 
+    def _excluded_text(self) -> str:
+        return "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
+
     def _check_quorum(self, handler: str, asked: int, replied: int) -> None:
         need = self.cfg.clients.min_replies or asked
         if replied < min(need, asked):
-            failed = "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
             raise RoundError(
                 f"round {self.rnd}, handler '{handler}': {replied} of {asked} clients "
-                f"replied, {need} needed (clients.min_replies). {failed}"
+                f"replied, {need} needed (clients.min_replies). {self._excluded_text()}"
             )
 
     def call(self, handler: str, messages: dict[int, Payload], *, evaluate: bool | None = None
@@ -259,9 +261,9 @@ class RuntimeClients:
         self._check_quorum(handler, self.asked, len(replies))
         assert result.mean is not None
         if not all(torch.isfinite(v).all() for v in result.mean.values()):
-            failed = "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
             raise RoundError(f"round {self.rnd}, handler '{handler}': every client that took "
-                             f"part had weight 0 (no examples, or failed). {failed}")
+                             f"part had weight 0 (no examples, or failed). "
+                             f"{self._excluded_text()}")
         mean = {k: (result.mean[k] if v.is_floating_point() else result.mean[k].round()).to(v.dtype)
                 for k, v in like.items()}
         return replies, mean

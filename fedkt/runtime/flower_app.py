@@ -349,6 +349,12 @@ def make_client_app(state_root: Path | str | None = None,
                 f"--node-config \"{PARTITION_ID}=N {NUM_PARTITIONS}=M\"")
         return int(context.node_config[PARTITION_ID])
 
+    def _client(context: Context) -> tuple[int, Path | None]:
+        """This node's client id and state folder (after importing the run's plugins)."""
+        import_plugins(plugins + tuple(str(context.run_config.get(CFG_PLUGINS, "")).split(",")))
+        root = context.node_config.get(STATE_DIR) or default_root
+        return _partition(context), Path(str(root)) if root else None
+
     @app.query("fedkt_hello")
     def _hello(msg: Message, context: Context) -> Message:
         try:
@@ -360,25 +366,20 @@ def make_client_app(state_root: Path | str | None = None,
     @app.query("fedkt")
     def _request(msg: Message, context: Context) -> Message:
         try:
-            import_plugins(plugins + tuple(str(context.run_config.get(CFG_PLUGINS, "")).split(",")))
-            cid = _partition(context)
+            cid, state_root = _client(context)
         except Exception as exc:  # noqa: BLE001 - reported to the server as this client's error
             from fedkt.payload import dumps
             from fedkt.runtime.base import ERROR
 
             reply = dumps({ERROR: f"{type(exc).__name__}: {exc}"})
         else:
-            root = context.node_config.get(STATE_DIR) or default_root
-            reply = handle_request(unpack(msg.content), Path(str(root)) if root else None, cid)
+            reply = handle_request(unpack(msg.content), state_root, cid)
         return Message(pack(reply), reply_to=msg)
 
     @app.train()
     def _secure_train(msg: Message, context: Context) -> Message:
         # SecAgg+'s 'collect masked vectors' stage: secaggplus_mod masks what this returns.
-        import_plugins(plugins + tuple(str(context.run_config.get(CFG_PLUGINS, "")).split(",")))
-        cid = _partition(context)
-        root = context.node_config.get(STATE_DIR) or default_root
-        state_root = Path(str(root)) if root else None
+        cid, state_root = _client(context)
         content = secure_fit(msg.content, lambda data: handle_request(data, state_root, cid),
                              source=f"client {cid}")
         return Message(content, reply_to=msg)

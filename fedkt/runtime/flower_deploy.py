@@ -634,8 +634,10 @@ def _superlink_tls(args: argparse.Namespace) -> tuple[bool, TLS | None]:
 
 def _node_tls(args: argparse.Namespace) -> tuple[bool, str | None]:
     """``(insecure, root_certificates)`` for a SuperNode or ``flwr`` from the CLI flags."""
+    from fedkt.runtime.certs import CA_CERT
+
     root = args.root_certificates or (
-        str(Path(args.certs_dir) / "ca.crt") if getattr(args, "certs_dir", None) else None)
+        str(Path(args.certs_dir) / CA_CERT) if getattr(args, "certs_dir", None) else None)
     if args.insecure and root:
         raise DeploymentError("--insecure given with --root-certificates: drop one of them")
     insecure = args.insecure if args.insecure is not None else not (

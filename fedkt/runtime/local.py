@@ -32,4 +32,3 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
-

@@ -164,7 +164,7 @@ def test_global_adapter_is_the_configured_weighted_mean(make_config):
     cfg = fedcollm_config(make_config, *DIRICHLET)
     server = _server(cfg)
     clients = _clients(cfg)
-    theta, metrics = average_client_adapters(server, clients, server.theta, 1)
+    theta, metrics = average_client_adapters(server, clients, server.theta)
     replies = clients.calls[0][1]
     sizes = [r["num_examples"] for r in replies.values()]
     assert len(set(sizes)) > 1, "dirichlet partition should give unequal clients"
@@ -176,7 +176,7 @@ def test_global_adapter_is_the_configured_weighted_mean(make_config):
     # weighted: false gives the plain mean of the same adapters.
     cfg2 = fedcollm_config(make_config, *DIRICHLET, "method.weighted=false", name="unweighted")
     server2, clients2 = _server(cfg2), _clients(cfg2)
-    theta2, _ = average_client_adapters(server2, clients2, server2.theta, 1)
+    theta2, _ = average_client_adapters(server2, clients2, server2.theta)
     for key, value in theta2.items():
         expected = sum(r["adapter"][key].double() for r in replies.values()) / len(replies)
         torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-7)
@@ -197,11 +197,11 @@ def test_secure_aggregation_gives_the_plain_weighted_mean(make_config):
     """SecAgg+ (runtime/secagg.py) leaves FedCoLLM's step 3 unchanged up to quantisation."""
     plain_cfg = fedcollm_config(make_config, *DIRICHLET, name="plain")
     plain_server, plain_clients = _server(plain_cfg), _clients(plain_cfg)
-    theta_plain, _ = average_client_adapters(plain_server, plain_clients, plain_server.theta, 1)
+    theta_plain, _ = average_client_adapters(plain_server, plain_clients, plain_server.theta)
     cfg = fedcollm_config(make_config, *DIRICHLET, "secure_aggregation.enabled=true",
                           "secure_aggregation.max_weight=256", name="sec")
     server, clients = _server(cfg), _clients(cfg)
-    theta, metrics = average_client_adapters(server, clients, server.theta, 1)
+    theta, metrics = average_client_adapters(server, clients, server.theta)
     assert not hasattr(clients, "calls")  # no plain call: only SecAgg+ messages went out
     assert metrics["train/loss"] > 0
     # Quantisation step of SecAgg+: 2 * clipping_range / quantization_range per unit weight.
