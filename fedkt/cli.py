@@ -15,6 +15,8 @@ EPILOG = """examples:
   fedkt resume runs/demo                           continue an interrupted run
   fedkt eval runs/demo                             re-evaluate a run's last checkpoint
   fedkt report runs/demo runs/standalone           compare runs in a markdown table
+  fedkt report runs/demo --baseline runs/demo@0    paired CIs against round 0 (zero-shot)
+  fedkt suite run configs/suites/demo_suite.yaml   arms x seeds, claims decided by CIs
   fedkt list                                       methods, built-in datasets, model presets
 """
 
@@ -92,13 +94,77 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from fedkt.evidence.compare import baseline_report, groups_report
+    from fedkt.evidence.runs import group_runs, open_run
     from fedkt.report import report
 
-    table = report([Path(p) for p in args.run_dirs], metric=args.metric)
+    plain = [str(open_run(p).path) for p in args.run_dirs]
+    parts = [report(plain, metric=args.metric)]
+    if any(len(g.runs) > 1 for g in group_runs([open_run(p) for p in args.run_dirs])):
+        parts.append("Seed groups (mean ± std over seeds):\n\n"
+                     + groups_report(args.run_dirs, args.metric))
+    if args.baseline:
+        parts.append(baseline_report(args.run_dirs, args.baseline, args.metric,
+                                     reps=args.bootstrap, seed=args.bootstrap_seed))
+    table = "\n\n".join(parts)
     print(table)
     if args.output:
         Path(args.output).write_text(table + "\n")
     return 0
+
+
+def cmd_suite_run(args: argparse.Namespace) -> int:
+    from fedkt.evidence.suite import run_suite
+
+    try:
+        run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet)
+    except KeyboardInterrupt:
+        print("fedkt: suite interrupted; the same command finishes only what is missing",
+              file=sys.stderr)
+        return 130
+    except RuntimeError as exc:  # some runs failed; the table covers the finished ones
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_suite_report(args: argparse.Namespace) -> int:
+    from fedkt.evidence.suite import report_suite
+
+    print(report_suite(args.suite_dir))
+    return 0
+
+
+def cmd_suite_status(args: argparse.Namespace) -> int:
+    from fedkt.evidence.suite import suite_status
+
+    for arm, seed, state in suite_status(args.suite):
+        print(f"{arm:<24} seed {seed:<4} {state}")
+    return 0
+
+
+SUITE_HELP = """\
+A suite is a family of runs (arms x seeds) on one base config, with claims that
+paired confidence intervals decide. A suite file:
+
+  name: demo_suite
+  base: ../demo.yaml            # run config: path relative to this file, or inline mapping
+  seeds: [0, 1]
+  baseline: standalone          # arm the table compares every other arm with
+  arms:                         # name -> overrides of base (nested, or dotted like --set)
+    fedavg: {}
+    standalone: {method: {name: standalone}}
+    lam1: {"method.lam": 1.0}
+  claims:                       # ARM[@ROUND].GROUP.METRIC OP [FACTOR *] ARM.GROUP.METRIC [+|- X]
+    - fedavg.clients.accuracy > standalone.clients.accuracy
+    - fedavg.server.accuracy >= 0.9 * standalone@0.clients.accuracy
+  metrics: [accuracy]           # optional: table columns
+  groups: [server, clients]     # optional: participant groups (clients = mean, paired per client)
+
+Verdicts: reproduced (CI of LHS - RHS on the claimed side), contradicted (on the
+other side), not resolved (CI contains 0). Run folders: <suite>/<arm>/seed_<s>;
+table: <suite>/suite.md; plots: <suite>/plots/. See docs/evidence.md.
+"""
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -157,11 +223,40 @@ def build_parser() -> argparse.ArgumentParser:
     overrides(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("report", help="compare runs in a markdown table")
-    p.add_argument("run_dirs", nargs="+")
+    p = sub.add_parser("report", help="compare runs in a markdown table (paired CIs with "
+                       "--baseline)")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN",
+                   help="run folder, or RUN@ROUND for another evaluation round (e.g. @0)")
     p.add_argument("--metric", help="metric column(s) to show, comma-separated (default: the task's main metric)")
+    p.add_argument("--baseline", metavar="RUN",
+                   help="add each run's difference to this run (RUN or RUN@ROUND) per "
+                        "participant and metric, with a 95%% paired bootstrap CI over the "
+                        "shared test examples and McNemar's exact p; runs differing only in "
+                        "seed are grouped (mean over seeds, CI over seeds and examples)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("-o", "--output", help="also write the table to this file")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("suite", help="run a suite of runs (arms x seeds) and decide its claims",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Suites: families of runs with claims decided by paired "
+                                   "confidence intervals.", epilog=SUITE_HELP)
+    suite_sub = p.add_subparsers(dest="suite_command", required=True, metavar="SUBCOMMAND")
+    q = suite_sub.add_parser("run", help="run what is missing, then write the table",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             epilog=SUITE_HELP)
+    q.add_argument("suite", help="suite YAML")
+    q.add_argument("--jobs", type=int, default=1, help="runs at once (torch threads are split)")
+    q.add_argument("--output-dir", help="suite folder (default: the suite's output_dir)")
+    q.add_argument("-q", "--quiet", action="store_true")
+    q.set_defaults(func=cmd_suite_run)
+    q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
+    q.add_argument("suite_dir")
+    q.set_defaults(func=cmd_suite_report)
+    q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
+    q.add_argument("suite")
+    q.set_defaults(func=cmd_suite_status)
 
     p = sub.add_parser("list", help="list methods, built-in datasets and model presets")
     p.set_defaults(func=cmd_list)

@@ -264,6 +264,12 @@ class EvalConfig(_Strict):
     positive_label: int = 1
     # Evaluate clients' models too (every evaluation round).
     clients: bool = True
+    # Write each evaluation's per-example predictions (predictions/round_NNNN/*.json.gz),
+    # which `fedkt report --baseline` and suites pair for confidence intervals.
+    predictions: bool = True
+    # Evaluate every participant before any training, as round 0 (the zero-shot row).
+    # None: on for every method but zero_shot (whose round 1 is that evaluation).
+    round0: bool | None = None
 
 
 class MethodConfig(_Strict):

@@ -20,8 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedkt.config import RunConfig
+from fedkt.eval import predictions
 from fedkt.methods import get_method
-from fedkt.methods.base import seed_everything
+from fedkt.methods.base import broadcast, seed_everything
 from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root
@@ -66,7 +67,7 @@ def run_job(
         if done:
             state_file = recorder.checkpoint_dir(done) / SERVER_STATE
             server.load_state_dict(load_file(str(state_file)) if state_file.exists() else {})
-        recorder.truncate_after(done)
+        recorder.truncate_after(done if done else -1)  # before round 1: redo round 0 too
         start = done + 1
         if not quiet:
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
@@ -74,6 +75,8 @@ def run_job(
         recorder.save_config(cfg.to_yaml())
 
     clients = RuntimeClients(cfg, transport)
+    if start == 1 and evaluates_round0(cfg):
+        _round0(cfg, method, server, clients, recorder, quiet)
     for rnd in range(start, cfg.rounds + 1):
         t0 = time.perf_counter()
         evaluate = rnd % cfg.eval.every == 0 or rnd == cfg.rounds
@@ -85,7 +88,7 @@ def run_job(
             server_metrics.setdefault("train", {}).update(
                 upload_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd))
         if evaluate:
-            server_eval = server.evaluate(rnd)
+            server_eval = _server_evaluate(cfg, server, recorder, rnd)
             if server_eval is not None:
                 server_metrics.setdefault("test", {}).update(server_eval)
         wall = time.perf_counter() - t0
@@ -110,9 +113,12 @@ def run_job(
                    "wall_time": traffic.seconds.get(cid, 0.0)}
             if cid in traffic.excluded:
                 row["excluded"] = traffic.excluded[cid]
+            if traffic.eval_bytes.get(cid):
+                row["eval_bytes"] = traffic.eval_bytes[cid]
             recorder.log(row)
             for split, values in per_split.items():
                 recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
+        _write_client_predictions(cfg, recorder, rnd, traffic)
         _test_pause(rnd)
         _checkpoint(recorder, server.state_dict(), rnd)
         if not quiet:
@@ -123,6 +129,57 @@ def run_job(
         recorder.summary()
     recorder.plot()
     return recorder.rows()
+
+
+def evaluates_round0(cfg: RunConfig) -> bool:
+    """Whether the run evaluates every participant before training (``eval.round0``)."""
+    if cfg.eval.round0 is None:
+        return cfg.method.name != "zero_shot"
+    return cfg.eval.round0
+
+
+def _server_evaluate(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int
+                     ) -> dict[str, float] | None:
+    """``server.evaluate(rnd)``, writing its per-example predictions to the run folder."""
+    with predictions.capture() as tables:
+        metrics = server.evaluate(rnd)
+    if metrics is not None and tables and cfg.eval.predictions:
+        predictions.write_predictions(recorder.run_dir, rnd, "server", tables)
+    return metrics
+
+
+def _write_client_predictions(cfg: RunConfig, recorder: RunRecorder, rnd: int,
+                              traffic: Any) -> None:
+    if cfg.eval.predictions:
+        for cid, tables in sorted(traffic.predictions.items()):
+            if tables:
+                predictions.write_predictions(recorder.run_dir, rnd, f"client_{cid}", tables)
+
+
+def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
+            recorder: RunRecorder, quiet: bool) -> None:
+    """Round 0: every participant's model evaluated before any training (zero-shot).
+
+    Clients take part when the method has an ``evaluate`` handler (their initial
+    models); nothing is trained and no checkpoint is written.
+    """
+    t0 = time.perf_counter()
+    clients.start_round(0, True)
+    clients.ids = cfg.client_ids()  # every participant, whatever clients.fraction samples
+    if "evaluate" in method.handlers and cfg.eval.clients:
+        broadcast(clients, "evaluate", evaluate=True)
+    server_eval = _server_evaluate(cfg, server, recorder, 0)
+    if server_eval is not None:
+        recorder.log({"round": 0, "participant": "server", "split": "test", **server_eval,
+                      "wall_time": time.perf_counter() - t0})
+    traffic = clients.traffic
+    for cid in clients.ids:
+        values = _split_metrics(traffic.metrics.get(cid, {})).get("test")
+        if values:
+            recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test", **values})
+    _write_client_predictions(cfg, recorder, 0, traffic)
+    if not quiet:
+        print(recorder.round_table(0), flush=True)
 
 
 def _test_pause(rnd: int) -> None:

@@ -8,6 +8,9 @@ Layout of ``run_dir``::
     plots/*.png              metric and communication curves (``plot()``)
     checkpoints/round_0007/  whatever the runner saves after round 7
     checkpoints/latest.json  {"round": 7, "time": ..., ...}: the last completed round
+    predictions/round_0007/  per-example predictions of each participant evaluated in
+                             round 7 (server.json.gz, client_0.json.gz, ...; see
+                             fedkt.eval.predictions); round_0000 with ``eval.round0``
 
 A metrics row is a flat dict such as ``{"round": 3, "participant": "client_0",
 "split": "train", "loss": 1.2, "bytes_sent": 1024, "bytes_received": 2048,
@@ -37,6 +40,7 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.jsonl"
+PREDICTIONS_DIR = "predictions"  # per-example tables (fedkt.eval.predictions)
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.md"
 LATEST_FILE = "latest.json"
@@ -45,6 +49,7 @@ LATEST_FILE = "latest.json"
 NON_METRIC_KEYS = frozenset({
     "round", "participant", "split", "loss", "bytes_sent", "bytes_received", "wall_time",
     "clients_replied", "excluded", "time", "step", "steps", "epoch", "num_examples",
+    "eval_bytes",
 })
 # Metrics shown first (and chosen as "main" metric) in this order; higher is better.
 PREFERRED_METRICS = ("accuracy", "accuracy_norm", "rougeL", "f1", "macro_f1", "precision",
@@ -208,6 +213,7 @@ class RunRecorder:
         for _, folder in self._round_dirs():
             shutil.rmtree(folder)
         (self.checkpoints / LATEST_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / PREDICTIONS_DIR, ignore_errors=True)
 
     def _repair_tail(self) -> None:
         """Drop a half-written last line (a crash during ``log``)."""
@@ -252,6 +258,10 @@ class RunRecorder:
         kept = [row for row in self.rows()
                 if not (_is_number(row.get("round")) and row["round"] > round)]
         _atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        for folder in (self.run_dir / PREDICTIONS_DIR).glob("round_*"):
+            m = _ROUND_DIR.match(folder.name)
+            if m and int(m.group(1)) > round:
+                shutil.rmtree(folder)
 
     # ------------------------------------------------------------------ tables
 

@@ -232,3 +232,11 @@ def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:
     if not (ctx.evaluate and ctx.cfg.eval.clients):
         return {}
     return {f"test/{k}": v for k, v in evaluate_records(ctx.cfg, lm, ctx.data().test).items()}
+
+
+def client_evaluate(ctx: Any, msg: Any) -> Any:
+    """Client handler ``evaluate``: the client's initial model on the test split (round 0,
+    zero-shot); the handler of every LM method whose clients start from ``clients.models``."""
+    from fedkt.payload import Payload
+
+    return Payload(metrics=client_test_metrics(ctx, client_lm(ctx.cfg, ctx.cid)))

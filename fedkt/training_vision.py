@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from fedkt.config import ModelConfig, _Strict
+from fedkt.eval import predictions
 
 __all__ = [
     "DataSpec",
@@ -316,10 +317,17 @@ def train_classifier(
 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, inputs: Tensor, labels: Tensor,
-                        batch_size: int = 256) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``model`` on ``inputs`` (eval mode)."""
+                        batch_size: int = 256, ids: Sequence[str] | None = None
+                        ) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on ``inputs`` (eval mode).
+
+    The per-example predictions (``ids``: the records' ids, else positions) go to
+    :func:`fedkt.eval.predictions.emit`."""
     logits = predict_logits(model, inputs, batch_size)
     labels = labels.to(logits.device)
+    predictions.emit({"id": list(ids) if ids is not None else list(range(len(labels))),
+                      "gold": labels.tolist(), "pred": logits.argmax(-1).tolist()},
+                     task="classifier")
     return {"accuracy": float((logits.argmax(-1) == labels).float().mean()),
             "loss": float(F.cross_entropy(logits, labels))}
 

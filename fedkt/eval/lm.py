@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l
+from fedkt.eval import predictions
+from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
 
 __all__ = [
     "eval_classifier",
@@ -375,6 +376,7 @@ def eval_classifier(
     batch_size: int = 8,
     max_length: int = 256,
     positive_label: int = 1,
+    ids: Sequence[str] | None = None,
 ) -> dict[str, float]:
     """Metrics of a sequence classifier (``model(...).logits`` of shape [batch, classes]).
 
@@ -404,6 +406,9 @@ def eval_classifier(
             preds.extend(logits.argmax(-1).tolist())
     golds = [int(y) for y in labels]
     p, r, f1 = precision_recall_f1(preds, golds, positive_label)
+    predictions.emit({"id": list(ids) if ids is not None else list(range(len(golds))),
+                      "gold": golds, "pred": preds}, task="classifier",
+                     positive_label=positive_label)
     return {"accuracy": accuracy(preds, golds), "precision": p, "recall": r, "f1": f1,
             "macro_f1": macro_f1(preds, golds), "loss": loss_sum / len(texts)}
 
@@ -420,7 +425,8 @@ def evaluate_classifier(
     """:func:`eval_classifier` on classification records ``{"text", "label"}``."""
     return eval_classifier(model, tokenizer, [r["text"] for r in records],
                            [int(r["label"]) for r in records], batch_size=batch_size,
-                           max_length=max_length, positive_label=positive_label)
+                           max_length=max_length, positive_label=positive_label,
+                           ids=_ids(records))
 
 
 # --------------------------------------------------------------------------- dispatcher
@@ -465,7 +471,10 @@ def evaluate_lm(
                          max_length=max_length)
         refs = [list(r.get("references") or []) or [t] for r, (_, t) in zip(records, pairs,
                                                                              strict=True)]
-        out["rougeL"] = rouge_l(preds, refs)
+        per_item = rouge_l_scores(preds, refs)
+        out["rougeL"] = sum(per_item) / len(per_item)
+        predictions.emit({"id": _ids(records), "gold": [r[0] for r in refs], "pred": preds,
+                          "rougeL": per_item}, task=task)
         return out
     views = [mc_view(r, task, names, template) for r in records]
     contexts = [v[0] for v in views]
@@ -487,10 +496,20 @@ def evaluate_lm(
     preds, preds_norm = mc_predictions(scores, choices)
     out["accuracy"] = accuracy(preds, golds)
     out["accuracy_norm"] = accuracy(preds_norm, golds)
+    meta: dict[str, Any] = {"task": task}
     if task == "classification":
         num_labels = len(choices[0])
         if num_labels == 2:  # P/R/F1 of one positive class only mean something when binary
             p, r, f1 = precision_recall_f1(preds, golds, positive_label)
             out.update(precision=p, recall=r, f1=f1)
+            meta["positive_label"] = positive_label
         out["macro_f1"] = macro_f1(preds, golds, range(num_labels))
+        meta["labels"] = list(range(num_labels))
+    predictions.emit({"id": _ids(records), "gold": golds, "pred": preds, "pred_norm": preds_norm,
+                      "scores": scores}, **meta)
     return out
+
+
+def _ids(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each record's ``id`` (its position when it has none)."""
+    return [str(r.get("id", i)) for i, r in enumerate(records)]

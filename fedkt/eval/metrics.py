@@ -12,7 +12,7 @@ from collections.abc import Hashable, Sequence
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["accuracy", "macro_f1", "precision_recall_f1", "rouge_l"]
+__all__ = ["accuracy", "macro_f1", "precision_recall_f1", "rouge_l", "rouge_l_scores"]
 
 
 def _check_lengths(preds: Sequence[Any], golds: Sequence[Any]) -> None:
@@ -70,21 +70,26 @@ def _rouge_scorer() -> Any:
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
 
-def rouge_l(predictions: Sequence[str], references_list: Sequence[str | Sequence[str]]) -> float:
-    """Mean ROUGE-L F-measure x 100, each prediction scored against its best reference.
+def rouge_l_scores(predictions: Sequence[str],
+                   references_list: Sequence[str | Sequence[str]]) -> list[float]:
+    """Per-example ROUGE-L F-measure x 100, each prediction against its best reference.
 
     ``references_list[i]`` is one reference string or a list of them; with
     several, the highest F-measure counts.  Uses ``rouge_score`` with Porter
     stemming (its tokenizer lower-cases and keeps only ``[a-z0-9]`` runs).
     """
     _check_lengths(predictions, references_list)
-    if not predictions:
-        return 0.0
     scorer = _rouge_scorer()
-    total = 0.0
+    out = []
     for pred, refs in zip(predictions, references_list, strict=True):
         ref_list = [refs] if isinstance(refs, str) else list(refs)
         if not ref_list:
             raise ValueError("a prediction has an empty list of references")
-        total += max(scorer.score(ref, pred)["rougeL"].fmeasure for ref in ref_list)
-    return 100.0 * total / len(predictions)
+        out.append(100.0 * max(scorer.score(ref, pred)["rougeL"].fmeasure for ref in ref_list))
+    return out
+
+
+def rouge_l(predictions: Sequence[str], references_list: Sequence[str | Sequence[str]]) -> float:
+    """Mean of :func:`rouge_l_scores` (0-100); 0.0 for no predictions."""
+    scores = rouge_l_scores(predictions, references_list)
+    return sum(scores) / len(scores) if scores else 0.0

@@ -16,7 +16,14 @@ from fedkt.config import MethodConfig
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.payload import Payload
-from fedkt.training import client_lm, client_test_metrics, evaluate_records, server_lm, train_lm
+from fedkt.training import (
+    client_evaluate,
+    client_lm,
+    client_test_metrics,
+    evaluate_records,
+    server_lm,
+    train_lm,
+)
 
 # ------------------------------------------------------------------------- zero-shot
 
@@ -38,10 +45,6 @@ class ZeroShotServer(Server):
 
     def evaluate(self, rnd: int) -> dict[str, float] | None:
         return evaluate_records(self.cfg, self.lm, self.data().test) if self.lm else None
-
-
-def client_evaluate(ctx: ClientContext, msg: Payload) -> Payload:
-    return Payload(metrics=client_test_metrics(ctx, client_lm(ctx.cfg, ctx.cid)))
 
 
 # ------------------------------------------------------------------------ standalone
@@ -106,7 +109,8 @@ class CentralizedServer(Server):
 
 register(Method("zero_shot", ZeroShotConfig, ZeroShotServer, {"evaluate": client_evaluate},
                 summary="evaluate models without training"))
-register(Method("standalone", StandaloneConfig, StandaloneServer, {"train": client_train_alone},
+register(Method("standalone", StandaloneConfig, StandaloneServer, {"train": client_train_alone,
+                                                                "evaluate": client_evaluate},
                 summary="each client trains alone on its private data"))
 register(Method("centralized", CentralizedConfig, CentralizedServer, {},
                 summary="one model trained on all data pooled (upper bound)"))

@@ -69,6 +69,13 @@ def _train_metrics(stats: dict[str, float]) -> dict[str, float]:
     return {f"train/{k}": stats[k] for k in ("loss", "steps", "step_seconds")}
 
 
+def client_evaluate(ctx: ClientContext, msg: Payload) -> Payload:
+    """The client's initial classifier on the test split (round 0)."""
+    m = ctx.method
+    model, tokenizer = _build(ctx.cfg, ctx.data(), m.layers, m.freeze_embeddings)
+    return Payload(metrics=_test_metrics(ctx, model, tokenizer))
+
+
 # --------------------------------------------------------------------------- FedAvg
 
 
@@ -163,12 +170,13 @@ class CentralizedEncoderServer(Server):
 
 register(Method(
     "fedavg_encoder", FedAvgEncoderConfig, FedAvgEncoderServer,
-    {"train": fedavg_client_train, "sync": client_sync}, aggregates=True,
+    {"train": fedavg_client_train, "sync": client_sync, "evaluate": client_evaluate},
+    aggregates=True,
     summary="FedAvg of an encoder classifier, teacher or student size (FedKD's baselines)",
     paper="McMahan et al. 2017; as the 'UniLM (Fed)' / 'UniLM_N' rows of Wu et al. 2022"))
 register(Method(
     "standalone_encoder", StandaloneEncoderConfig, StandaloneEncoderServer,
-    {"train": standalone_client_train},
+    {"train": standalone_client_train, "evaluate": client_evaluate},
     summary="each client fine-tunes its own encoder classifier alone"))
 register(Method(
     "centralized_encoder", CentralizedEncoderConfig, CentralizedEncoderServer, {},

@@ -26,7 +26,13 @@ from fedkt.config import MethodConfig
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload
-from fedkt.training import client_lm, client_test_metrics, evaluate_records, train_lm
+from fedkt.training import (
+    client_evaluate,
+    client_lm,
+    client_test_metrics,
+    evaluate_records,
+    train_lm,
+)
 
 Adapter = dict[str, torch.Tensor]
 
@@ -112,7 +118,7 @@ class FedAvgServer(Server):
 
 METHOD = register(Method(
     name="fedavg", config=FedAvgConfig, server=FedAvgServer,
-    handlers={"train": client_train}, aggregates=True,
+    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
     summary="FedAvg of LoRA/prefix adapters on a shared client model",
     paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
           "Decentralized Data, AISTATS 2017",

@@ -86,6 +86,7 @@ class FedAvgVisionServer(Server):
         self.model = model.to(pick_device(cfg.runtime.device)).eval()
         self.theta = {k: v.clone() for k, v in _trainable(self.model, m.trainable).items()}
         self.test_images, self.test_labels = image_tensors(fd.test)
+        self.test_ids = [r["id"] for r in fd.test]
         self.synced: set[int] = set()
 
     def round(self, rnd: int, clients) -> dict[str, float]:
@@ -106,7 +107,8 @@ class FedAvgVisionServer(Server):
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         _load_trainable(self.model, self.method.trainable, self.theta)
-        return evaluate_classifier(self.model, self.test_images, self.test_labels)
+        return evaluate_classifier(self.model, self.test_images, self.test_labels,
+                                   ids=self.test_ids)
 
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self.theta)
@@ -147,8 +149,8 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
     if ctx.evaluate and cfg.eval.clients:
         test_images, test_labels = image_tensors(fd.test)
-        metrics.update({f"test/{k}": v for k, v in
-                        evaluate_classifier(model, test_images, test_labels).items()})
+        metrics.update({f"test/{k}": v for k, v in evaluate_classifier(
+            model, test_images, test_labels, ids=[r["id"] for r in fd.test]).items()})
     upload = ctx.privatize(_trainable(model, mode), theta)
     return Payload(trainable=upload, num_examples=stats["num_examples"],
                    train_loss=stats["loss"], metrics=metrics)

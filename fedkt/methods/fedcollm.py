@@ -41,6 +41,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedkt.data.lm_batches import IGNORE_INDEX
+from fedkt.eval import predictions
 from fedkt.losses import mutual_kl
 from fedkt.methods import register
 from fedkt.methods.base import Method, Server
@@ -51,6 +52,7 @@ from fedkt.methods.fedavg import (
 )
 from fedkt.training import (
     LM,
+    client_evaluate,
     client_lm,
     evaluate_records,
     lm_batches,
@@ -321,7 +323,8 @@ class FedCoLLMServer(Server):
         """The LLM's test metrics, and the global SLM's with a ``slm_`` prefix."""
         test = self.data().test
         llm = evaluate_records(self.cfg, self.llm.reset(self.omega), test)
-        slm = evaluate_records(self.cfg, self.slm.reset(self.theta), test)
+        with predictions.scope("slm"):  # its per-example table, beside the "slm_" metrics
+            slm = evaluate_records(self.cfg, self.slm.reset(self.theta), test)
         return {**llm, **{f"slm_{k}": v for k, v in slm.items()}}
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -335,7 +338,7 @@ class FedCoLLMServer(Server):
 
 METHOD = register(Method(
     name="fedcollm", config=FedCoLLMConfig, server=FedCoLLMServer,
-    handlers={"train": client_train}, aggregates=True,
+    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
     summary="FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
     paper="Fan et al., FedCoLLM: A Parameter-Efficient Federated Co-tuning Framework for "
           "Large and Small Language Models, arXiv:2411.11707",

@@ -70,6 +70,7 @@ from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_numb
 from fedkt.payload import Payload, PayloadError, check_tensor
 from fedkt.training import (
     LM,
+    client_evaluate,
     client_lm,
     client_test_metrics,
     evaluate_records,
@@ -742,7 +743,8 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
 
 # --------------------------------------------------------------------------- registry
 
-_HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distill}
+_HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distill,
+             "evaluate": client_evaluate}
 _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and Small "
           "Language Models, COLING 2025 (arXiv:2406.02224)")
 

@@ -67,6 +67,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fedkt.config import MethodConfig, RunConfig, TrainingConfig
+from fedkt.eval import predictions
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, RoundError, Server, mean_number
 from fedkt.models.adapters import PREFIX_KEY, prefix_param, set_prefix, text_prefix
@@ -496,7 +497,8 @@ class FedSPServer(Server):
         out = evaluate_records(self.cfg, self.llm.reset({PROMPT_KEY: self.prompts}), test)
         if self.method.eval_aux and self.spec is not None:
             set_prompts(self.aux.model, prompts_for_aux(self.prompts, self.spec))
-            aux = evaluate_records(self.cfg, self.aux, test)
+            with predictions.scope("aux"):
+                aux = evaluate_records(self.cfg, self.aux, test)
             out.update({f"aux_{k}": v for k, v in aux.items()})
         return out
 

@@ -197,6 +197,7 @@ class KoalaServer(Server):
         self.proxy_large_h = extract_features(self.large, proxy, m.large_feature_layers,
                                               pool=m.feature_size)
         test_images, self.test_labels = image_tensors(fd.test)
+        self.test_ids = [r["id"] for r in fd.test]
         self.test_features = extract_features(self.large, test_images)
         # Small models: one global model (homo) or one per client (hete), and their W.
         keys = ["global"] if m.mode == "homo" else [str(c) for c in cfg.client_ids()]
@@ -293,7 +294,8 @@ class KoalaServer(Server):
             weight_decay=m.weight_decay, seed=self.seed(rnd, "forward", key))
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_classifier(self.head, self.test_features, self.test_labels)
+        return evaluate_classifier(self.head, self.test_features, self.test_labels,
+                                   ids=self.test_ids)
 
     # ------------------------------------------------------------------ state
 
@@ -340,8 +342,10 @@ def _load_model(ctx: ClientContext, msg: Payload, model: nn.Module) -> dict[str,
 def _test_metrics(ctx: ClientContext, model: nn.Module) -> dict[str, float]:
     if not (ctx.evaluate and ctx.cfg.eval.clients):
         return {}
-    images, labels = image_tensors(ctx.data().test)
-    return {f"test/{k}": v for k, v in evaluate_classifier(model, images, labels).items()}
+    test = ctx.data().test
+    images, labels = image_tensors(test)
+    scores = evaluate_classifier(model, images, labels, ids=[r["id"] for r in test])
+    return {f"test/{k}": v for k, v in scores.items()}
 
 
 def client_train(ctx: ClientContext, msg: Payload) -> Payload:

@@ -29,6 +29,8 @@ import yaml
 
 from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
+from fedkt.eval import predictions
+from fedkt.eval.predictions import Predictions
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
@@ -37,6 +39,7 @@ log = logging.getLogger("fedkt.runtime")
 
 ENVELOPE = "_fedkt"  # reserved payload key carrying the call's metadata
 ERROR = "_error"  # reserved reply key: the client's handler raised
+PREDICTIONS = "_predictions"  # reserved reply key: per-example predictions (evaluation calls)
 
 
 class TransportError(RuntimeError):
@@ -62,6 +65,11 @@ class Traffic:
     seconds: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     metrics: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     excluded: dict[int, str] = field(default_factory=dict)
+    # Per-example predictions each client sent back (scope -> table), and their bytes,
+    # which are counted here and not in ``received``: they are evaluation, not the method.
+    predictions: dict[int, dict[str, Predictions]] = field(
+        default_factory=lambda: defaultdict(dict))
+    eval_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
 
 def client_view(cfg: RunConfig) -> RunConfig:
@@ -141,6 +149,7 @@ class RuntimeClients:
                 raise ClientFailure(reply[ERROR])
             meta = reply.pop(ENVELOPE, {})
             self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
+            self._take_predictions(cid, reply.pop(PREDICTIONS, None))
             for k, v in (reply.pop("metrics", None) or {}).items():
                 self.traffic.metrics[cid][k] = v
             return reply
@@ -148,6 +157,21 @@ class RuntimeClients:
                 ValueError) as exc:
             self._exclude(cid, handler, exc)
             return None
+
+    def _take_predictions(self, cid: int, blob: Any) -> None:
+        """Keep a reply's per-example predictions; a malformed table is logged, never fatal."""
+        if blob is None:
+            return
+        if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.dim() != 1:
+            log.warning("client %d: ignoring malformed predictions", cid)
+            return
+        self.traffic.received[cid] -= blob.numel()
+        self.traffic.eval_bytes[cid] += blob.numel()
+        try:
+            self.traffic.predictions[cid].update(
+                predictions.unpack(blob.numpy().tobytes(), source=f"client {cid}"))
+        except ValueError as exc:
+            log.warning("ignoring client %d's predictions: %s", cid, exc)
 
     def _excluded_text(self) -> str:
         return "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
@@ -328,7 +352,11 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
         if cfg.runtime.torch_threads:
             torch.set_num_threads(cfg.runtime.torch_threads)
         seed_everything(ctx.seed("handler"))
-        reply = method.handlers[env["handler"]](ctx, msg)
+        with predictions.capture() as tables:
+            reply = method.handlers[env["handler"]](ctx, msg)
+        if tables and ctx.evaluate and cfg.eval.predictions:
+            blob = bytearray(predictions.pack(tables))
+            reply[PREDICTIONS] = torch.frombuffer(blob, dtype=torch.uint8).clone()
         # Fixed-width text: reply sizes must not depend on how long the work took.
         reply[ENVELOPE] = {"seconds": f"{time.perf_counter() - start:015.6f}"}
         return dumps(reply)

@@ -1,0 +1,436 @@
+"""Suites: a family of runs sharing data, models and seeds, with claims decided by CIs.
+
+A suite YAML::
+
+    name: demo_suite                 # the folder is output_dir (default runs/suites/{name})
+    base: ../demo.yaml               # a run config: a path (relative to this file) or inline
+    seeds: [0, 1]
+    baseline: standalone             # the arm every other arm is compared with in the table
+    arms:                            # name -> overrides of the base (dotted keys or nested)
+      fedavg: {}
+      standalone: {method: {name: standalone}}
+    claims:
+      - fedavg.clients.accuracy > standalone.clients.accuracy
+    metrics: [accuracy]              # table columns (default: each group's per-example metrics)
+    groups: [server, clients]        # participant groups in the table
+    bootstrap: 2000                  # resamples; level: 0.95; bootstrap_seed: 0
+
+Each (arm, seed) is an ordinary run folder, ``<suite>/<arm>/seed_<seed>``.  A run
+whose last round is checkpointed is skipped; a started one is resumed; so after
+a crash or Ctrl-C the same command finishes only what is missing.  ``--jobs N``
+runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).  The
+suite ends with ``suite.md`` (the table and the claims' verdicts), ``suite.json``
+and ``plots/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from fedkt.config import (
+    ConfigError,
+    RunConfig,
+    _set_dotted,
+    _Strict,
+    parse_config,
+)
+from fedkt.eval.predictions import read_predictions
+from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
+from fedkt.evidence.plots import suite_plots
+from fedkt.evidence.runs import Group, Run, available_metrics, compare, open_run
+from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
+from fedkt.tracking import LATEST_FILE, format_table
+
+__all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
+
+SUITE_TABLE = "suite.md"
+SUITE_JSON = "suite.json"
+
+
+class SuiteConfig(_Strict):
+    """A suite file (see the module docstring)."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    base: str | dict[str, Any]
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    arms: dict[str, dict[str, Any]] = Field(..., min_length=1)
+    baseline: str | None = None
+    claims: list[str] = Field(default_factory=list)
+    metrics: list[str] | None = None
+    groups: list[str] = Field(default_factory=lambda: ["server", "clients"], min_length=1)
+    output_dir: str = "runs/suites/{name}"
+    bootstrap: int = Field(DEFAULT_BOOTSTRAP, ge=100)
+    level: float = Field(DEFAULT_LEVEL, gt=0.5, lt=1.0)
+    bootstrap_seed: int = 0
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, overrides in arms.items():
+            if not name or not name[0].isalnum() or any(c in name for c in ".@/ "):
+                raise ValueError(f"arm name {name!r}: use letters, digits, '_' and '-'")
+            if not isinstance(overrides, dict):
+                raise ValueError(f"arm {name!r}: overrides must be a mapping")
+        return arms
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds {seeds} repeat a seed")
+        return seeds
+
+
+@dataclass
+class Suite:
+    cfg: SuiteConfig
+    folder: Path
+    runs: dict[tuple[str, int], RunConfig]  # (arm, seed) -> validated run config
+    claims: list[Claim]
+
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.folder / arm / f"seed_{seed}"
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if "." in key:  # a dotted override, as --set takes
+            try:
+                _set_dotted(out, key, value)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value, f"{where}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"{what}: file not found: {path}")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: {path} is not valid YAML ({exc})") from None
+
+
+def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
+    """Read and validate a suite file: every (arm, seed) config and every claim, before
+    any run starts, with errors naming the file, arm and key."""
+    path = Path(path)
+    raw = _read_yaml(path, "suite")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"suite {path}: the top level must be a mapping")
+    try:
+        cfg = SuiteConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"invalid suite {path}:\n" + "\n".join(lines)) from None
+    if isinstance(cfg.base, str):
+        base_path = (path.parent / cfg.base).resolve()
+        base = _read_yaml(base_path, f"suite {path}: base")
+    else:
+        base = cfg.base
+    if not isinstance(base, dict):
+        raise ConfigError(f"suite {path}: base must be a run config mapping")
+    if cfg.baseline is not None and cfg.baseline not in cfg.arms:
+        raise ConfigError(f"suite {path}: baseline {cfg.baseline!r} is not an arm "
+                          f"({sorted(cfg.arms)})")
+    folder = Path(output_dir or cfg.output_dir.format(name=cfg.name))
+    runs = {}
+    for arm, overrides in cfg.arms.items():
+        data = _deep_merge(base, overrides, f"suite {path}: arm {arm!r}")
+        for seed in cfg.seeds:
+            run_data = {**data, "seed": seed, "name": f"{arm}",
+                        "output_dir": str(folder / arm / f"seed_{seed}")}
+            try:
+                runs[(arm, seed)] = parse_config(run_data, f"(suite {path}, arm {arm!r})")
+            except ConfigError as exc:
+                raise ConfigError(str(exc)) from None
+    try:
+        claims = [parse_claim(c, set(cfg.arms)) for c in cfg.claims]
+    except ClaimError as exc:
+        raise ConfigError(f"suite {path}: {exc}") from None
+    return Suite(cfg, folder, runs, claims)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_state(run_dir: Path, rounds: int) -> str:
+    """``done`` (last round checkpointed), ``started`` or ``new``."""
+    latest = run_dir / "checkpoints" / LATEST_FILE
+    if latest.is_file():
+        try:
+            done = int(json.loads(latest.read_text()).get("round", 0))
+        except (ValueError, json.JSONDecodeError, AttributeError):
+            done = 0
+        return "done" if done >= rounds else "started"
+    return "started" if (run_dir / "metrics.jsonl").is_file() else "new"
+
+
+def _physical_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
+              quiet: bool = False) -> Path:
+    """Run what is missing of a suite, then write its table and plots; returns the folder."""
+    suite = load_suite(path, output_dir)
+    suite.folder.mkdir(parents=True, exist_ok=True)
+    (suite.folder / "suite.yaml").write_text(Path(path).read_text(encoding="utf-8"))
+    todo = []
+    for (arm, seed), cfg in suite.runs.items():
+        state = run_state(suite.run_dir(arm, seed), cfg.rounds)
+        if state == "done":
+            if not quiet:
+                print(f"suite {suite.cfg.name}: {arm} seed {seed}: done, skipped")
+            continue
+        todo.append((arm, seed, cfg, state))
+    threads = max(1, _physical_cores() // max(1, jobs))
+    failures: list[str] = []
+    running: list[tuple[str, subprocess.Popen, Any, float]] = []
+    log_dir = suite.folder / "logs"
+    conf_dir = suite.folder / "configs"
+    log_dir.mkdir(exist_ok=True)
+    conf_dir.mkdir(exist_ok=True)
+
+    def start(arm: str, seed: int, cfg: RunConfig, state: str) -> None:
+        run_dir = suite.run_dir(arm, seed)
+        conf = conf_dir / f"{arm}_seed{seed}.yaml"
+        conf.write_text(cfg.to_yaml())
+        # The config's own thread count wins (results can depend on it); else split cores.
+        sets = ["-q"] if cfg.runtime.torch_threads else [
+            "--set", f"runtime.torch_threads={threads}", "-q"]
+        if state == "started":  # continue from its last checkpointed round
+            cmd = [sys.executable, "-m", "fedkt.cli", "resume", str(run_dir), *sets]
+        else:
+            cmd = [sys.executable, "-m", "fedkt.cli", "run", str(conf), "--overwrite", *sets]
+        if not quiet:
+            print(f"suite {suite.cfg.name}: {arm} seed {seed}: "
+                  f"{'resuming' if state == 'started' else 'running'}", flush=True)
+        log = (log_dir / f"{arm}_seed{seed}.log").open("w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        running.append((f"{arm} seed {seed}", proc, log, time.perf_counter()))
+
+    def reap() -> None:
+        for item in list(running):
+            label, proc, log, t0 = item
+            code = proc.poll()
+            if code is None:
+                continue
+            running.remove(item)
+            log.close()
+            if code != 0:
+                failures.append(f"{label} (exit {code}; see {log.name})")
+            elif not quiet:
+                print(f"suite {suite.cfg.name}: {label}: finished in "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+    try:
+        for item in todo:
+            while len(running) >= max(1, jobs):
+                time.sleep(0.2)
+                reap()
+            start(*item)
+        while running:
+            time.sleep(0.2)
+            reap()
+    except BaseException:  # Ctrl-C or an error: stop the runs; a rerun resumes them
+        for _, proc, log, _ in running:
+            proc.kill()
+            proc.wait()
+            log.close()
+        raise
+    text = report_suite(suite.folder, suite=suite)
+    if not quiet:
+        print(text)
+    if failures:
+        raise RuntimeError("suite runs failed: " + "; ".join(failures))
+    return suite.folder
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _mean_std(group: Group, part: str, metric: str) -> str:
+    ms = group.mean_std(part, metric)
+    if ms is None:
+        return "-"
+    mean, std, n = ms
+    return f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
+
+
+def _arm_group(suite: Suite, arm: str, rnd: int | None = None) -> Group:
+    runs = []
+    for seed in suite.cfg.seeds:
+        folder = suite.run_dir(arm, seed)
+        if (folder / "metrics.jsonl").is_file() and run_state(
+                folder, suite.runs[(arm, seed)].rounds) == "done":
+            runs.append(open_run(folder, rnd))
+    return Group(runs)
+
+
+def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
+    """Render ``suite.md`` / ``suite.json`` / plots from the run folders (``fedkt suite
+    report``); the suite file is the copy the suite folder keeps."""
+    folder = Path(folder)
+    if suite is None:
+        copy = folder / "suite.yaml"
+        if not copy.is_file():
+            raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
+        suite = load_suite(copy, folder)
+    cfg = suite.cfg
+    groups = {arm: _arm_group(suite, arm) for arm in cfg.arms}
+    missing = [f"{arm} seed {s}" for arm in cfg.arms for s in cfg.seeds
+               if s not in groups[arm].seeds]
+    present = {a: g for a, g in groups.items() if g.runs}
+    if not present:
+        raise ValueError(f"{folder}: no finished run yet")
+    first = next(iter(present.values())).runs[0]
+    metrics = cfg.metrics or available_metrics(first, "server" if "server" in
+                                               first.participants() else "clients")
+    metrics = metrics or ["accuracy"]
+    baseline = cfg.baseline
+    rows_json: list[dict[str, Any]] = []
+    header = ["arm"]
+    for part in cfg.groups:
+        for metric in metrics:
+            header.append(f"{part} {metric}")
+            if baseline:
+                header.append(f"Δ vs {baseline} [{int(cfg.level * 100)}% CI]")
+    table = []
+    zero = _arm_group(suite, baseline or next(iter(present)), 0) if present else None
+    arm_rows: list[tuple[str, Group]] = []
+    if zero is not None and zero.runs and _has_round0(zero):
+        arm_rows.append((f"round 0 ({baseline or next(iter(present))}@0)", zero))
+    arm_rows += [(arm, g) for arm, g in present.items()]
+    for label, group in arm_rows:
+        line = [label]
+        for part in cfg.groups:
+            for metric in metrics:
+                try:
+                    line.append(_mean_std(group, part, metric))
+                except ValueError:
+                    line.append("-")
+                if not baseline:
+                    continue
+                cell, entry = "-", None
+                base = present.get(baseline)
+                if base is not None and group is not base:
+                    try:
+                        got = compare(group, base, part, metric, reps=cfg.bootstrap,
+                                      level=cfg.level, seed=cfg.bootstrap_seed)
+                    except ValueError as exc:
+                        got, cell = None, f"({exc.__class__.__name__})"
+                    if got is not None:
+                        d, _ = got
+                        cell = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                        entry = {"estimate": d.estimate, "low": d.low, "high": d.high}
+                line.append(cell)
+                rows_json.append({"arm": label, "group": part, "metric": metric,
+                                  "mean_std": group.mean_std(part, metric) if _safe(
+                                      group, part, metric) else None,
+                                  "vs_baseline": entry})
+        table.append(line)
+    verdicts = [_decide(suite, c) for c in suite.claims]
+    text = [f"# Suite {cfg.name}", "",
+            f"- seeds: {cfg.seeds}; arms: {', '.join(cfg.arms)}; baseline: {baseline or '-'}",
+            f"- cells: mean ± std over seeds of the final evaluation; Δ: paired bootstrap "
+            f"({cfg.bootstrap} resamples over test examples and seeds) vs the baseline arm",
+            ]
+    n_items = _items(first)
+    if n_items:
+        text.append(f"- test examples per run: {n_items}")
+    if missing:
+        text.append(f"- not finished: {', '.join(missing)}")
+    text += ["", format_table(header, table, markdown=True), ""]
+    if verdicts:
+        text += ["## Claims", "", format_table(
+            ["claim", "estimate", f"{int(cfg.level * 100)}% CI", "verdict"],
+            [[v["claim"], v["estimate"], v["ci"], v["verdict"]] for v in verdicts],
+            markdown=True), ""]
+    out = "\n".join(text)
+    (folder / SUITE_TABLE).write_text(out)
+    (folder / SUITE_JSON).write_text(json.dumps(
+        {"name": cfg.name, "seeds": cfg.seeds, "metrics": metrics, "table": rows_json,
+         "claims": verdicts, "missing": missing}, indent=2, default=float) + "\n")
+    suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
+    return out
+
+
+def _safe(group: Group, part: str, metric: str) -> bool:
+    try:
+        group.mean_std(part, metric)
+        return True
+    except ValueError:
+        return False
+
+
+def _has_round0(group: Group) -> bool:
+    return all(any(r.get("round") == 0 for r in run.info.rows) for run in group.runs)
+
+
+def _items(run: Run) -> int | None:
+    for key in run.files:
+        if key[0] == run.eval_round():
+            return len(read_predictions(run.files[key]))
+    return None
+
+
+def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
+    cfg = suite.cfg
+    out: dict[str, Any] = {"claim": claim.text, "estimate": "-", "ci": "-",
+                           "verdict": "not run"}
+    lhs = _arm_group(suite, claim.lhs.arm, claim.lhs.round)
+    if not lhs.runs:
+        return out
+    if isinstance(claim.rhs, float):
+        rhs, b_group, b_metric, offset = lhs, claim.lhs.group, claim.lhs.metric, claim.offset
+        factor = 0.0
+        offset += claim.factor * claim.rhs
+    else:
+        rhs = _arm_group(suite, claim.rhs.arm, claim.rhs.round)
+        b_group, b_metric, factor, offset = claim.rhs.group, claim.rhs.metric, claim.factor, \
+            claim.offset
+        if not rhs.runs:
+            return out
+    try:
+        got = compare(lhs, rhs, claim.lhs.group, claim.lhs.metric, b_group=b_group,
+                      b_metric=b_metric, factor=factor, offset=offset, reps=cfg.bootstrap,
+                      level=cfg.level, seed=cfg.bootstrap_seed)
+    except ValueError as exc:
+        return {**out, "verdict": f"error: {exc}"}
+    if got is None:
+        return {**out, "verdict": "no data"}
+    d, _ = got
+    return {"claim": claim.text, "estimate": f"{d.estimate:+.4f}",
+            "ci": f"[{d.low:+.4f}, {d.high:+.4f}]", "verdict": verdict(claim, d.low, d.high),
+            "low": d.low, "high": d.high, "value": d.estimate}
+
+
+def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
+    """``(arm, seed, state)`` of every run of a suite."""
+    suite = load_suite(path)
+    return [(arm, seed, run_state(suite.run_dir(arm, seed), cfg.rounds))
+            for (arm, seed), cfg in suite.runs.items()]
+

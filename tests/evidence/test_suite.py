@@ -1,0 +1,124 @@
+"""The shipped quick suite end to end: verdicts from its prediction files, outputs, and a
+suite interrupted halfway that finishes only what is missing with the same table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedkt.eval.predictions import prediction_files, read_predictions
+from fedkt.evidence.claims import parse_claim, verdict
+from fedkt.evidence.suite import load_suite, run_state
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "configs" / "suites" / "quick.yaml"
+
+
+def _suite(args: list[str], **kw) -> subprocess.Popen:
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen([sys.executable, "-m", "fedkt.cli", "suite", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("suite") / "quick"
+    proc = _suite(["run", str(QUICK), "--output-dir", str(folder), "--jobs", "2"])
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    return folder
+
+
+def _correct(folder: Path, arm: str, seed: int, rnd: int | None, participants: str
+             ) -> tuple[list[str], np.ndarray]:
+    """Per-example 0/1 correctness read straight from the prediction files."""
+    files = prediction_files(folder / arm / f"seed_{seed}")
+    rounds = sorted({r for r, _, _ in files})
+    rnd = rounds[-1] if rnd is None else rnd
+    names = sorted(p for r, p, s in files if r == rnd and not s
+                   and (p == participants or (participants == "clients" and p != "server")))
+    tables = [read_predictions(files[(rnd, p, "")]) for p in names]
+    ids = tables[0].ids
+    rows = []
+    for t in tables:
+        pos = {i: k for k, i in enumerate(t.ids)}
+        rows.append([t.columns["pred"][pos[i]] == t.columns["gold"][pos[i]] for i in ids])
+    return ids, np.array(rows, dtype=float).mean(0)  # mean over the group's participants
+
+
+def _hand_ci(pairs: list[tuple[np.ndarray, np.ndarray]], reps: int, seed: int):
+    """The documented procedure, written out with index arrays."""
+    rng = np.random.default_rng(seed)
+    per_seed = []
+    for a, b in pairs:
+        idx = rng.integers(0, len(a), size=(reps, len(a)))
+        per_seed.append(a[idx].mean(1) - b[idx].mean(1))
+    stacked = np.stack(per_seed)
+    if len(pairs) > 1:
+        pick = rng.integers(0, len(pairs), size=(reps, len(pairs)))
+        reps_ = stacked[pick, np.arange(reps)[:, None]].mean(1)
+    else:
+        reps_ = stacked[0]
+    est = float(np.mean([a.mean() - b.mean() for a, b in pairs]))
+    lo, hi = np.quantile(reps_, [0.025, 0.975])
+    return est, lo, hi
+
+
+def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
+    suite = load_suite(QUICK, finished)
+    report = json.loads((finished / "suite.json").read_text())
+    assert (finished / "suite.md").read_text().startswith("# Suite quick")
+    assert {c["claim"] for c in report["claims"]} == set(suite.cfg.claims)
+    for result in report["claims"]:
+        claim = parse_claim(result["claim"])
+        pairs = []
+        for seed in suite.cfg.seeds:
+            ids_a, a = _correct(finished, claim.lhs.arm, seed, claim.lhs.round, claim.lhs.group)
+            ids_b, b = _correct(finished, claim.rhs.arm, seed, claim.rhs.round, claim.rhs.group)
+            order = {i: k for k, i in enumerate(ids_b)}
+            pairs.append((a, b[[order[i] for i in ids_a]]))
+        est, lo, hi = _hand_ci(pairs, suite.cfg.bootstrap, suite.cfg.bootstrap_seed)
+        assert result["value"] == pytest.approx(est, abs=1e-12)
+        assert (result["low"], result["high"]) == pytest.approx((lo, hi), abs=1e-12)
+        assert result["verdict"] == verdict(claim, lo, hi)
+    # Per-example files of every run, at round 0 and the final round; table; plots.
+    for arm in suite.cfg.arms:
+        for seed in suite.cfg.seeds:
+            rounds = {r for r, _, _ in prediction_files(finished / arm / f"seed_{seed}")}
+            assert {0, 2} <= rounds
+    plots = sorted(p.name for p in (finished / "plots").glob("*.png"))
+    assert "accuracy_clients_rounds.png" in plots and "accuracy_clients_final.png" in plots
+
+
+def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
+    folder = tmp_path / "quick"
+    suite = load_suite(QUICK, folder)
+    proc = _suite(["run", str(QUICK), "--output-dir", str(folder), "--jobs", "1"])
+    first = (next(iter(suite.cfg.arms)), suite.cfg.seeds[0])
+    deadline = time.time() + 600
+    while run_state(suite.run_dir(*first), 2) != "done":
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    time.sleep(1.0)  # the next run has started
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    states = {k: run_state(suite.run_dir(*k), 2) for k in suite.runs}
+    assert states[first] == "done" and list(states.values()).count("done") < len(states)
+    done_before = {k: (suite.run_dir(*k) / "metrics.jsonl").stat().st_mtime_ns
+                   for k, s in states.items() if s == "done"}
+    proc = _suite(["run", str(QUICK), "--output-dir", str(folder), "--jobs", "1"])
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    for key, mtime in done_before.items():  # finished runs were skipped, not rerun
+        assert (suite.run_dir(*key) / "metrics.jsonl").stat().st_mtime_ns == mtime
+        assert f"{key[0]} seed {key[1]}: done, skipped" in out
+    strip = lambda p: (p / "suite.md").read_text().replace(str(p), "")  # noqa: E731
+    assert strip(folder) == strip(finished)
