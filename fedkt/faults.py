@@ -11,7 +11,8 @@ any, client ``cid`` shows in round ``rnd``:
 * ``garbage``: random bytes of the reply's length instead of the reply.
 
 Plans are pure functions of ``(cid, rnd)`` (and a seed), so a round that is
-re-run or resumed meets the same faults.  For ``FEDKT_INJECT_FAULT`` (a handler
+re-run or resumed meets the same faults; round 0 (the evaluation before training)
+is never faulted.  For ``FEDKT_INJECT_FAULT`` (a handler
 that raises) see :func:`fedkt.runtime.base.handle_request`.
 """
 
@@ -104,7 +105,10 @@ class FaultyTransport:
         self.injected: dict[tuple[int, int], str] = {}
 
     def exchange(self, requests: dict[int, bytes], timeout: float) -> dict[int, bytes | BaseException]:
-        kinds = {cid: self.plan(cid, request_round(data)) for cid, data in requests.items()}
+        # Round 0 (evaluation before training, eval.round0) is never faulted: plans are
+        # about the training rounds.
+        kinds = {cid: self.plan(cid, rnd) if (rnd := request_round(data)) else None
+                 for cid, data in requests.items()}
         reached = {cid: data for cid, data in requests.items() if kinds[cid] != CRASH}
         replies = self.inner.exchange(reached, timeout) if reached else {}
         out: dict[int, bytes | BaseException] = {}

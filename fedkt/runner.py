@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from fedkt.config import RunConfig
 from fedkt.eval import predictions
 from fedkt.methods import get_method
-from fedkt.methods.base import broadcast, seed_everything
+from fedkt.methods.base import RoundError, broadcast, seed_everything
 from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root
@@ -167,7 +167,10 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
     clients.start_round(0, True)
     clients.ids = cfg.client_ids()  # every participant, whatever clients.fraction samples
     if "evaluate" in method.handlers and cfg.eval.clients:
-        broadcast(clients, "evaluate", evaluate=True)
+        try:  # a client that cannot evaluate is logged as excluded; it never stops the run
+            broadcast(clients, "evaluate", evaluate=True)
+        except RoundError as exc:
+            log.warning("round 0: %s", exc)
     server_eval = _server_evaluate(cfg, server, recorder, 0)
     if server_eval is not None:
         recorder.log({"round": 0, "participant": "server", "split": "test", **server_eval,

@@ -103,7 +103,8 @@ def test_sigkill_mid_round_then_resume_equals_clean_run(make_config, tmp_path, m
 
     keys = Counter((r["round"], r["participant"], r["split"]) for r in resumed)
     assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
-    assert sorted({r["round"] for r in resumed}) == list(range(1, rounds + 1))
+    # Round 0 (eval.round0, the zero-shot evaluation) and every trained round, once each.
+    assert sorted({r["round"] for r in resumed}) == list(range(0, rounds + 1))
     last = [r for r in clean if r["round"] == rounds]
     assert any(r["split"] == "test" for r in last)
     assert _numbers([r for r in resumed if r["round"] == rounds]) == _numbers(last)

@@ -27,6 +27,10 @@ NUMBER = "number"  # a finite int/float (bool counts as a flag, see FLAG)
 FLAG = "flag"
 ENVELOPE = "envelope"  # the runtime's own field: {"seconds": "<fixed-width text>"}
 METRICS = "metrics"  # {"train/...": number, "test/...": number}
+# The runtime's own field on evaluation replies: per-example predictions on the *test* split
+# (gzipped tables; see check_predictions), never anything of the private data.
+PREDICTIONS = "predictions"
+PREDICTION_COLUMNS = {"id", "gold", "pred", "pred_norm", "scores", "rougeL"}
 
 
 class Tensors:
@@ -51,24 +55,25 @@ SVD_UPDATE = Tensors(r"^(bert\.encoder\.layer\.\d+\.|bert\.pooler\.|classifier\.
                      r"[\w.]+::(U|S|Vh|raw|shape)$")
 RAW_UPDATE = Tensors(r"^(bert\.encoder\.layer\.\d+\.|bert\.pooler\.|classifier\.)"
                      r"[\w.]+::(raw|shape)$")
-COMMON = {"metrics": METRICS, "_fedkt": ENVELOPE}
+COMMON = {"metrics": METRICS, "_fedkt": ENVELOPE, "_predictions": PREDICTIONS}
+EVALUATE = {"evaluate": COMMON}  # round 0: the client's initial model on the test split
 ONLY_METRICS = {"train": COMMON}
 
 # handler -> field -> what it may hold. Anything not listed must not be in a reply.
 ALLOW: dict[str, dict[str, dict[str, Any]]] = {
     # McMahan et al.: the locally trained adapter theta_k and n_k.
-    "fedavg": {"train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
+    "fedavg": {**EVALUATE, "train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
                          "adapter": LORA}},
     # FedCoLLM Alg. 1 steps 2-3: the SLM's LoRA theta_k (co-tuning happens on the server).
-    "fedcollm": {"train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
+    "fedcollm": {**EVALUATE, "train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
                            "adapter": LORA}},
     # FedMKT Alg. 1: S_k = top-K logits (ids, values) of every position on the public set
     # and the per-sample losses, named by public index; the SLM's LoRA never leaves.
-    "fedmkt": {"train_and_share": {**COMMON, "train_loss": NUMBER, "has_s0": FLAG,
+    "fedmkt": {**EVALUATE, "train_and_share": {**COMMON, "train_loss": NUMBER, "has_s0": FLAG,
                                    "vocab_size": NUMBER, "k": NUMBER, "topk": TOPK},
                "distill": {**COMMON, "kd_loss": NUMBER}},
     # LLM2SLM: knowledge only flows LLM -> SLM, so clients send losses and flags only.
-    "llm2slm": {"train_and_share": {**COMMON, "train_loss": NUMBER, "has_s0": FLAG},
+    "llm2slm": {**EVALUATE, "train_and_share": {**COMMON, "train_loss": NUMBER, "has_s0": FLAG},
                 "distill": {**COMMON, "kd_loss": NUMBER}},
     # FedKD Eq. 8: SVD factors of the shared student's update; the teacher never leaves.
     "fedkd": {"train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
@@ -88,15 +93,15 @@ ALLOW: dict[str, dict[str, dict[str, Any]]] = {
                          "train": {**COMMON, "num_examples": NUMBER, "loss": NUMBER,
                                    "prompts": OneTensor(2, torch.float32)}},
     # FedAvg of the whole (small) encoder: its update, uncompressed by default.
-    "fedavg_encoder": {"train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
+    "fedavg_encoder": {**EVALUATE, "train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
                                  "update": RAW_UPDATE},
                        "sync": {**COMMON}},
     # KOALA's baseline: FedAvg of the large model's head (the backbone is frozen).
     "fedavg_vision": {"train": {**COMMON, "num_examples": NUMBER, "train_loss": NUMBER,
                                 "trainable": Tensors(r".")}},
     # No collaboration: only metrics travel.
-    "standalone": ONLY_METRICS,
-    "standalone_encoder": ONLY_METRICS,
+    "standalone": {**ONLY_METRICS, **EVALUATE},
+    "standalone_encoder": {**ONLY_METRICS, **EVALUATE},
     "zero_shot": {"evaluate": COMMON},
     # Everything on the server: clients are never called.
     "centralized": {},
@@ -128,6 +133,9 @@ def _check_field(method: str, handler: str, name: str, value: Any, spec: Any) ->
             assert re.fullmatch(r"(train|test)/[a-z0-9_]+", key), f"{where}: metric {key!r}"
             assert isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v), \
                 f"{where}: metric {key!r} should be a finite number, got {v!r}"
+    elif spec == PREDICTIONS:
+        assert isinstance(value, torch.Tensor) and value.dtype == torch.uint8 \
+            and value.dim() == 1, where
     elif isinstance(spec, OneTensor):
         assert isinstance(value, torch.Tensor), where
         assert value.dim() == spec.ndim and value.dtype == spec.dtype, where
@@ -269,6 +277,8 @@ def check_reply(run: RecordedRun, cid: int, handler: str, data: bytes, needles: 
     assert not extra, f"{method} '{handler}': fields beyond the allow-list: {extra}"
     for name, value in payload.items():
         _check_field(method, handler, name, value, spec[name])
+    if "_predictions" in payload:
+        check_predictions(run, cid, handler, payload.pop("_predictions"), needles)
     # (b) no base-model weight travels, by name or by value
     tensors = flat_tensors(payload)
     if not tensors:
@@ -289,18 +299,46 @@ def check_reply(run: RecordedRun, cid: int, handler: str, data: bytes, needles: 
     _check_whole_model(method, run, cid, payload)
 
 
+def check_predictions(run: RecordedRun, cid: int, handler: str, blob: torch.Tensor,
+                      needles: list[bytes]) -> None:
+    """Per-example predictions: test-split ids and prediction columns only, no private text
+    (searched in the decompressed tables, where compression cannot hide it)."""
+    import gzip
+
+    from fedkt.eval.predictions import unpack
+
+    where = f"{run.cfg.method.name} client {cid} '{handler}' predictions"
+    raw = blob.numpy().tobytes()
+    text = gzip.decompress(raw)
+    leaked = [n[:40] for n in needles if n in text]
+    assert not leaked, f"{where} leak {leaked[:3]}"
+    test_ids = {r["id"] for r in run_data(run.cfg.data, run.cfg.clients.num_clients,
+                                          run.cfg.seed).test}
+    for scope, table in unpack(raw).items():
+        assert set(table.columns) <= PREDICTION_COLUMNS, f"{where} ({scope!r}): columns"
+        assert set(table.ids) <= test_ids, f"{where} ({scope!r}): ids outside the test split"
+
+
 def test_the_checks_catch_a_leak_an_extra_field_and_a_base_weight():
     """The checker is not vacuous: edits of a real FedAvg reply are caught."""
     from fedkt.payload import dumps
 
     run = recorded_run("fedavg")
-    call = next(c for c in run.replies() if c.cid == 1)
+    call = next(c for c in run.replies() if c.cid == 1 and c.handler == "train")
     needles = private_needles(run)
     bases: dict = {}
     check_reply(run, 1, "train", call.reply, needles, bases)  # the real reply passes
     text = next(r["text"] for r in run_data(run.cfg.data, 3, run.cfg.seed).private[1]
                 if len(r["text"]) >= 24)
     embed = next(v for k, v in bases[1][0].items() if k.endswith("embed_tokens.weight"))
+    test_id = run_data(run.cfg.data, 3, run.cfg.seed).test[0]["id"]
+
+    def _tables(columns: dict) -> torch.Tensor:
+        from fedkt.eval.predictions import Predictions, pack
+
+        blob = bytearray(pack({"": Predictions(columns)}))
+        return torch.frombuffer(blob, dtype=torch.uint8).clone()
+
     cases = {
         "leaks": lambda p: {**p, "metrics": {**p["metrics"], "train/loss": 0.0},
                             "note": f"from {text}"},
@@ -310,6 +348,10 @@ def test_the_checks_catch_a_leak_an_extra_field_and_a_base_weight():
         "equals a base weight": lambda p: {**p, "adapter": {
             **p["adapter"], "base_model.model.model.embed_tokens.lora_A.weight": embed}},
         "should be a finite": lambda p: {**p, "metrics": {"train/loss": "high"}},
+        "predictions leak": lambda p: {**p, "_predictions": _tables(
+            {"id": [test_id], "gold": [0], "pred": [text]})},
+        "ids outside the test split": lambda p: {**p, "_predictions": _tables(
+            {"id": ["not-a-test-id"], "gold": [0], "pred": [1]})},
     }
     for what, edit in cases.items():
         bad = dumps(edit(loads(call.reply)))

@@ -385,6 +385,7 @@ def eval_classifier(
     """
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    example_ids = list(ids) if ids is not None else list(range(len(texts)))
     if not texts:
         return {"accuracy": 0.0, "precision": 0.0, "recall": 0.0, "f1": 0.0,
                 "macro_f1": 0.0, "loss": 0.0}
@@ -406,8 +407,7 @@ def eval_classifier(
             preds.extend(logits.argmax(-1).tolist())
     golds = [int(y) for y in labels]
     p, r, f1 = precision_recall_f1(preds, golds, positive_label)
-    predictions.emit({"id": list(ids) if ids is not None else list(range(len(golds))),
-                      "gold": golds, "pred": preds}, task="classifier",
+    predictions.emit({"id": example_ids, "gold": golds, "pred": preds}, task="classifier",
                      positive_label=positive_label)
     return {"accuracy": accuracy(preds, golds), "precision": p, "recall": r, "f1": f1,
             "macro_f1": macro_f1(preds, golds), "loss": loss_sum / len(texts)}

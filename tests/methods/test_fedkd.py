@@ -268,7 +268,7 @@ def test_failed_client_is_resent_the_whole_student(tmp_path, monkeypatch):
         for key, value in saved.items():
             assert torch.equal(value, server.sync.state[key]), (cid, key)
     test = [r for r in rows if r["participant"] == "server" and r["split"] == "test"]
-    assert [r["round"] for r in test] == [2]
+    assert [r["round"] for r in test] == [0, 2]  # round 0 (eval.round0), then eval.every
 
 
 def test_resume_after_a_failed_round_is_exact(tmp_path, monkeypatch):

@@ -242,8 +242,8 @@ def test_fedmkt_hetero_rounds_transfer_both_ways(make_config):
         extra = [r["bytes_sent"] - 6 * r["topk_entries"] - 16 * 12 for r in train]
         assert all(0 < e < 4096 for e in extra), extra
         assert all(r["topk_bytes_per_entry"] == 6.0 for r in train)
-        assert len(_rows(rows, f"client_{cid}", "test")) == 2
-    assert len(_rows(rows, "server", "test")) == 2
+        assert len(_rows(rows, f"client_{cid}", "test")) == 3  # rounds 0 (eval.round0), 1 and 2
+    assert len(_rows(rows, "server", "test")) == 3
 
 
 def test_llm2slm_keeps_the_llm_frozen_and_sends_s0_once(make_config):
