@@ -122,3 +122,30 @@ def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
         assert f"{key[0]} seed {key[1]}: done, skipped" in out
     strip = lambda p: (p / "suite.md").read_text().replace(str(p), "")  # noqa: E731
     assert strip(folder) == strip(finished)
+
+
+def test_report_groups_seeds_and_refuses_runs_on_other_examples(finished, tmp_path):
+    import shutil
+
+    from fedkt.eval.predictions import Predictions, write_predictions
+
+    runs = [str(finished / arm / f"seed_{s}") for arm in ("fedavg", "standalone")
+            for s in (0, 1)]
+    out = subprocess.run([sys.executable, "-m", "fedkt.cli", "report", *runs, "--baseline",
+                          runs[2], "--metric", "accuracy"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "fedavg (2 seeds)" in out.stdout and "±" in out.stdout
+    assert "| fedavg (2 seeds) | clients | accuracy |" in out.stdout
+    # A copy of a run whose final client tables name other test examples is refused.
+    other = tmp_path / "other"
+    shutil.copytree(runs[0], other)
+    for path in (other / "predictions" / "round_0002").glob("*.json.gz"):
+        table = read_predictions(path)
+        ids = [f"x{i}" if i < 5 else k for i, k in enumerate(table.ids)]
+        write_predictions(other, 2, path.name.split(".")[0],
+                          {"": Predictions({**table.columns, "id": ids}, table.meta)})
+    bad = subprocess.run([sys.executable, "-m", "fedkt.cli", "report", str(other),
+                          "--baseline", runs[0]], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "different test examples: 5 of 60 ids" in bad.stderr
+    assert str(other) in bad.stderr and runs[0] in bad.stderr
