@@ -179,7 +179,8 @@ def cached(
     """``load(path)`` of a usable entry, else ``build(tmp)``'s value after publishing it.
 
     ``build`` writes the complete entry at the path it is given (a file or a folder,
-    under a temporary name) and returns the value; ``load`` reads an entry, raising
+    under a temporary name) and returns the value (when that is the temporary path,
+    the entry's path is returned instead); ``load`` reads an entry, raising
     one of ``errors`` when it is unusable (it is then rebuilt and replaced). At most
     one process builds a given entry at a time; the others wait and load its result.
     """
@@ -200,4 +201,6 @@ def cached(
         if entry is None:
             return found[-1]
         value = build(entry.tmp)
+    if isinstance(value, Path) and value == entry.tmp:
+        return path  # type: ignore[return-value]
     return value
