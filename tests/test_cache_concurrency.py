@@ -184,7 +184,7 @@ def test_readers_never_see_a_partial_entry_and_racers_build_once(tmp_path):
 # ------------------------------------------------------------------- fedkt's caches
 
 
-def _race_child(cache: str, gguf: str, out: str, barrier: Any) -> None:
+def _race_child(cache: str, gguf: str, out: str, go: Any, barrier: Any) -> None:
     """One of two racers: every step builds a cold cache entry."""
     os.environ["FEDKT_CACHE"] = cache
     import torch
@@ -205,6 +205,7 @@ def _race_child(cache: str, gguf: str, out: str, barrier: Any) -> None:
         events.append({"entry": self.path.name, "t0": t0, "t1": time.time()})
 
     fc.CacheBuild.publish = slow_publish  # type: ignore[method-assign]
+    assert go.wait(timeout=180)  # the GGUF file is written
     steps: dict[str, list[float]] = {}
     results: dict[str, np.ndarray] = {}
 
@@ -242,27 +243,31 @@ def test_two_runs_racing_on_a_cold_cache_build_each_entry_once(tmp_path, monkeyp
     from fedkt.models.tokenizers import corpus_texts, load_tiny_tokenizer
     from tests.models.test_models_gguf import _write_tiny_gguf
 
+    race, serial, out = tmp_path / "race", tmp_path / "serial", tmp_path / "out"
     gguf = tmp_path / "ckpt" / "tiny-llama-f32.gguf"
     gguf.parent.mkdir()
-    _write_tiny_gguf(gguf)
-    race, serial, out = tmp_path / "race", tmp_path / "serial", tmp_path / "out"
     out.mkdir()
-    barrier = CTX.Barrier(2)
-    kids = [CTX.Process(target=_race_child, args=(str(race), str(gguf), str(out), barrier))
+    go, barrier = CTX.Event(), CTX.Barrier(2)
+    kids = [CTX.Process(target=_race_child, args=(str(race), str(gguf), str(out), go, barrier))
             for _ in range(2)]
     for k in kids:
         k.start()
-    for k in kids:
-        k.join(timeout=240)
+    try:
+        # While the racers start up: the GGUF file, and the same steps run serially on
+        # another cold cache, in this process.
+        _write_tiny_gguf(gguf)
+        go.set()
+        monkeypatch.setenv("FEDKT_CACHE", str(serial))
+        clear_alignment_cache()
+        toks = (load_tiny_tokenizer("tiny-gpt2"), load_tiny_tokenizer("tiny-llama"))
+        folder = gguf_float_dir(gguf.parent, gguf.name)
+        mapping = vocab_mapping(*toks)
+        aligns = align_corpus(corpus_texts()[:40], *toks)
+    finally:
+        go.set()
+        for k in kids:
+            k.join(timeout=240)
     assert [k.exitcode for k in kids] == [0, 0]
-
-    # The same steps run serially on another cold cache, in this process.
-    monkeypatch.setenv("FEDKT_CACHE", str(serial))
-    clear_alignment_cache()
-    toks = (load_tiny_tokenizer("tiny-gpt2"), load_tiny_tokenizer("tiny-llama"))
-    folder = gguf_float_dir(gguf.parent, gguf.name)
-    mapping = vocab_mapping(*toks)
-    aligns = align_corpus(corpus_texts()[:40], *toks)
 
     logs = [json.loads((out / f"{k.pid}.json").read_text()) for k in kids]
     arrays = [np.load(out / f"{k.pid}.npz") for k in kids]
