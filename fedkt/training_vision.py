@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -393,8 +393,8 @@ def pretrained_model(
     reuses stale weights. Without ``records`` (pretraining disabled) the model is
     returned as initialised.
     """
+    from fedkt.cache import cache_dir, cached
     from fedkt.methods.base import derive_seed
-    from fedkt.models.offline import cache_dir
 
     model = build_model(model_cfg, spec, derive_seed(seed, "pretrain-init", model_cfg.name))
     if not pretrain.enabled or not records:
@@ -406,23 +406,24 @@ def pretrained_model(
         "data": _fingerprint(images, labels), "version": 1,
     }, sort_keys=True).encode()).hexdigest()[:20]
     path = cache_dir("vision-pretrained") / f"{model_cfg.name.replace(':', '_')}-{key}.safetensors"
-    if pretrain.cache and path.is_file():
-        model.load_state_dict(load_file(str(path)))
-        return model
-    train_classifier(model, (images, labels), epochs=pretrain.epochs,
-                     batch_size=pretrain.batch_size, lr=pretrain.lr,
-                     weight_decay=pretrain.weight_decay, seed=derive_seed(seed, "pretrain"))
-    if pretrain.reset_head:
-        head = head_module(model)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(seed, "pretrain-head", model_cfg.name))
-            for m in head.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
+
+    def pretrain_model(tmp: Path | None = None) -> None:
+        train_classifier(model, (images, labels), epochs=pretrain.epochs,
+                         batch_size=pretrain.batch_size, lr=pretrain.lr,
+                         weight_decay=pretrain.weight_decay, seed=derive_seed(seed, "pretrain"))
+        if pretrain.reset_head:
+            head = head_module(model)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(seed, "pretrain-head", model_cfg.name))
+                for m in head.modules():
+                    if hasattr(m, "reset_parameters"):
+                        m.reset_parameters()
+        if tmp is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+                      str(tmp))
+
     if pretrain.cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-                  str(tmp))
-        tmp.replace(path)
+        cached(path, pretrain_model, lambda p: model.load_state_dict(load_file(str(p))))
+    else:
+        pretrain_model()
     return model

@@ -23,19 +23,22 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from fedkt.alignment.vocab import _memo, cache_dir, token_bytes, vocab_hash
+from fedkt.alignment.vocab import _memo, token_bytes, vocab_hash
+from fedkt.cache import cache_dir, cached
 
 __all__ = [
     "Alignment",
     "align_corpus",
     "align_sequences",
+    "cached_alignments",
     "clear_alignment_cache",
     "reference_dp_alignment",
 ]
@@ -238,16 +241,37 @@ def _encode(tokenizer: Any, texts: list[str], add_special_tokens: bool,
 
 
 def _save(path: os.PathLike[str] | str, alignments: list[Alignment]) -> None:
+    """Write ``alignments`` as one ``.npz`` file (a cache build's temporary path)."""
     ns = np.array([a.n_src for a in alignments], dtype=np.int64)
     nt = np.array([a.n_tgt for a in alignments], dtype=np.int64)
     cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int32))  # noqa: E731
-    tmp = f"{path}.{os.getpid()}.tmp.npz"
-    np.savez(tmp, n_src=ns, n_tgt=nt,
-             src_to_tgt=cat([a.src_to_tgt for a in alignments]),
-             tgt_to_src=cat([a.tgt_to_src for a in alignments]),
-             logit_map=cat([a.logit_map for a in alignments]),
-             logit_map_reverse=cat([a.logit_map_reverse for a in alignments]))
-    os.replace(tmp, path)
+    with open(path, "wb") as fh:
+        np.savez(fh, n_src=ns, n_tgt=nt,
+                 src_to_tgt=cat([a.src_to_tgt for a in alignments]),
+                 tgt_to_src=cat([a.tgt_to_src for a in alignments]),
+                 logit_map=cat([a.logit_map for a in alignments]),
+                 logit_map_reverse=cat([a.logit_map_reverse for a in alignments]))
+
+
+def cached_alignments(path: Path, compute: Callable[[], list[Alignment]],
+                      n: int | None = None) -> list[Alignment]:
+    """The alignments stored at ``path`` (an ``.npz`` cache entry), computed once if absent.
+
+    ``n`` is the expected count; an entry with another count is recomputed. Safe when
+    several processes ask at once (:func:`fedkt.cache.cached`).
+    """
+    def load(p: Path) -> list[Alignment]:
+        out = _load(p)
+        if n is not None and len(out) != n:
+            raise ValueError(f"{p} holds {len(out)} alignments, expected {n}")
+        return out
+
+    def build(tmp: Path) -> list[Alignment]:
+        out = compute()
+        _save(tmp, out)
+        return out
+
+    return cached(path, build, load)
 
 
 def _load(path: os.PathLike[str] | str) -> list[Alignment]:
@@ -281,22 +305,16 @@ def align_corpus(texts: Sequence[str], src_tokenizer: Any, tgt_tokenizer: Any, *
     if key in _MEMORY:
         _MEMORY.move_to_end(key)
         return list(_MEMORY[key])
-    path = cache_dir() / "alignments" / f"{key}.npz"
-    out: list[Alignment] | None = None
-    if cache and path.exists():
-        try:
-            out = _load(path)
-        except (OSError, ValueError, KeyError):
-            out = None
-    if out is None:
+
+    def compute() -> list[Alignment]:
         src_lay, tgt_lay = _layout(src_tokenizer), _layout(tgt_tokenizer)
         src_all = _encode(src_tokenizer, texts, add_special_tokens, max_length)
         tgt_all = _encode(tgt_tokenizer, texts, add_special_tokens, max_length)
-        out = [_align_ids(np.asarray(s, dtype=np.int64), np.asarray(t, dtype=np.int64),
-                          src_lay, tgt_lay) for s, t in zip(src_all, tgt_all, strict=True)]
-        if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _save(path, out)
+        return [_align_ids(np.asarray(s, dtype=np.int64), np.asarray(t, dtype=np.int64),
+                           src_lay, tgt_lay) for s, t in zip(src_all, tgt_all, strict=True)]
+
+    out = (cached_alignments(cache_dir("alignments") / f"{key}.npz", compute, len(texts))
+           if cache else compute())
     _MEMORY[key] = out
     while len(_MEMORY) > _MEMORY_SLOTS:
         _MEMORY.popitem(last=False)

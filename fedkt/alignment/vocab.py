@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import re
 import weakref
 from collections.abc import Sequence
@@ -33,6 +32,8 @@ from typing import Any, Literal
 import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
+
+from fedkt.cache import cache_dir, cached
 
 __all__ = [
     "VocabScheme",
@@ -595,35 +596,30 @@ def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
 # --------------------------------------------------------------------------- public API
 
 
-def cache_dir() -> Path:
-    """``$FEDKT_CACHE`` or ``~/.cache/fedkt``."""
-    env = os.environ.get("FEDKT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedkt"
-
-
 def vocab_mapping(src_tokenizer: Any, tgt_tokenizer: Any, cache: bool = True,
                   workers: int = 2) -> np.ndarray:
     """MinED vocabulary mapping: ``out[src_id]`` is the closest target id (int64, [V_src]).
 
     Cached on disk under :func:`cache_dir` keyed by both vocabularies' contents.
     """
+    if not cache:
+        return mined_mapping(normalize_vocab(src_tokenizer), normalize_vocab(tgt_tokenizer),
+                             workers=workers)
     key = hashlib.sha256(
         f"{MAPPING_VERSION}:{vocab_hash(src_tokenizer)}:{vocab_hash(tgt_tokenizer)}".encode()
     ).hexdigest()[:32]
-    path = cache_dir() / "vocab_mapping" / f"{key}.npy"
-    if cache and path.exists():
-        try:
-            mapping = np.load(path)
-            if mapping.dtype == np.int64 and mapping.shape == (_vocab_size(src_tokenizer),):
-                return mapping
-        except (OSError, ValueError):
-            pass  # unreadable cache entry: recompute
-    mapping = mined_mapping(normalize_vocab(src_tokenizer), normalize_vocab(tgt_tokenizer),
-                            workers=workers)
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+
+    def load(path: Path) -> np.ndarray:
+        mapping = np.load(path)
+        if mapping.dtype != np.int64 or mapping.shape != (_vocab_size(src_tokenizer),):
+            raise ValueError(f"{path} holds {mapping.dtype} {mapping.shape}")
+        return mapping
+
+    def build(tmp: Path) -> np.ndarray:
+        mapping = mined_mapping(normalize_vocab(src_tokenizer), normalize_vocab(tgt_tokenizer),
+                                workers=workers)
         with open(tmp, "wb") as fh:
             np.save(fh, mapping)
-        os.replace(tmp, path)
-    return mapping
+        return mapping
+
+    return cached(cache_dir("vocab_mapping") / f"{key}.npy", build, load)

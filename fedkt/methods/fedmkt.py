@@ -339,25 +339,18 @@ def public_alignments(src_tok: Any, tgt_tok: Any, src: PublicSet, tgt: PublicSet
     Computed once per (public set, tokenizer pair): kept in this process and on disk
     under ``cache_dir()/alignments``, keyed by both vocabularies and the token ids.
     """
-    from fedkt.alignment.sequence import ALIGNMENT_VERSION, _load, _save
+    from fedkt.alignment.sequence import ALIGNMENT_VERSION, cached_alignments
 
     key = hashlib.sha256(f"fedmkt:{ALIGNMENT_VERSION}:{vocab_hash(src_tok)}:{vocab_hash(tgt_tok)}:"
                          f"{src.digest()}:{tgt.digest()}".encode()).hexdigest()[:32]
     if key in _ALIGN_MEMORY:
         _ALIGN_MEMORY.move_to_end(key)
         return _ALIGN_MEMORY[key]
-    path = cache_dir() / "alignments" / f"fedmkt-{key}.npz"
-    aligns: list[Alignment] | None = None
-    if path.exists():
-        try:
-            aligns = _load(path)
-        except (OSError, ValueError, KeyError):
-            aligns = None
-    if aligns is None or len(aligns) != len(src):
-        aligns = [align_sequences(a["input_ids"], b["input_ids"], src_tok, tgt_tok)
-                  for a, b in zip(src.seqs, tgt.seqs, strict=True)]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _save(path, aligns)
+    aligns = cached_alignments(
+        cache_dir("alignments") / f"fedmkt-{key}.npz",
+        lambda: [align_sequences(a["input_ids"], b["input_ids"], src_tok, tgt_tok)
+                 for a, b in zip(src.seqs, tgt.seqs, strict=True)],
+        len(src))
     _ALIGN_MEMORY[key] = aligns
     while len(_ALIGN_MEMORY) > 16:
         _ALIGN_MEMORY.popitem(last=False)

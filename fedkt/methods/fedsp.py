@@ -398,7 +398,35 @@ class FedSPServer(Server):
         names = {id(p): n for n, p in unwrap(self.aux.model).named_parameters()}
         public = self.data().public
         seed = self.seed(1, "kd")
-        path = None
+
+        def distill(tmp: Path | None = None) -> dict[str, Any]:
+            stats = distill_auxiliary(
+                self.cfg, self.llm.model, self.aux.model, self.w_s, self.llm.tokenizer, public,
+                steps=m.kd_steps, lr=m.kd_lr, seed=seed, params=params,
+                batch_size=m.kd_batch_size, learn_map=m.kd_map == "learned")
+            if tmp is not None:
+                from safetensors.torch import save_file
+
+                tensors = {names[id(p)]: p.detach().to("cpu").contiguous() for p in params}
+                tensors["w_s.weight"] = self.w_s.weight.detach().to("cpu").contiguous()
+                save_file(tensors, str(tmp), metadata={"stats": json.dumps(stats)})
+            return stats
+
+        def load(path: Path) -> dict[str, Any]:
+            from safetensors import safe_open
+            from safetensors.torch import load_file
+
+            saved = load_file(str(path))
+            with safe_open(str(path), "pt") as fh:
+                stats = json.loads(fh.metadata()["stats"])
+            values = [saved[names[id(p)]] for p in params]  # all found before any is copied
+            w_s = saved["w_s.weight"]
+            with torch.no_grad():
+                for p, value in zip(params, values, strict=True):
+                    p.copy_(value)
+                self.w_s.weight.copy_(w_s)
+            return {**stats, "kd_cached": 1}
+
         if m.kd_cache:
             t = self.cfg.training
             key = state_id(aux_state(self.aux.model), self.aux_config, self.spec.to_json(),
@@ -407,34 +435,11 @@ class FedSPServer(Server):
                            [t.batch_size, t.betas, t.weight_decay, t.warmup_ratio,
                             t.max_grad_norm], self.cfg.data.max_length, self.data().template,
                            public, seed)
-            from fedkt.models.offline import cache_dir
+            from fedkt.cache import cache_dir, cached
 
-            path = cache_dir("fedsp-kd") / f"{key[:40]}.safetensors"
-            if path.is_file():
-                from safetensors import safe_open
-                from safetensors.torch import load_file
-
-                saved = load_file(str(path))
-                with safe_open(str(path), "pt") as fh:
-                    stats = json.loads(fh.metadata()["stats"])
-                with torch.no_grad():
-                    for p in params:
-                        p.copy_(saved[names[id(p)]])
-                    self.w_s.weight.copy_(saved["w_s.weight"])
-                self.kd_done = True
-                return {**stats, "kd_cached": 1}
-        stats = distill_auxiliary(
-            self.cfg, self.llm.model, self.aux.model, self.w_s, self.llm.tokenizer, public,
-            steps=m.kd_steps, lr=m.kd_lr, seed=seed, params=params,
-            batch_size=m.kd_batch_size, learn_map=m.kd_map == "learned")
-        if path is not None:
-            from safetensors.torch import save_file
-
-            tensors = {names[id(p)]: p.detach().to("cpu").contiguous() for p in params}
-            tensors["w_s.weight"] = self.w_s.weight.detach().to("cpu").contiguous()
-            tmp = path.with_suffix(f".tmp{id(self)}")
-            save_file(tensors, str(tmp), metadata={"stats": json.dumps(stats)})
-            tmp.replace(path)
+            stats = cached(cache_dir("fedsp-kd") / f"{key[:40]}.safetensors", distill, load)
+        else:
+            stats = distill()
         self.kd_done = True
         return stats
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from fedkt.cache import cached
 from fedkt.config import ModelConfig
 from fedkt.models.offline import (
     OFFLINE_ALIASES,
@@ -159,29 +158,27 @@ def gguf_float_dir(folder: str | Path, gguf_file: str) -> Path:
     if not src.is_file():
         raise ModelError(f"GGUF file not found: {src}")
     target = cache_dir("gguf-float") / f"{src.stem}-{_fingerprint(src)}"
-    if _is_complete(target):
-        return target
-    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
-    # A GGUF-loaded model refuses save_pretrained while it carries its quantisation marker.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{src.stem}-"))
-    try:
+
+    def convert(tmp: Path) -> Path:
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
+        # A GGUF-loaded model refuses save_pretrained while it carries its quantisation marker.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / "fedkt_gguf.json").write_text(
             json.dumps({"source": str(src), "size": src.stat().st_size}, indent=1) + "\n"
         )
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not _is_complete(target):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        return target
+
+    def complete(folder: Path) -> Path:
+        if not _is_complete(folder):
+            raise FileNotFoundError(f"{folder} has no fedkt_gguf.json")
+        return folder
+
+    return cached(target, convert, complete)
 
 
 # --------------------------------------------------------------------------- public

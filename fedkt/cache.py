@@ -1,0 +1,206 @@
+"""fedkt's on-disk cache, safe to share between processes that run at once.
+
+The cache lives in ``$FEDKT_CACHE`` or ``~/.cache/fedkt`` (:func:`cache_dir`). Every
+entry (a file or a folder) is written through :func:`cached` or :func:`cache_entry`,
+which give two guarantees when several fedkt processes use the same cache:
+
+* an entry path exists only when the entry is complete: it is built under a unique
+  temporary name in the same folder (``.<name>.tmp-<pid>-<random>``) and published
+  with one ``rename``, so a reader never sees a file or folder still being written;
+* an entry is built once: the builder holds an exclusive ``flock`` on ``<entry>.lock``
+  and checks again for the entry after taking it, so a second process asking for the
+  same entry waits and then reads the first one's result. The kernel releases the
+  lock when a builder dies; its temporary leftovers are deleted by the next builder
+  of that entry. Each entry has its own lock, so unrelated entries build in parallel.
+
+Without ``fcntl`` (Windows) entries are still published atomically, but two processes
+may both build the same entry (the last rename wins; both results are complete).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["CACHE_ERRORS", "CacheBuild", "cache_dir", "cache_entry", "cached", "entry_lock"]
+
+T = TypeVar("T")
+
+#: What a ``load`` function may raise for an unusable entry (it is then rebuilt).
+CACHE_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError)
+
+_log = logging.getLogger(__name__)
+
+
+def cache_dir(*parts: str) -> Path:
+    """The fedkt cache folder (``$FEDKT_CACHE`` or ``~/.cache/fedkt``), joined with ``parts``."""
+    root = os.environ.get("FEDKT_CACHE") or os.path.join(Path.home(), ".cache", "fedkt")
+    path = Path(root).expanduser().joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-"
+
+
+@contextlib.contextmanager
+def entry_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` (blocks while another process holds it)."""
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _log.info("waiting for %s: another process is building it", path)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fcntl is not None:
+            # Explicit unlock: a child forked meanwhile would otherwise keep the lock.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or folder if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _clean_stale(path: Path) -> None:
+    """Delete temporaries of ``path`` left by killed builders (call with its lock held)."""
+    with contextlib.suppress(FileNotFoundError):
+        for leftover in path.parent.glob(_temp_prefix(path) + "*"):
+            _log.info("removing a stale cache temporary: %s", leftover)
+            _remove(leftover)
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Move the complete ``tmp`` to ``path`` in one rename (replacing an unusable entry)."""
+    # An existing entry is one our check refused. os.replace swaps a file atomically; a
+    # folder cannot be swapped, so it is moved aside first (readers then briefly find
+    # no entry, take the lock and wait for us).
+    if os.path.lexists(path) and ((path.is_dir() and not path.is_symlink()) or tmp.is_dir()):
+        old = path.with_name(f"{_temp_prefix(path)}old-{uuid.uuid4().hex[:8]}")
+        os.rename(path, old)
+        _remove(old)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        # A folder that appeared meanwhile (a writer that does not lock): keep it.
+        if not path.is_dir():
+            raise
+        _remove(tmp)
+
+
+class CacheBuild:
+    """A cache entry being built: write it (file or folder) at :attr:`tmp`.
+
+    It is published when the ``with cache_entry(...)`` block ends without an error, or
+    earlier by :meth:`publish` (e.g. to write a marker next to it under the lock).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(
+            f"{_temp_prefix(path)}{os.getpid()}-{uuid.uuid4().hex[:8]}{path.suffix}"
+        )
+        self.published = False
+
+    def publish(self) -> None:
+        """Rename :attr:`tmp` to the entry path (once)."""
+        if self.published:
+            return
+        if not os.path.lexists(self.tmp):
+            raise FileNotFoundError(f"the cache build of {self.path} wrote nothing to {self.tmp}")
+        _publish(self.tmp, self.path)
+        self.published = True
+
+
+def _exists(path: Path) -> bool:
+    return os.path.lexists(path)
+
+
+@contextlib.contextmanager
+def cache_entry(
+    path: str | os.PathLike[str], valid: Callable[[Path], bool] | None = None
+) -> Iterator[CacheBuild | None]:
+    """Build the entry at ``path`` unless a usable one exists.
+
+    Yields ``None`` when ``valid(path)`` holds (default: the path exists), checked
+    first without the lock and again with it; otherwise, with ``path``'s lock held, a
+    :class:`CacheBuild` whose ``tmp`` the block writes. On a clean exit the entry is
+    published; on an error the temporary is deleted and no entry appears.
+    """
+    path = Path(path)
+    ok = valid or _exists
+    if ok(path):
+        yield None
+        return
+    with entry_lock(path):
+        if ok(path):  # another process built it while we waited
+            yield None
+            return
+        _clean_stale(path)
+        build = CacheBuild(path)
+        try:
+            yield build
+            build.publish()
+        finally:
+            if not build.published:
+                _remove(build.tmp)
+
+
+def cached(
+    path: str | os.PathLike[str],
+    build: Callable[[Path], T],
+    load: Callable[[Path], T],
+    errors: tuple[type[BaseException], ...] = CACHE_ERRORS,
+) -> T:
+    """``load(path)`` of a usable entry, else ``build(tmp)``'s value after publishing it.
+
+    ``build`` writes the complete entry at the path it is given (a file or a folder,
+    under a temporary name) and returns the value (when that is the temporary path,
+    the entry's path is returned instead); ``load`` reads an entry, raising
+    one of ``errors`` when it is unusable (it is then rebuilt and replaced). At most
+    one process builds a given entry at a time; the others wait and load its result.
+    """
+    path = Path(path)
+    found: list[T] = []
+
+    def usable(p: Path) -> bool:
+        if not os.path.lexists(p):
+            return False
+        try:
+            found.append(load(p))
+        except errors as exc:
+            _log.info("rebuilding the unusable cache entry %s (%s)", p, exc)
+            return False
+        return True
+
+    with cache_entry(path, usable) as entry:
+        if entry is None:
+            return found[-1]
+        value = build(entry.tmp)
+    if isinstance(value, Path) and value == entry.tmp:
+        return path  # type: ignore[return-value]
+    return value
