@@ -197,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch or pydantic needed
+        try:
+            return args.func(args)
+        except (ValueError, OSError) as exc:
+            print(f"fedkt: error: {exc}", file=sys.stderr)
+            return 2
     from fedkt.config import ConfigError
     from fedkt.payload import PayloadError
     from fedkt.runtime.base import RoundError, TransportError

@@ -12,16 +12,19 @@ import difflib
 import re
 from pathlib import Path
 
-from fedkt.config import ConfigError
-
 __all__ = [
     "CONFIGS_DIR",
     "DEFAULT_CONFIG",
+    "UnknownConfigError",
     "add_config_commands",
     "config_description",
     "packaged_configs",
     "resolve_config",
 ]
+
+class UnknownConfigError(ValueError):
+    """A config argument that is neither an existing file nor a shipped config's name."""
+
 
 # What `fedkt run` with no argument runs.
 DEFAULT_CONFIG = "demo"
@@ -74,7 +77,7 @@ def resolve_config(name_or_path: str | None = None) -> Path:
 
     ``None`` means :data:`DEFAULT_CONFIG`.  A docs-style path such as
     ``configs/fedkd/quick.yaml`` resolves to the shipped file from any folder.
-    Raises :class:`~fedkt.config.ConfigError` listing close matches otherwise.
+    Raises :class:`UnknownConfigError` listing close matches otherwise.
     """
     text = DEFAULT_CONFIG if name_or_path is None else name_or_path
     path = Path(text).expanduser()
@@ -87,7 +90,7 @@ def resolve_config(name_or_path: str | None = None) -> Path:
     close = difflib.get_close_matches(name, list(shipped), n=5, cutoff=0.5)
     close += [n for n in shipped if name and name in n and n not in close][: 5 - len(close)]
     hint = f"did you mean: {', '.join(close)}? " if close else ""
-    raise ConfigError(
+    raise UnknownConfigError(
         f"config {text!r} is neither a file nor a shipped config; {hint}"
         "`fedkt configs list` shows the shipped ones")
 
@@ -119,6 +122,7 @@ def add_config_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``fedkt configs list|show`` on the CLI's subparsers."""
     p = sub.add_parser("configs", help="list or print the shipped run configs",
                        description="The run configs that ship with fedkt.")
+    p.set_defaults(light=True)  # runs without torch
     csub = p.add_subparsers(dest="configs_command", required=True, metavar="ACTION")
     q = csub.add_parser("list", help="shipped config names and what each runs")
     q.set_defaults(func=cmd_configs_list)

