@@ -161,7 +161,10 @@ def test_install_into_a_fresh_venv(tmp_path):
         ".git", ".venv", "build", "*.egg-info", "runs", "__pycache__", ".*cache*"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", str(src), "-w", str(wheels)], check=True)
+                    "--no-build-isolation", str(src), "-w", str(wheels)], check=True,
+                   cwd=tmp_path)
+    env = {**os.environ, "FEDKT_CACHE": str(tmp_path / "cache")}
+    env.pop("PYTHONPATH", None)  # the venv's own fedkt, not this checkout
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
@@ -169,14 +172,12 @@ def test_install_into_a_fresh_venv(tmp_path):
                     *map(str, wheels.glob("fedkt-*.whl"))], check=True)
     site = Path(subprocess.check_output(
         [str(py), "-c", "import fedkt, os; print(os.path.dirname(fedkt.__file__))"],
-        text=True, cwd=tmp_path).strip())
+        text=True, cwd=tmp_path, env=env).strip())
     assert site.is_relative_to(env_dir)
     shipped = sorted(p.relative_to(ROOT / "configs").as_posix()
                      for p in (ROOT / "configs").rglob("*.yaml"))
     assert sorted(p.relative_to(site / "configs").as_posix()
                   for p in (site / "configs").rglob("*.yaml")) == shipped
-    env = {**os.environ, "FEDKT_CACHE": str(tmp_path / "cache")}
-    env.pop("PYTHONPATH", None)
     fedkt = str(env_dir / "bin" / "fedkt")
 
     def fedkt_cli(*args: str) -> subprocess.CompletedProcess:
@@ -195,4 +196,5 @@ def test_install_into_a_fresh_venv(tmp_path):
     row = next(r for r in after.stdout.splitlines() if r.startswith("smollm2"))
     assert " installed " in row and "MB on disk" in row
     assert importlib.util.find_spec("torch") is not None  # ours has it; the venv does not:
-    assert subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0
+    assert subprocess.run([str(py), "-c", "import torch"], capture_output=True,
+                          env=env, cwd=tmp_path).returncode != 0
