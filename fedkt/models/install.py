@@ -136,13 +136,14 @@ def check_installed(cfg: Any) -> None:
     require_models(_strings(data), "this config")
 
 
-def install_aliases(names: Iterable[str], *, dry_run: bool = False,
+def install_aliases(names: Iterable[str], *, dry_run: bool = False, show_pip: bool = False,
                     echo: Callable[[str], None] = print) -> list[Installed]:
     """Install the packages of each alias with pip, then check the main file's sha256.
 
     Unknown names raise :class:`ModelError` (listing the known ones) before pip runs;
-    a failing pip raises :class:`InstallError`; a wrong hash raises :class:`ModelError`
-    naming the file and both hashes.
+    a failing pip raises :class:`InstallError` with its exit code and last lines; a wrong
+    hash raises :class:`ModelError` naming the file and both hashes.  ``show_pip``: let
+    pip's progress through to the terminal (the CLI does).
     """
     aliases = [get_alias(n) for n in names]
     done: list[Installed] = []
@@ -151,9 +152,10 @@ def install_aliases(names: Iterable[str], *, dry_run: bool = False,
         echo(f"{alias.name}: {' '.join(['python', *cmd[1:]])}  (~{alias.download_mb:g} MB)")
         if dry_run:
             continue
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, stdout=None if show_pip else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-8:])
             raise InstallError(
                 f"pip failed (exit code {proc.returncode}) installing {alias.name}'s packages "
                 f"{' '.join(alias.packages)}:\n{tail}")
@@ -211,7 +213,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_install(args: argparse.Namespace) -> int:
-    install_aliases(args.aliases, dry_run=args.dry_run)
+    install_aliases(args.aliases, dry_run=args.dry_run, show_pip=True)
     return 0
 
 
