@@ -122,7 +122,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, desc in (list_builtin() | list_image_builtin()).items():
         print(f"  {name:<18} {desc}")
     print("tiny model presets:", ", ".join(sorted(TINY_PRESETS)))
-    print("offline model aliases (pip-installable checkpoints):",
+    print("offline model aliases (`fedkt models list`, `fedkt models install ALIAS`):",
           ", ".join(sorted(OFFLINE_ALIASES)))
     return 0
 

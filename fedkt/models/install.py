@@ -64,10 +64,15 @@ def _version(dist: str) -> str | None:
 
 
 def alias_status(alias: OfflineAlias) -> str:
-    """``installed``, ``missing`` or ``partial (missing: ...)``, from package metadata only."""
+    """``installed``, ``missing`` or ``partial (missing: ...)``, from package metadata only.
+
+    ``installed`` gains ``(other versions: ...)`` when a package is not at its pin.
+    """
     absent = [d for d in alias.distributions if _version(d) is None]
     if not absent:
-        return "installed"
+        other = [f"{p.split('==')[0]} {_version(p.split('==')[0])}" for p in alias.packages
+                 if "==" in p and _version(p.split("==")[0]) != p.split("==")[1]]
+        return f"installed (other versions: {', '.join(other)})" if other else "installed"
     if len(absent) == len(alias.distributions):
         return "missing"
     return f"partial (missing: {', '.join(absent)})"
@@ -93,7 +98,8 @@ def missing_aliases(names: Iterable[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         alias = OFFLINE_ALIASES.get(str(name).lower())
-        if alias is not None and alias_status(alias) != "installed" and alias.name not in out:
+        if (alias is not None and not alias_status(alias).startswith("installed")
+                and alias.name not in out):
             out.append(alias.name)
     return out
 
@@ -201,7 +207,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     rows = []
     for alias in OFFLINE_ALIASES.values():
         status = alias_status(alias)
-        size = (f"{_mb(installed_bytes(alias) / 1e6)} on disk" if status == "installed"
+        size = (f"{_mb(installed_bytes(alias) / 1e6)} on disk" if status.startswith("installed")
                 else f"{_mb(alias.download_mb)} download")
         rows.append((alias.name, status, size, alias.kind, alias.hub_id))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -219,7 +225,7 @@ def cmd_models_install(args: argparse.Namespace) -> int:
 
 def cmd_models_verify(args: argparse.Namespace) -> int:
     for name in args.aliases or [a for a, v in OFFLINE_ALIASES.items()
-                                 if alias_status(v) == "installed"]:
+                                 if alias_status(v).startswith("installed")]:
         file = verify_alias(get_alias(name))
         print(f"{name}: sha256 ok ({file})" if file else f"{name}: resolves (no pinned hash)")
     return 0

