@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from fedkt.config import load_config
+from fedkt.config_catalog import resolve_config
+from fedkt.models.install import check_installed, run_script
 from fedkt.payload import Payload, nbytes
 from fedkt.training import client_lm, server_lm
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _params(model: torch.nn.Module) -> tuple[int, int]:
@@ -39,7 +39,8 @@ def _mb(n: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(ROOT / "configs/fedcollm/demo.yaml"))
+    parser.add_argument("config", nargs="?", default="fedcollm/demo",
+                        help="a shipped config's name or a YAML path")
     parser.add_argument("--slm", help="measure this client model instead (name or alias)")
     parser.add_argument("--target-modules", help="LoRA targets: 'default' (peft's per-"
                         "architecture q/v), 'all-linear', or comma-separated names")
@@ -53,7 +54,8 @@ def main() -> None:
         value = {"default": "null", "all-linear": "all-linear"}.get(
             args.target_modules, json.dumps(args.target_modules.split(",")))
         overrides.append(f"training.lora.target_modules={value}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(resolve_config(args.config), overrides)
+    check_installed(cfg)
     torch.set_num_threads(cfg.runtime.torch_threads or torch.get_num_threads())
     k = cfg.clients.num_clients
     slm = client_lm(cfg, 0)
@@ -94,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

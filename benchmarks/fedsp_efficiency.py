@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from fedkt.config import load_config
+from fedkt.config_catalog import resolve_config
 from fedkt.methods import get_method
 from fedkt.models.auxiliary import unwrap
+from fedkt.models.install import check_installed, run_script
 from fedkt.payload import Payload, nbytes
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _dedup_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -72,11 +72,13 @@ def _measured(run: Path) -> tuple[str, float, float, float] | tuple[str, None, N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(ROOT / "configs/fedsp/demo.yaml"))
+    parser.add_argument("config", nargs="?", default="fedsp/demo",
+                        help="a shipped config's name or a YAML path")
     parser.add_argument("--run", nargs="*", default=[], help="finished run folders to read")
     parser.add_argument("--set", action="append", default=[], help="config override KEY=VALUE")
     args = parser.parse_args()
-    cfg = load_config(args.config, ["method.distill=false", *args.set])
+    cfg = load_config(resolve_config(args.config), ["method.distill=false", *args.set])
+    check_installed(cfg)
     torch.set_num_threads(cfg.runtime.torch_threads or torch.get_num_threads())
     server = get_method("fedsp").server(cfg, cfg.run_dir)
     server.setup()
@@ -120,4 +122,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

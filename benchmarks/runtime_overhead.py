@@ -1,6 +1,6 @@
 """Share of wall time the ``local`` runtime spends outside model computation.
 
-Runs a FedAvg job (default: configs/demo.yaml, 5 rounds) and times
+Runs a FedAvg job (default: the `demo` config, 5 rounds) and times
 
 * model computation: local training, evaluation, model building and aggregation
   (the work any federated system must do), and
@@ -26,6 +26,8 @@ import fedkt.payload
 import fedkt.runtime.base as runtime_base
 import fedkt.training
 from fedkt.config import load_config
+from fedkt.config_catalog import resolve_config
+from fedkt.models.install import check_installed, run_script
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
@@ -62,11 +64,14 @@ def instrument() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(ROOT / "configs" / "demo.yaml"))
+    parser.add_argument("config", nargs="?", default="demo",
+                        help="a shipped config's name or a YAML path")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="fedkt-overhead-"))
-    cfg = load_config(args.config, [f"rounds={args.rounds}", f"output_dir={out}/run"])
+    cfg = load_config(resolve_config(args.config),
+                      [f"rounds={args.rounds}", f"output_dir={out}/run"])
+    check_installed(cfg)
     instrument()
     t0 = time.perf_counter()
     run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
@@ -86,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--dp-samples", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    from fedkt.models.install import require_models
+
+    require_models([args.src, args.tgt], "--src/--tgt")
     os.environ.setdefault("FEDKT_CACHE", tempfile.mkdtemp(prefix="fedkt-bench-"))
     print(f"cpu cores visible: {os.cpu_count()}; load average: "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machines read slow)")
@@ -110,4 +113,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fedkt.models.install import run_script
+
+    run_script(main)

@@ -175,12 +175,15 @@ def record_fedkd_run(config: Path, overrides: Sequence[str] = (), keep: Path | N
     run folder to keep (a normal run, e.g. for ``fedkt report``); default a temporary one.
     """
     from fedkt.config import load_config  # noqa: PLC0415
+    from fedkt.config_catalog import resolve_config  # noqa: PLC0415
     from fedkt.methods import fedkd  # noqa: PLC0415
+    from fedkt.models.install import check_installed  # noqa: PLC0415
     from fedkt.runner import run_job  # noqa: PLC0415
     from fedkt.runtime.base import default_state_root  # noqa: PLC0415
     from fedkt.runtime.local import LocalTransport  # noqa: PLC0415
 
-    cfg = load_config(config, list(overrides))
+    cfg = load_config(resolve_config(str(config)), list(overrides))
+    check_installed(cfg)
     if cfg.method.name != "fedkd" or not cfg.method.compress:
         raise SystemExit(f"{config}: expected a fedkd config with compress: true")
     records: list[dict] = []
@@ -342,4 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedkt.models.install import run_script
+
+    run_script(lambda: sys.exit(main()))

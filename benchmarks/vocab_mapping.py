@@ -44,6 +44,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    from fedkt.models.install import require_models
+
+    require_models((n for key in args.pairs for n in PAIRS[key]),
+                   f"--pairs {' '.join(args.pairs)} (choose others with --pairs)")
     print(f"cpu cores visible: {os.cpu_count()}; load average: "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machines read slow)")
     cache: dict[str, object] = {}
@@ -91,4 +95,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fedkt.models.install import run_script
+
+    run_script(main)

@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 
 EPILOG = """examples:
-  fedkt run configs/demo.yaml                      run the default demo (FedAvg-LoRA, 4 clients)
-  fedkt run configs/demo.yaml --set rounds=5 --set runtime.name=flower-sim
+  fedkt run                                        run the default demo (FedAvg-LoRA, 4 clients)
+  fedkt run fedmkt/hetero --set rounds=5 --set runtime.name=flower-sim
+  fedkt run my.yaml                                run your own config file
+  fedkt configs list                               the shipped configs (`configs show NAME` prints one)
+  fedkt models install qwen2.5-0.5b                install a real checkpoint (`models list`: all)
   fedkt resume runs/demo                           continue an interrupted run
   fedkt eval runs/demo                             re-evaluate a run's last checkpoint
   fedkt report runs/demo runs/standalone           compare runs in a markdown table
@@ -21,7 +24,7 @@ EPILOG = """examples:
 """
 
 
-def _load(config: str, overrides: list[str], extra: dict[str, object]):
+def _load(config: str | Path, overrides: list[str], extra: dict[str, object]):
     from fedkt.config import load_config
 
     sets = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in extra.items() if v is not None]
@@ -29,10 +32,14 @@ def _load(config: str, overrides: list[str], extra: dict[str, object]):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedkt.config_catalog import resolve_config
+    from fedkt.models.install import check_installed
     from fedkt.runner import run
 
-    cfg = _load(args.config, args.set, {"runtime.name": args.runtime, "rounds": args.rounds,
-                                         "output_dir": args.output_dir, "seed": args.seed})
+    config = resolve_config(args.config)  # a file, or a shipped config's name
+    cfg = _load(config, args.set, {"runtime.name": args.runtime, "rounds": args.rounds,
+                                   "output_dir": args.output_dir, "seed": args.seed})
+    check_installed(cfg)  # an offline alias that is not installed: say which command installs it
     if cfg.run_dir.exists() and any(cfg.run_dir.iterdir()) and not args.overwrite:
         raise FileExistsError(
             f"run folder {cfg.run_dir} is not empty: `fedkt resume {cfg.run_dir}` continues it, "
@@ -181,7 +188,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, desc in (list_builtin() | list_image_builtin()).items():
         print(f"  {name:<18} {desc}")
     print("tiny model presets:", ", ".join(sorted(TINY_PRESETS)))
-    print("offline model aliases (pip-installable checkpoints):",
+    print("offline model aliases (`fedkt models list`, `fedkt models install ALIAS`):",
           ", ".join(sorted(OFFLINE_ALIASES)))
     return 0
 
@@ -202,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a job from a YAML config",
                        description="Run a federated job described by a YAML config.")
-    p.add_argument("config", help="YAML run config (see configs/)")
+    p.add_argument("config", nargs="?", default=None,
+                   help="a shipped config's name (`fedkt configs list`; default: the demo) "
+                        "or the path of a YAML run config")
     p.add_argument("--runtime", choices=["local", "flower-sim", "flower"],
                    help="transport (overrides runtime.name)")
     p.add_argument("--rounds", type=int, help="overrides rounds")
@@ -261,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list methods, built-in datasets and model presets")
     p.set_defaults(func=cmd_list)
 
+    from fedkt.config_catalog import add_config_commands
+    from fedkt.models.install import add_model_commands
+
+    add_config_commands(sub)
+    add_model_commands(sub)
     try:
         from fedkt.runtime.flower_deploy import add_deploy_commands
     except ImportError:  # pragma: no cover - flower extras missing
@@ -278,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch or pydantic needed
+        try:
+            return args.func(args)
+        except (ValueError, OSError) as exc:
+            print(f"fedkt: error: {exc}", file=sys.stderr)
+            return 2
     from fedkt.config import ConfigError
     from fedkt.payload import PayloadError
     from fedkt.runtime.base import RoundError, TransportError

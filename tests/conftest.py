@@ -18,6 +18,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def needs_models(*aliases: str) -> pytest.MarkDecorator:
+    """Skip unless these offline aliases are installed; the reason names the command to run."""
+    from fedkt.models.install import install_hint, missing_aliases
+
+    missing = missing_aliases(aliases)
+    return pytest.mark.skipif(bool(missing), reason=install_hint(missing) if missing else "")
+
+
 def small_config(run_dir: Path, *overrides: str, method: str = "fedavg") -> RunConfig:
     """A 2-client, 2-round FedAvg-LoRA job on tiny-llama that runs in seconds."""
     data = {

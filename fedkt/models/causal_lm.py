@@ -94,10 +94,13 @@ def _unknown_tiny(name: str) -> ModelError:
 
 
 def _hub_error(name: str, exc: Exception) -> ModelError:
+    same = [a.name for a in OFFLINE_ALIASES.values() if a.hub_id.lower() == name.lower()]
+    hint = (f"; without a network, the same model installs with `fedkt models install "
+            f"{same[0]}` (then name it {same[0]!r})" if same else "")
     return ModelError(
         f"could not load {name!r}: it is not a tiny preset ({', '.join(sorted(TINY_PRESETS))}), "
         f"not an offline alias ({', '.join(sorted(OFFLINE_ALIASES))}), not a local path, "
-        f"and loading it as a Hugging Face hub id failed: {type(exc).__name__}: {exc}"
+        f"and loading it as a Hugging Face hub id failed: {type(exc).__name__}: {exc}{hint}"
     )
 
 

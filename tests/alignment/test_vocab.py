@@ -207,11 +207,11 @@ def _real(name: str):
     pytest.importorskip("gguf")
     from fedkt.config import ModelConfig
     from fedkt.models.causal_lm import load_tokenizer
-    from fedkt.models.offline import ModelError
+    from fedkt.models.offline import ModelNotInstalled
 
     try:
         return load_tokenizer(ModelConfig(name=name))
-    except ModelError as exc:  # package not installed
+    except ModelNotInstalled as exc:  # names `fedkt models install NAME`  # package not installed
         pytest.skip(str(exc))
 
 

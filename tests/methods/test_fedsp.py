@@ -36,6 +36,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.training import LM
+from tests.conftest import needs_models
 
 torch.set_num_threads(1)
 PREFIX = TrainingConfig(peft="prefix", prefix_tokens=4)
@@ -342,6 +343,7 @@ def test_config_rejects_alignment_of_a_whole_llm_and_missing_server_data(tmp_pat
 
 
 @pytest.mark.slow
+@needs_models("smollm2-135m")
 def test_smollm2_auxiliary_model_and_prompts():
     model, tok = load_causal_lm(ModelConfig(name="smollm2-135m"), seed=0)
     training = TrainingConfig(peft="prefix")  # 40 virtual tokens, the paper's

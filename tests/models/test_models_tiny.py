@@ -118,6 +118,10 @@ def test_unreachable_hub_id_explains(monkeypatch):
         load_causal_lm(ModelConfig(name="fedkt-test/definitely-not-a-model"))
     msg = str(err.value)
     assert "hub id" in msg and "smollm2-135m" in msg and "tiny-gpt2" in msg
+    assert "fedkt models install" not in msg
+    # The hub id of an offline alias, with no network: the message names the install command.
+    with pytest.raises(ModelError, match="`fedkt models install qwen2.5-0.5b`"):
+        load_tokenizer(ModelConfig(name="Qwen/Qwen2.5-Coder-0.5B-Instruct"))
 
 
 def test_local_folder_round_trip(tmp_path):

@@ -1,0 +1,125 @@
+"""Shipped configs: found by name from any folder, listed, printed, run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import fedkt
+from fedkt.cli import build_parser, main
+from fedkt.config import load_config
+from fedkt.config_catalog import (
+    CONFIGS_DIR,
+    DEFAULT_CONFIG,
+    UnknownConfigError,
+    config_description,
+    packaged_configs,
+    resolve_config,
+)
+from tests.conftest import ROOT
+
+
+def test_every_shipped_config_resolves_and_validates_from_an_empty_folder(tmp_path, monkeypatch):
+    """What a pip user without a clone has: names resolve inside the package, from anywhere."""
+    monkeypatch.chdir(tmp_path)
+    shipped = packaged_configs()
+    assert len(shipped) >= 40 and {"demo", "fedmkt/hetero", "fedkd/quick"} <= set(shipped)
+    package = CONFIGS_DIR.parent
+    assert package.resolve() == Path(fedkt.__file__).resolve().parent
+    for name, path in shipped.items():
+        resolved = resolve_config(name)
+        assert resolved == path and resolved.is_relative_to(package), name
+        # The docs' path form resolves to the same file outside a clone too.
+        assert resolve_config(f"configs/{name}.yaml") == path, name
+        cfg = load_config(resolved)
+        assert cfg.name and cfg.rounds >= 1, name
+    assert not list(tmp_path.iterdir())  # nothing was copied or written
+
+
+def test_repo_configs_folder_is_the_package_one():
+    """A clone's `configs/` is the same files (a link), not a copy that could drift."""
+    repo = ROOT / "configs"
+    assert repo.resolve() == CONFIGS_DIR.resolve()
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.yaml")) == sorted(
+        p.relative_to(CONFIGS_DIR).as_posix() for p in packaged_configs().values())
+
+
+def test_existing_path_wins_over_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((CONFIGS_DIR / "demo.yaml").read_text())
+    (tmp_path / "demo").write_text(yaml.safe_dump({**data, "name": "mine"}))
+    assert resolve_config("demo") == tmp_path.joinpath("demo").relative_to(tmp_path)
+    assert load_config(resolve_config("demo")).name == "mine"
+    (tmp_path / "demo").unlink()
+    assert resolve_config("demo") == packaged_configs()["demo"]
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "demo.yaml").write_text(yaml.safe_dump({**data, "name": "local"}))
+    assert load_config(resolve_config("configs/demo.yaml")).name == "local"
+
+
+def test_unknown_name_lists_close_matches():
+    with pytest.raises(UnknownConfigError, match="did you mean: fedmkt/hetero") as err:
+        resolve_config("fedmkt/hetro")
+    assert "fedkt configs list" in str(err.value)
+    with pytest.raises(UnknownConfigError, match="neither a file nor a shipped config") as err:
+        resolve_config("zzzz/qqqq")
+    assert "did you mean" not in str(err.value)
+
+
+def test_default_is_one_constant():
+    assert DEFAULT_CONFIG in packaged_configs()
+    assert resolve_config(None) == packaged_configs()[DEFAULT_CONFIG]
+    assert build_parser().parse_args(["run"]).config is None  # -> resolve_config(None)
+
+
+def test_description_is_the_leading_comment_sentence(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("# FedKD (Wu et al. 2022) on tweets: a\n# teacher per client. More text.\n"
+                    "#   fedkt run x\nname: x\n")
+    assert config_description(path) == "FedKD (Wu et al. 2022) on tweets: a teacher per client"
+    path.write_text("# Baseline for configs/fedkd/fedkd.yaml, same data\nname: x\n")
+    assert config_description(path) == "Baseline for fedkd/fedkd, same data"
+    path.write_text("name: x\n# not leading\n")
+    assert config_description(path) == ""
+    path.write_text("# " + "word " * 40 + "\nname: x\n")
+    assert len(config_description(path, width=30)) == 30
+
+
+def test_cli_configs_list_and_show(capsys):
+    assert main(["configs", "list"]) == 0
+    out = capsys.readouterr().out
+    lines = {line[2:].split()[0]: line for line in out.splitlines() if line[:2] in ("* ", "  ")}
+    assert set(packaged_configs()) <= set(lines)
+    assert lines[DEFAULT_CONFIG].startswith("* ")
+    assert "FedKD on tiny-bert" in lines["fedkd/quick"]
+    assert main(["configs", "show", "fedkd/quick"]) == 0
+    assert capsys.readouterr().out == (CONFIGS_DIR / "fedkd" / "quick.yaml").read_text()
+    assert main(["configs", "show", "--path", "demo"]) == 0
+    assert capsys.readouterr().out.strip() == str(CONFIGS_DIR / "demo.yaml")
+    assert main(["configs", "show", "fedkd/quik"]) == 2
+    assert "did you mean: fedkd/quick" in capsys.readouterr().err
+
+
+def test_cli_run_unknown_name_exits_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "fedmkt/hetro"]) == 2
+    assert "did you mean: fedmkt/hetero" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_run_demo_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
+    """`fedkt run demo` from a folder with nothing in it: runs/demo appears there."""
+    monkeypatch.chdir(tmp_path)
+    small = ["--set", "clients.num_clients=2", "--set", "data.max_private_per_client=16",
+             "--set", "data.split.test_size=16", "--set", "training.local_epochs=1",
+             "--set", "data.max_length=48"]
+    assert main(["run", "demo", "--rounds", "1", "-q", *small]) == 0
+    run = tmp_path / "runs" / "demo"
+    assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "demo"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["round"] for r in rows} == {1}
+    assert {r["participant"] for r in rows} >= {"client_0", "client_1"}
+    assert "runs/demo" in capsys.readouterr().out
