@@ -44,6 +44,7 @@ from fedkt.config import (
     _Strict,
     parse_config,
 )
+from fedkt.config_catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
 from fedkt.evidence.plots import suite_plots
@@ -97,6 +98,7 @@ class Suite:
     folder: Path
     runs: dict[tuple[str, int], RunConfig]  # (arm, seed) -> validated run config
     claims: list[Claim]
+    source: Path  # the suite file
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.folder / arm / f"seed_{seed}"
@@ -130,6 +132,11 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
     """Read and validate a suite file: every (arm, seed) config and every claim, before
     any run starts, with errors naming the file, arm and key."""
     path = Path(path)
+    if not path.is_file():  # a shipped suite's name, e.g. suites/quick
+        try:
+            path = resolve_config(str(path))
+        except UnknownConfigError as exc:
+            raise ConfigError(f"suite: {exc}") from None
     raw = _read_yaml(path, "suite")
     if not isinstance(raw, dict):
         raise ConfigError(f"suite {path}: the top level must be a mapping")
@@ -140,6 +147,11 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
         raise ConfigError(f"invalid suite {path}:\n" + "\n".join(lines)) from None
     if isinstance(cfg.base, str):
         base_path = (path.parent / cfg.base).resolve()
+        if not base_path.is_file():  # a shipped config's name (`fedkt configs list`)
+            try:
+                base_path = resolve_config(cfg.base)
+            except UnknownConfigError as exc:
+                raise ConfigError(f"suite {path}: base: {exc}") from None
         base = _read_yaml(base_path, f"suite {path}: base")
     else:
         base = cfg.base
@@ -163,7 +175,9 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
         claims = [parse_claim(c, set(cfg.arms)) for c in cfg.claims]
     except ClaimError as exc:
         raise ConfigError(f"suite {path}: {exc}") from None
-    return Suite(cfg, folder, runs, claims)
+    if isinstance(cfg.base, str):  # the copy in the suite folder must find its base too
+        cfg = cfg.model_copy(update={"base": base})
+    return Suite(cfg, folder, runs, claims, path)
 
 
 # --------------------------------------------------------------------------- running
@@ -193,7 +207,9 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     """Run what is missing of a suite, then write its table and plots; returns the folder."""
     suite = load_suite(path, output_dir)
     suite.folder.mkdir(parents=True, exist_ok=True)
-    (suite.folder / "suite.yaml").write_text(Path(path).read_text(encoding="utf-8"))
+    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
+    (suite.folder / "suite.yaml").write_text(
+        f"# copied from {suite.source}\n" + yaml.safe_dump(suite.cfg.model_dump(), sort_keys=False))
     todo = []
     for (arm, seed), cfg in suite.runs.items():
         state = run_state(suite.run_dir(arm, seed), cfg.rounds)
