@@ -264,6 +264,15 @@ class EvalConfig(_Strict):
     positive_label: int = 1
     # Evaluate clients' models too (every evaluation round).
     clients: bool = True
+    # lm-evaluation-harness tasks run on the final models after the last round (extra
+    # fedkt[harness]; results in RUN_DIR/harness/), e.g. [fedkt_intent_recognition].
+    harness: list[str] = Field(default_factory=list)
+    # ... on every client's model too (else the server's only).
+    harness_clients: bool = False
+    # A folder of your own lm-eval task YAMLs.
+    harness_include: str | None = None
+    # The first N documents of each harness task (a fraction if < 1); None: all.
+    harness_limit: int | float | None = Field(None, gt=0)
 
 
 class MethodConfig(_Strict):
