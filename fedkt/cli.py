@@ -17,6 +17,7 @@ EPILOG = """examples:
   fedkt models install qwen2.5-0.5b                install a real checkpoint (`models list`: all)
   fedkt resume runs/demo                           continue an interrupted run
   fedkt eval runs/demo                             re-evaluate a run's last checkpoint
+  fedkt eval runs/demo --harness fedkt_intent_recognition   ... with lm-evaluation-harness
   fedkt report runs/demo runs/standalone           compare runs in a markdown table
   fedkt report runs/demo --baseline runs/demo@0    paired CIs against round 0 (zero-shot)
   fedkt suite run configs/suites/demo_suite.yaml   arms x seeds, claims decided by CIs
@@ -84,6 +85,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     cfg = _run_config(run_dir, [*args.set, f"output_dir={json.dumps(str(run_dir))}"])
+    if args.harness:  # lm-evaluation-harness (fedkt[harness]) instead of fedkt's scorer
+        from fedkt.eval.harness import format_results, run_harness
+
+        results = run_harness(cfg, run_dir, args.harness, clients=args.clients,
+                              include=args.harness_include, limit=args.harness_limit,
+                              verbose=args.verbose)
+        print(format_results(results))
+        print(f"results in {run_dir / 'harness'}")
+        return 0
+    if args.clients or args.harness_include or args.harness_limit:
+        raise ValueError("--clients, --harness-include and --harness-limit go with --harness")
     rec = RunRecorder(run_dir, resume=True)
     done = rec.last_complete_round()
     server = get_method(cfg.method.name).server(cfg, run_dir)
@@ -229,6 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a run's last checkpoint on the test split")
     p.add_argument("run_dir")
+    p.add_argument("--harness", metavar="TASK[,TASK]",
+                   help="run lm-evaluation-harness tasks instead (pip install 'fedkt[harness]'; "
+                        "offline: fedkt_intent_recognition, fedkt_social_iqa); results in "
+                        "RUN_DIR/harness/")
+    p.add_argument("--clients", action="store_true",
+                   help="with --harness: every client's final model too")
+    p.add_argument("--harness-include", action="append", default=[], metavar="DIR",
+                   help="with --harness: a folder of your own lm-eval task YAMLs; repeatable")
+    p.add_argument("--harness-limit", type=float, metavar="N",
+                   help="with --harness: the first N documents of each task (a fraction if < 1)")
     overrides(p)
     p.set_defaults(func=cmd_eval)
 

@@ -270,6 +270,15 @@ class EvalConfig(_Strict):
     # Evaluate every participant before any training, as round 0 (the zero-shot row).
     # None: on for every method but zero_shot (whose round 1 is that evaluation).
     round0: bool | None = None
+    # lm-evaluation-harness tasks run on the final models after the last round (extra
+    # fedkt[harness]; results in RUN_DIR/harness/), e.g. [fedkt_intent_recognition].
+    harness: list[str] = Field(default_factory=list)
+    # ... on every client's model too (else the server's only).
+    harness_clients: bool = False
+    # A folder of your own lm-eval task YAMLs.
+    harness_include: str | None = None
+    # The first N documents of each harness task (a fraction if < 1); None: all.
+    harness_limit: int | float | None = Field(None, gt=0)
 
 
 class MethodConfig(_Strict):

@@ -128,6 +128,10 @@ def run_job(
     else:
         recorder.summary()
     recorder.plot()
+    if cfg.eval.harness:  # lm-evaluation-harness on the final models (fedkt[harness])
+        from fedkt.eval.harness import run_after_job
+
+        run_after_job(cfg, run_dir, server, quiet=quiet)
     return recorder.rows()
 
 

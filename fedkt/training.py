@@ -227,6 +227,16 @@ def server_lm(cfg: RunConfig) -> LM:
                   prefix_text=_prefix_text(cfg))
 
 
+def saved_client_lm(ctx: Any) -> LM:
+    """A client's model with the adapter it last saved as ``"adapter"`` on its disk
+    (``ctx.save_state``), e.g. standalone and FedMKT clients; ``Method.client_model``."""
+    saved = ctx.load_state("adapter")
+    if saved is None:
+        raise FileNotFoundError(f"{ctx.name}: no saved adapter in {ctx.state_dir} before "
+                                f"round {ctx.rnd}")
+    return client_lm(ctx.cfg, ctx.cid).reset(saved)
+
+
 def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:
     """``test/*`` metrics of a client's model when this call is an evaluation round."""
     if not (ctx.evaluate and ctx.cfg.eval.clients):

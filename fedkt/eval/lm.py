@@ -232,16 +232,17 @@ def mc_predictions(
 ) -> tuple[list[int], list[int]]:
     """Predicted choice per example: by summed log-prob, and length-normalised.
 
-    The normalisation divides by the continuation's length in characters
-    without its leading whitespace (lm-evaluation-harness's ``acc_norm``
-    divides by the length of the choice, the delimiter not counted).
+    The normalisation divides by the choice's length in characters: the
+    continuation without the one space that delimits it from the context, as
+    lm-evaluation-harness's ``acc_norm`` divides by ``len(choice)`` (other
+    leading whitespace counts; an empty choice counts as 1).
     """
     preds, preds_norm = [], []
     for row, conts in zip(scores, continuations_per_example, strict=True):
         if not row:
             raise ValueError("an example has no choices")
         preds.append(_argmax(row))
-        lengths = [max(len(c.lstrip()), 1) for c in conts]
+        lengths = [max(len(c.removeprefix(" ")), 1) for c in conts]
         preds_norm.append(_argmax([s / n for s, n in zip(row, lengths, strict=True)]))
     return preds, preds_norm
 

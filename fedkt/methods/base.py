@@ -33,6 +33,7 @@ log = logging.getLogger("fedkt.methods")
 
 if TYPE_CHECKING:
     from fedkt.data.splits import FederatedData
+    from fedkt.training import LM
 
 
 def derive_seed(base: int, *tags: object) -> int:
@@ -250,6 +251,12 @@ class Server:
         """Evaluate the server's model on the test split (``None``: no server model)."""
         return None
 
+    def server_model(self) -> LM | None:
+        """The server's causal LM with its current weights loaded (what :meth:`evaluate`
+        scores), for evaluators outside the round loop (lm-evaluation-harness,
+        :mod:`fedkt.eval.harness`); ``None``: this server holds no causal LM."""
+        return None
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Everything needed to resume after the last completed round."""
         return {}
@@ -272,3 +279,7 @@ class Method:
     # The server only needs the (weighted) mean of one upload per client, which it gets
     # through ``Clients.aggregate``: secure aggregation and client-side DP apply.
     aggregates: bool = False
+    # (ctx) -> LM: a client's causal LM as its state folder (``ctx.load_state``) holds it
+    # after the round before ``ctx.rnd``, for evaluation outside the round loop
+    # (:mod:`fedkt.eval.harness`); None: the clients keep no model of their own.
+    client_model: Callable[[ClientContext], LM] | None = None

@@ -17,10 +17,12 @@ from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.payload import Payload
 from fedkt.training import (
+    LM,
     client_evaluate,
     client_lm,
     client_test_metrics,
     evaluate_records,
+    saved_client_lm,
     server_lm,
     train_lm,
 )
@@ -45,6 +47,14 @@ class ZeroShotServer(Server):
 
     def evaluate(self, rnd: int) -> dict[str, float] | None:
         return evaluate_records(self.cfg, self.lm, self.data().test) if self.lm else None
+
+    def server_model(self) -> LM | None:
+        return self.lm
+
+
+def untouched_client_model(ctx: ClientContext) -> LM:
+    """A zero-shot client's model: its initial one."""
+    return client_lm(ctx.cfg, ctx.cid)
 
 
 # ------------------------------------------------------------------------ standalone
@@ -100,6 +110,9 @@ class CentralizedServer(Server):
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_records(self.cfg, self.lm.reset(self.state), self.data().test)
 
+    def server_model(self) -> LM:
+        return self.lm.reset(self.state)
+
     def state_dict(self):
         return dict(self.state)
 
@@ -108,9 +121,10 @@ class CentralizedServer(Server):
 
 
 register(Method("zero_shot", ZeroShotConfig, ZeroShotServer, {"evaluate": client_evaluate},
-                summary="evaluate models without training"))
+                summary="evaluate models without training", client_model=untouched_client_model))
 register(Method("standalone", StandaloneConfig, StandaloneServer, {"train": client_train_alone,
                                                                 "evaluate": client_evaluate},
-                summary="each client trains alone on its private data"))
+                summary="each client trains alone on its private data",
+                client_model=saved_client_lm))
 register(Method("centralized", CentralizedConfig, CentralizedServer, {},
                 summary="one model trained on all data pooled (upper bound)"))

@@ -27,6 +27,7 @@ from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload
 from fedkt.training import (
+    LM,
     client_evaluate,
     client_lm,
     client_test_metrics,
@@ -108,6 +109,9 @@ class FedAvgServer(Server):
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_records(self.cfg, self.lm.reset(self.adapter), self.data().test)
+
+    def server_model(self) -> LM:
+        return self.lm.reset(self.adapter)
 
     def state_dict(self):
         return dict(self.adapter)

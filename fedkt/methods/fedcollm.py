@@ -327,6 +327,10 @@ class FedCoLLMServer(Server):
             slm = evaluate_records(self.cfg, self.slm.reset(self.theta), test)
         return {**llm, **{f"slm_{k}": v for k, v in slm.items()}}
 
+    def server_model(self) -> LM:
+        """The LLM (omega); the global SLM is what every client holds."""
+        return self.llm.reset(self.omega)
+
     def state_dict(self) -> dict[str, Tensor]:
         return {**{f"llm.{k}": v for k, v in self.omega.items()},
                 **{f"slm.{k}": v for k, v in self.theta.items()}}

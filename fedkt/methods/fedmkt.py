@@ -75,6 +75,7 @@ from fedkt.training import (
     client_test_metrics,
     evaluate_records,
     lm_pairs,
+    saved_client_lm,
     server_lm,
     train_lm,
 )
@@ -633,6 +634,9 @@ class FedMKTServer(Server):
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_records(self.cfg, self.llm.reset(self.adapter), self.data().test)
 
+    def server_model(self) -> LM:
+        return self.llm.reset(self.adapter)
+
     def state_dict(self) -> dict[str, Tensor]:
         state = {f"llm.{k}": v for k, v in self.adapter.items()}
         if self.global_adapter is not None:
@@ -743,12 +747,14 @@ _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and
 
 METHOD = register(Method(
     name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
+    client_model=saved_client_lm,
     summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
             "SLMs (token alignment, DualMinCE)",
     paper=_PAPER,
 ))
 LLM2SLM = register(Method(
     name="llm2slm", config=LLM2SLMConfig, server=FedMKTServer, handlers=_HANDLERS,
+    client_model=saved_client_lm,
     summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
     paper=_PAPER,
 ))

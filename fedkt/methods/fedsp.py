@@ -507,6 +507,10 @@ class FedSPServer(Server):
             out.update({f"aux_{k}": v for k, v in aux.items()})
         return out
 
+    def server_model(self) -> LM:
+        """The LLM with the current prompts."""
+        return self.llm.reset({PROMPT_KEY: self.prompts})
+
     def state_dict(self) -> dict[str, Tensor]:
         state = {"prompts": self.prompts.clone(),
                  "flags": torch.tensor([int(self.kd_done)]),

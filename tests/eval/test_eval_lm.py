@@ -181,6 +181,13 @@ def test_acc_norm_divides_by_characters_without_leading_space():
     assert preds == [0, 0] and preds_norm == [1, 1]
 
 
+def test_acc_norm_counts_a_choices_own_leading_whitespace_as_lm_eval():
+    # lm-eval's acc_norm divides by len(choice): only the delimiter space is not counted
+    scores = [[-4.0, -5.0]]
+    conts = [["    ab", " abcd"]]  # lengths 5 and 4 (lstrip would give 2: -2 > -1.25)
+    assert mc_predictions(scores, conts)[1] == [0]  # -0.8 > -1.25
+
+
 def test_target_loss_is_mean_token_cross_entropy(model, tokenizer):
     prompts, targets = ["The sky is", "A cat"], [" blue and the grass", " sat"]
     sums = manual_scores(model, tokenizer, prompts, [[t] for t in targets])
