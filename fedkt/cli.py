@@ -115,13 +115,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from fedkt.evidence.compare import baseline_report, groups_report
     from fedkt.evidence.runs import group_runs, open_run
-    from fedkt.report import report
+    from fedkt.report import harness_report, report
 
     plain = [str(open_run(p).path) for p in args.run_dirs]
     parts = [report(plain, metric=args.metric)]
     if any(len(g.runs) > 1 for g in group_runs([open_run(p) for p in args.run_dirs])):
         parts.append("Seed groups (mean ± std over seeds):\n\n"
                      + groups_report(args.run_dirs, args.metric))
+    harness = harness_report(plain)
+    if harness:
+        parts.append("lm-evaluation-harness:\n\n" + harness)
     if args.baseline:
         parts.append(baseline_report(args.run_dirs, args.baseline, args.metric,
                                      reps=args.bootstrap, seed=args.bootstrap_seed))

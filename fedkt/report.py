@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from fedkt.eval.harness import load_harness_results
 from fedkt.tracking import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -24,7 +25,7 @@ from fedkt.tracking import (
     run_wall_time,
 )
 
-__all__ = ["RunInfo", "load_run", "report"]
+__all__ = ["RunInfo", "harness_report", "load_run", "report"]
 
 
 @dataclass
@@ -156,3 +157,22 @@ def report(run_dirs: Sequence[Path | str], metric: str | None = None) -> str:
                  _client_bytes(run, "bytes_received"), fmt_seconds(run_wall_time(run.rows))]
         table.append(line)
     return format_table(header, table, markdown=True)
+
+
+def harness_report(run_dirs: Sequence[Path | str]) -> str | None:
+    """lm-evaluation-harness results of the runs that have them (``fedkt eval --harness``,
+    ``eval.harness``) as one markdown table; ``None`` when none has."""
+    rows = []
+    for run_dir in run_dirs:
+        run = load_run(run_dir)
+        for participant, tasks in load_harness_results(run.path).items():
+            for task, metrics in sorted(tasks.items()):
+                for metric, value in sorted(metrics.items()):
+                    if not metric.endswith("_stderr"):
+                        err = metrics.get(f"{metric}_stderr")
+                        rows.append([run.name, participant, task, metric, value,
+                                     "-" if err is None else f"{err:.4f}"])
+    if not rows:
+        return None
+    return format_table(["run", "participant", "task", "metric", "value", "stderr"], rows,
+                        markdown=True)

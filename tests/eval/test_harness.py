@@ -110,6 +110,10 @@ def test_fedkt_eval_harness_end_to_end(make_config, capsys):
     own = evaluate_records(cfg, server.server_model(), records)
     assert results["server"][task]["acc"] == own["accuracy"]
     assert results["server"][task]["acc_norm"] == own["accuracy_norm"]
+    # `fedkt report` shows the harness numbers beside the run's own table.
+    assert main(["report", str(cfg.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"| server | {task} | acc | {own['accuracy']:.4f} |" in out
 
 
 def test_config_key_evaluates_clients_at_the_end_of_a_run(make_config):
