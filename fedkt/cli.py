@@ -170,7 +170,8 @@ A suite is a family of runs (arms x seeds) on one base config, with claims that
 paired confidence intervals decide. A suite file:
 
   name: demo_suite
-  base: ../demo.yaml            # run config: path relative to this file, or inline mapping
+  base: quickstart              # run config: a path relative to this file, a shipped name
+                                # (fedkt configs list), or an inline mapping
   seeds: [0, 1]
   baseline: standalone          # arm the table compares every other arm with
   arms:                         # name -> overrides of base (nested, or dotted like --set)
@@ -185,7 +186,8 @@ paired confidence intervals decide. A suite file:
 
 Verdicts: reproduced (CI of LHS - RHS on the claimed side), contradicted (on the
 other side), not resolved (CI contains 0). Run folders: <suite>/<arm>/seed_<s>;
-table: <suite>/suite.md; plots: <suite>/plots/. See docs/evidence.md.
+table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs list
+(e.g. fedkt suite run suites/quick --jobs 2). See docs/evidence.md.
 """
 
 

@@ -482,6 +482,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
                           f"{exc.start}") from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int of 5000 digits
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "arms" in data and "base" in data:
+        raise ConfigError(f"{path} is a suite (arms x seeds), not a run config: run it with "
+                          f"`fedkt suite run {path}`")
     if overrides and isinstance(data, dict):  # else parse_config names the file and problem
         data = apply_overrides(data, overrides)
     return parse_config(data, str(path))

@@ -19,6 +19,7 @@ from fedkt.config_catalog import (
     packaged_configs,
     resolve_config,
 )
+from fedkt.evidence.suite import load_suite
 from tests.conftest import ROOT
 
 
@@ -34,6 +35,10 @@ def test_every_shipped_config_resolves_and_validates_from_an_empty_folder(tmp_pa
         assert resolved == path and resolved.is_relative_to(package), name
         # The docs' path form resolves to the same file outside a clone too.
         assert resolve_config(f"configs/{name}.yaml") == path, name
+        if name.startswith("suites/"):  # a suite: every (arm, seed) config validates
+            suite = load_suite(resolved, tmp_path / "unused")
+            assert suite.runs and all(c.rounds >= 1 for c in suite.runs.values()), name
+            continue
         cfg = load_config(resolved)
         assert cfg.name and cfg.rounds >= 1, name
     assert not list(tmp_path.iterdir())  # nothing was copied or written
@@ -120,6 +125,6 @@ def test_run_demo_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
     run = tmp_path / "runs" / "demo"
     assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "demo"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert {r["round"] for r in rows} == {1}
+    assert {r["round"] for r in rows} == {0, 1}  # round 0: eval.round0
     assert {r["participant"] for r in rows} >= {"client_0", "client_1"}
     assert "runs/demo" in capsys.readouterr().out
