@@ -14,6 +14,7 @@ results are deterministic for a given model, tokenizer and inputs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -52,6 +53,15 @@ def _inference(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (peft-wrapped) model's forward computes logits for the last k positions only."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -152,20 +162,26 @@ def _score_pairs(
     results: list[tuple[float, int]] = [(0.0, 0)] * len(encoded)
     device = _device(model)
     pad_id = _pad_id(tokenizer)
+    keeps_logits = _takes_logits_to_keep(model)
     with _inference(model):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             # Right padding keeps each row's positions 0..n-1, so no position ids are needed
             # and causal attention never sees the padding of a row's own tokens.
             ids, mask = _pad([encoded[i][0][:-1] for i in idx], pad_id, "right")
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            if logits.shape[1] > ids.shape[1]:  # soft-prompt models prepend virtual tokens
-                logits = logits[:, -ids.shape[1] :]
+            # Only the positions from the earliest continuation on need the output layer.
+            keep = ids.shape[1] - min(len(encoded[i][0]) - 1 - encoded[i][1] for i in idx)
+            extra = {"logits_to_keep": keep} if keep < ids.shape[1] and keeps_logits else {}
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           **extra).logits
+            # Soft-prompt models prepend virtual tokens: the last positions are the real ones.
+            logits = logits[:, -keep:]
+            first = ids.shape[1] - keep  # the position logits[:, 0] predicts from
             for row, i in enumerate(idx):
                 seq, n = encoded[i]
                 if n == 0:
                     continue
-                end = len(seq) - 1
+                end = len(seq) - 1 - first
                 logprobs = logits[row, end - n : end].float().log_softmax(-1)
                 targets = torch.tensor(seq[-n:], device=logprobs.device)
                 total = logprobs.gather(-1, targets[:, None]).sum().item()
