@@ -1,6 +1,6 @@
 """Share of wall time the ``local`` runtime spends outside model computation.
 
-Runs a FedAvg job (default: configs/demo.yaml, 5 rounds) and times
+Runs a FedAvg job (default: configs/quickstart.yaml, 5 rounds) and times
 
 * model computation: local training, evaluation, model building and aggregation
   (the work any federated system must do), and
@@ -62,7 +62,7 @@ def instrument() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(ROOT / "configs" / "demo.yaml"))
+    parser.add_argument("config", nargs="?", default=str(ROOT / "configs" / "quickstart.yaml"))
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="fedkt-overhead-"))

@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 EPILOG = """examples:
-  fedkt run configs/demo.yaml                      run the default demo (FedAvg-LoRA, 4 clients)
-  fedkt run configs/demo.yaml --set rounds=5 --set runtime.name=flower-sim
-  fedkt resume runs/demo                           continue an interrupted run
-  fedkt eval runs/demo                             re-evaluate a run's last checkpoint
-  fedkt report runs/demo runs/standalone           compare runs in a markdown table
+  fedkt run configs/demo.yaml                      the default demo (FedCoLLM, SmolLM2-135M)
+  fedkt run configs/quickstart.yaml                tiny FedAvg-LoRA quick start (4 clients)
+  fedkt run configs/quickstart.yaml --set rounds=5 --set runtime.name=flower-sim
+  fedkt resume runs/quickstart                     continue an interrupted run
+  fedkt eval runs/quickstart                       re-evaluate a run's last checkpoint
+  fedkt report runs/quickstart runs/standalone     compare runs in a markdown table
   fedkt report runs/demo --baseline runs/demo@0    paired CIs against round 0 (zero-shot)
   fedkt suite run configs/suites/demo_suite.yaml   arms x seeds, claims decided by CIs
   fedkt list                                       methods, built-in datasets, model presets
@@ -148,7 +149,7 @@ A suite is a family of runs (arms x seeds) on one base config, with claims that
 paired confidence intervals decide. A suite file:
 
   name: demo_suite
-  base: ../demo.yaml            # run config: path relative to this file, or inline mapping
+  base: ../quickstart.yaml      # run config: path relative to this file, or inline mapping
   seeds: [0, 1]
   baseline: standalone          # arm the table compares every other arm with
   arms:                         # name -> overrides of base (nested, or dotted like --set)
