@@ -1,6 +1,6 @@
 """Share of wall time the ``local`` runtime spends outside model computation.
 
-Runs a FedAvg job (default: the `demo` config, 5 rounds) and times
+Runs a FedAvg job (default: the `quickstart` config, 5 rounds) and times
 
 * model computation: local training, evaluation, model building and aggregation
   (the work any federated system must do), and
@@ -64,7 +64,7 @@ def instrument() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default="demo",
+    parser.add_argument("config", nargs="?", default="quickstart",
                         help="a shipped config's name or a YAML path")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 EPILOG = """examples:
-  fedkt run                                        run the default demo (FedAvg-LoRA, 4 clients)
+  fedkt run                                        the default demo (FedCoLLM, real SmolLM2-135M)
+  fedkt run quickstart                             tiny FedAvg-LoRA quick start (4 clients)
   fedkt run fedmkt/hetero --set rounds=5 --set runtime.name=flower-sim
   fedkt run my.yaml                                run your own config file
   fedkt configs list                               the shipped configs (`configs show NAME` prints one)
@@ -20,7 +21,7 @@ EPILOG = """examples:
   fedkt eval runs/demo --harness fedkt_intent_recognition   ... with lm-evaluation-harness
   fedkt report runs/demo runs/standalone           compare runs in a markdown table
   fedkt report runs/demo --baseline runs/demo@0    paired CIs against round 0 (zero-shot)
-  fedkt suite run configs/suites/demo_suite.yaml   arms x seeds, claims decided by CIs
+  fedkt suite run suites/quick --jobs 2            arms x seeds, claims decided by CIs
   fedkt list                                       methods, built-in datasets, model presets
 """
 

@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -56,6 +57,9 @@ class ModelConfig(_Strict):
     # Overrides for tiny presets (hidden size, layers, vocab size, ...).
     tiny: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
+    # Keep only the first N decoder layers of the loaded model (pruned, not retrained):
+    # a smaller model derived from a pretrained one.  None keeps every layer.
+    num_layers: int | None = Field(None, ge=1)
 
 
 class DatasetConfig(_Strict):
@@ -279,6 +283,18 @@ class EvalConfig(_Strict):
     harness_include: str | None = None
     # The first N documents of each harness task (a fraction if < 1); None: all.
     harness_limit: int | float | None = Field(None, gt=0)
+    # After the run, print each participant's main metric at round 0 and at the end,
+    # with the paired bootstrap 95% CI of the change (needs round0 and predictions).
+    compare_round0: bool = False
+
+    @field_validator("compare_round0")
+    @classmethod
+    def _compare_needs_round0(cls, value: bool, info: ValidationInfo) -> bool:
+        off = [k for k in ("round0", "predictions") if value and info.data.get(k) is False]
+        if off:
+            raise ValueError(f"compares round 0 with the last round from their per-example "
+                             f"predictions; it needs eval.{off[0]}: true")
+        return value
 
 
 class MethodConfig(_Strict):

@@ -132,6 +132,8 @@ def run_job(
         from fedkt.eval.harness import run_after_job
 
         run_after_job(cfg, run_dir, server, quiet=quiet)
+    if cfg.eval.compare_round0 and not quiet:
+        print(_round0_comparison(cfg, run_dir), flush=True)
     return recorder.rows()
 
 
@@ -140,6 +142,16 @@ def evaluates_round0(cfg: RunConfig) -> bool:
     if cfg.eval.round0 is None:
         return cfg.method.name != "zero_shot"
     return cfg.eval.round0
+
+
+def _round0_comparison(cfg: RunConfig, run_dir: Path) -> str:
+    """``eval.compare_round0``: the round 0 -> final table with paired CIs."""
+    if not evaluates_round0(cfg):
+        return (f"eval.compare_round0: method {cfg.method.name!r} has no round 0 evaluation "
+                "(set eval.round0: true)")
+    from fedkt.evidence.compare import round0_summary
+
+    return "\n" + round0_summary(run_dir)
 
 
 def _server_evaluate(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int

@@ -100,9 +100,9 @@ def build_encoder(
 
 def num_layers(model: nn.Module) -> int:
     """Number of transformer layers of an encoder."""
-    from fedkt.models.encoder import _layer_list
+    from fedkt.models.layers import layer_list
 
-    return len(_layer_list(model)[2])
+    return len(layer_list(model)[2])
 
 
 def trainable_state(model: nn.Module) -> dict[str, Tensor]:

@@ -250,25 +250,25 @@ def test_load_config_on_random_files(scratch: Path, raw: bytes) -> None:
 
 
 def test_huge_and_non_finite_values_name_the_key() -> None:
-    data = copy.deepcopy(CONFIGS[ROOT / "configs" / "demo.yaml"])
+    data = copy.deepcopy(CONFIGS[ROOT / "configs" / "quickstart.yaml"])
     for key, value in [("training.lr", ".inf"), ("training.lr", ".nan"),
                        ("training.betas", "[.nan, 0.9]"), ("rounds", "9" * 5000),
                        ("output_dir", "'runs/{nme}'"), ("clients.models.7.name", "x"),
                        ("clients.models.x.name", "x"), ("=3", None), ("a..b", "1")]:
         item = key if value is None else f"{key}={value}"
         with pytest.raises(ConfigError) as info:
-            parse_config(apply_overrides(data, [item]), "demo.yaml")
+            parse_config(apply_overrides(data, [item]), "quickstart.yaml")
         assert key.strip("=") in str(info.value) or "KEY=VALUE" in str(info.value), str(info.value)
     data["training"]["batch_size"] = -(10**5000)  # not from YAML: an int too big to print
     with pytest.raises(ConfigError, match="training.batch_size"):
-        parse_config(data, "demo.yaml")
+        parse_config(data, "quickstart.yaml")
     data["training"]["batch_size"] = 8
     data["method"] = ["fedavg"]
     with pytest.raises(ConfigError, match="method"):
-        parse_config(data, "demo.yaml")
+        parse_config(data, "quickstart.yaml")
     data["method"] = {"name": {"x": 1}}
     with pytest.raises(ConfigError, match="method.name"):
-        parse_config(data, "demo.yaml")
+        parse_config(data, "quickstart.yaml")
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -318,8 +318,8 @@ def test_cli_run_and_eval_on_garbage_configs(scratch: Path, text: str, sets: lis
 
 
 def test_cli_bad_flags_are_usage_errors(scratch: Path) -> None:
-    path = scratch / "demo.yaml"
-    path.write_text((ROOT / "configs" / "demo.yaml").read_text())
+    path = scratch / "quickstart.yaml"
+    path.write_text((ROOT / "configs" / "quickstart.yaml").read_text())
     run_dir = scratch / "flags_run"
     for extra in (["--rounds", "0"], ["--seed", "1", "--set", "training.lr=-1"],
                   ["--set", "nokey"], ["--set", "clients.models.5.name=x"],

@@ -14,6 +14,7 @@ results are deterministic for a given model, tokenizer and inputs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -52,6 +53,15 @@ def _inference(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (peft-wrapped) model's forward computes logits for the last k positions only."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -152,20 +162,26 @@ def _score_pairs(
     results: list[tuple[float, int]] = [(0.0, 0)] * len(encoded)
     device = _device(model)
     pad_id = _pad_id(tokenizer)
+    keeps_logits = _takes_logits_to_keep(model)
     with _inference(model):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             # Right padding keeps each row's positions 0..n-1, so no position ids are needed
             # and causal attention never sees the padding of a row's own tokens.
             ids, mask = _pad([encoded[i][0][:-1] for i in idx], pad_id, "right")
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            if logits.shape[1] > ids.shape[1]:  # soft-prompt models prepend virtual tokens
-                logits = logits[:, -ids.shape[1] :]
+            # Only the positions from the earliest continuation on need the output layer.
+            keep = ids.shape[1] - min(len(encoded[i][0]) - 1 - encoded[i][1] for i in idx)
+            extra = {"logits_to_keep": keep} if keep < ids.shape[1] and keeps_logits else {}
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           **extra).logits
+            # Soft-prompt models prepend virtual tokens: the last positions are the real ones.
+            logits = logits[:, -keep:]
+            first = ids.shape[1] - keep  # the position logits[:, 0] predicts from
             for row, i in enumerate(idx):
                 seq, n = encoded[i]
                 if n == 0:
                     continue
-                end = len(seq) - 1
+                end = len(seq) - 1 - first
                 logprobs = logits[row, end - n : end].float().log_softmax(-1)
                 targets = torch.tensor(seq[-n:], device=logprobs.device)
                 total = logprobs.gather(-1, targets[:, None]).sum().item()
@@ -211,15 +227,102 @@ def _score_grouped(
         raise ValueError(
             f"{len(contexts)} contexts but {len(continuations_per_example)} lists of continuations"
         )
-    pairs = [(ctx, cont) for ctx, conts in zip(contexts, continuations_per_example, strict=True)
-             for cont in conts]
+    out: list[list[tuple[float, int]] | None] = [None] * len(contexts)
+    if _shares_context(model):
+        out = _score_shared(model, tokenizer, contexts, continuations_per_example,
+                            batch_size=batch_size, max_length=max_length)
+    rest = [i for i, row in enumerate(out) if row is None]
+    pairs = [(contexts[i], cont) for i in rest for cont in continuations_per_example[i]]
     flat = _score_pairs(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length)
-    out: list[list[tuple[float, int]]] = []
     pos = 0
-    for conts in continuations_per_example:
-        out.append(flat[pos : pos + len(conts)])
-        pos += len(conts)
+    for i in rest:
+        n = len(continuations_per_example[i])
+        out[i] = flat[pos : pos + n]
+        pos += n
+    return [row or [] for row in out]
+
+
+def _shares_context(model: torch.nn.Module) -> bool:
+    """Whether choices may reuse their context's key/value cache (not for soft prompts,
+    which peft re-inserts on every forward)."""
+    peft_config = getattr(model, "active_peft_config", None)
+    return not getattr(peft_config, "is_prompt_learning", False)
+
+
+def _score_shared(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    contexts: Sequence[str],
+    continuations_per_example: Sequence[Sequence[str]],
+    *,
+    batch_size: int,
+    max_length: int,
+) -> list[list[tuple[float, int]] | None]:
+    """Score each example's choices from one forward of its context (its key/value cache
+    is copied to every choice): the same numbers as :func:`_score_pairs`, a fraction of
+    the work when contexts are long next to the choices.  Examples whose context tokens
+    depend on the choice, or that need truncation, are left ``None`` for the caller.
+    """
+    prefix = _special_prefix(tokenizer)
+    out: list[list[tuple[float, int]] | None] = [None] * len(contexts)
+    by_length: dict[int, list[tuple[int, list[int], list[list[int]]]]] = {}
+    for i, (context, conts) in enumerate(zip(contexts, continuations_per_example, strict=True)):
+        encoded = [_encode_pair(tokenizer, context, c, prefix) for c in conts]
+        if not encoded or any(ctx != encoded[0][0] or len(ctx) + len(cont) > max_length + 1
+                              for ctx, cont in encoded):
+            continue
+        by_length.setdefault(len(encoded[0][0]), []).append(
+            (i, encoded[0][0], [cont for _, cont in encoded]))
+    device = _device(model)
+    pad_id = _pad_id(tokenizer)
+    keep = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+    with _inference(model):
+        for group in by_length.values():
+            chunk: list[tuple[int, list[int], list[list[int]]]] = []
+            for item in group:  # chunks of about batch_size (example, choice) rows
+                if chunk and sum(len(c[2]) for c in chunk) + len(item[2]) > batch_size:
+                    _score_chunk(model, chunk, out, device, pad_id, keep)
+                    chunk = []
+                chunk.append(item)
+            if chunk:
+                _score_chunk(model, chunk, out, device, pad_id, keep)
     return out
+
+
+def _score_chunk(model: torch.nn.Module, chunk: list[tuple[int, list[int], list[list[int]]]],
+                 out: list[list[tuple[float, int]] | None], device: torch.device, pad_id: int,
+                 keep: dict[str, int]) -> None:
+    """One context forward (equal lengths, no padding), then every choice's tokens after
+    the copied cache; the context's last logits score each choice's first token."""
+    ctx = torch.tensor([c for _, c, _ in chunk], dtype=torch.long, device=device)
+    first = model(input_ids=ctx, attention_mask=torch.ones_like(ctx), use_cache=True, **keep)
+    last = first.logits[:, -1].float().log_softmax(-1)  # [E, V]
+    rows = [(e, cont) for e, (_, _, conts) in enumerate(chunk) for cont in conts]
+    width = max(len(cont) for _, cont in rows) - 1
+    later = None
+    if width > 0:
+        cache = first.past_key_values
+        cache.batch_select_indices(torch.tensor([e for e, _ in rows], device=device))
+        ids, mask = _pad([cont[:-1] or [pad_id] for _, cont in rows], pad_id, "right")
+        mask[[len(cont) <= 1 for _, cont in rows]] = 0
+        mask = torch.cat([torch.ones(len(rows), ctx.shape[1], dtype=mask.dtype), mask], 1)
+        later = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                      past_key_values=cache, use_cache=True).logits
+    scores: list[tuple[float, int]] = []
+    for r, (e, cont) in enumerate(rows):
+        if not cont:
+            scores.append((0.0, 0))
+            continue
+        total = last[e, cont[0]].item()
+        if len(cont) > 1 and later is not None:
+            logprobs = later[r, : len(cont) - 1].float().log_softmax(-1)
+            targets = torch.tensor(cont[1:], device=logprobs.device)
+            total += logprobs.gather(-1, targets[:, None]).sum().item()
+        scores.append((total, len(cont)))
+    pos = 0
+    for i, _, conts in chunk:
+        out[i] = scores[pos : pos + len(conts)]
+        pos += len(conts)
 
 
 def _argmax(values: Sequence[float]) -> int:

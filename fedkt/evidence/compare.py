@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.runs import Group, available_metrics, compare, group_runs, open_run
-from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
+from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL, metric_names
 from fedkt.tracking import format_table
 
-__all__ = ["baseline_report", "groups_report"]
+__all__ = ["baseline_report", "groups_report", "round0_summary"]
 
 
 def _parts(group: Group) -> list[str]:
@@ -75,3 +76,44 @@ def baseline_report(specs: Sequence[str | Path], baseline: str | Path,
                              "-" if p is None else f"{p:.3g}", str(d.n), str(d.seeds)])
     title = f"Paired differences to {base.label} (paired bootstrap, {reps} resamples)"
     return title + "\n\n" + format_table(header, rows, markdown=True)
+
+
+def round0_summary(run_dir: str | Path, *, reps: int = DEFAULT_BOOTSTRAP,
+                   level: float = DEFAULT_LEVEL, seed: int = 0) -> str:
+    """Round 0 -> final of each participant's main metric, with its paired CI.
+
+    One row per participant and per scoped table (FedCoLLM's server also reports its
+    global SLM as ``slm_accuracy``), plus the mean over clients when there are several.
+    The main metric is the first one its predictions support (``accuracy``, or
+    ``rougeL`` for generation).  Needs a run with ``eval.round0`` and
+    ``eval.predictions`` on (``eval.compare_round0`` prints this after ``fedkt run``).
+    """
+    final, start = open_run(run_dir), open_run(run_dir, 0)
+    a, b = Group([final]), Group([start])
+    rnd = final.eval_round()
+    rows: list[list[str]] = []
+    n = 0
+    for part in [*final.participants(), *(["clients"] if len(final.clients()) > 1 else [])]:
+        name = part if part != "clients" else final.clients()[0]
+        scopes = sorted(scope for (r, p, scope) in final.files if r == rnd and p == name)
+        for scope in scopes:
+            main = metric_names(read_predictions(final.files[(rnd, name, scope)]))[0]
+            metric = f"{scope}_{main}" if scope else main
+            got = compare(a, b, part, metric, reps=reps, level=level, seed=seed)
+            if got is None:
+                continue
+            d, _ = got
+            n = max(n, d.n)
+            label = "clients (mean)" if part == "clients" else part
+            rows.append([label + (f" ({scope})" if scope else ""), main, f"{d.b:.3f}",
+                         f"{d.a:.3f}", f"{d.estimate:+.3f}", f"[{d.low:+.3f}, {d.high:+.3f}]",
+                         "yes" if d.low > 0 or d.high < 0 else "no"])
+    if not rows:
+        raise ValueError(f"{final.label}: no participant has predictions in both round 0 and "
+                         f"round {rnd} (eval.predictions must be on)")
+    pct = int(round(level * 100))
+    header = ["participant", "metric", "round 0", f"round {rnd}", "Δ", f"{pct}% CI",
+              "CI excludes 0"]
+    title = (f"Round 0 -> round {rnd}: paired bootstrap over the same {n} test examples "
+             f"({reps} resamples, {pct}% CI)")
+    return title + "\n" + format_table(header, rows)

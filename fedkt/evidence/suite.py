@@ -3,7 +3,7 @@
 A suite YAML::
 
     name: demo_suite                 # the folder is output_dir (default runs/suites/{name})
-    base: ../demo.yaml               # a run config: a path (relative to this file) or inline
+    base: ../quickstart.yaml         # a run config: a path (relative to this file) or inline
     seeds: [0, 1]
     baseline: standalone             # the arm every other arm is compared with in the table
     arms:                            # name -> overrides of the base (dotted keys or nested)

@@ -33,6 +33,7 @@ from transformers import (
 
 from fedkt.cache import cached
 from fedkt.config import ModelConfig
+from fedkt.models.layers import keep_first_layers
 from fedkt.models.offline import (
     OFFLINE_ALIASES,
     ModelError,
@@ -251,8 +252,21 @@ def load_causal_lm(
     """Load the causal LM ``cfg`` names and its tokenizer (with a pad token).
 
     ``seed`` sets the weights of ``tiny-*`` presets; pretrained weights ignore it.
+    ``cfg.num_layers`` keeps only the first N decoder layers of whatever was loaded.
     Raises :class:`~fedkt.models.offline.ModelError` with what to do when it can't.
     """
+    model, tokenizer = _load_causal_lm(cfg, seed)
+    if cfg.num_layers is not None:
+        try:
+            keep_first_layers(model, cfg.num_layers)
+        except ModelError as exc:
+            raise ModelError(f"model {cfg.name!r}: {exc}") from None
+    return model, tokenizer
+
+
+def _load_causal_lm(
+    cfg: ModelConfig, seed: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     name = cfg.name
     dtype = torch_dtype(cfg.dtype)
     if is_tiny_preset(name):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torch import nn
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -23,14 +22,12 @@ from transformers import (
 
 from fedkt.config import ModelConfig
 from fedkt.models.causal_lm import _hub_error, _local, torch_dtype
+from fedkt.models.layers import keep_first_layers
 from fedkt.models.offline import OFFLINE_ALIASES, ModelError, is_offline_alias, resolve_offline
 from fedkt.models.tiny import resolve_overrides, seeded
 from fedkt.models.tokenizers import ensure_pad_token, load_tiny_tokenizer
 
 __all__ = ["load_encoder_classifier", "truncate_encoder"]
-
-_LAYER_LIST_NAMES = ("layer", "layers", "h", "block", "blocks")
-_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
 def _tiny_bert(
@@ -102,23 +99,6 @@ def load_encoder_classifier(
     return model.eval(), tokenizer
 
 
-def _layer_list(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
-    """The (parent, attribute, ModuleList) holding the transformer blocks."""
-    found: list[tuple[nn.Module, str, nn.ModuleList]] = []
-    for _, parent in model.named_modules():
-        for attr in _LAYER_LIST_NAMES:
-            child = getattr(parent, attr, None)
-            if isinstance(child, nn.ModuleList) and len(child) > 0:
-                found.append((parent, attr, child))
-    if not found:
-        raise ModelError(f"cannot find the layer list of {type(model).__name__}")
-    deepest = max(len(f[2]) for f in found)
-    best = [f for f in found if len(f[2]) == deepest]
-    if len({id(f[2]) for f in best}) > 1:
-        raise ModelError(f"{type(model).__name__} has several layer lists; cannot truncate")
-    return best[0]
-
-
 def truncate_encoder(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     """A copy of ``model`` keeping its embeddings, its first ``num_layers`` layers and its head.
 
@@ -126,19 +106,4 @@ def truncate_encoder(model: PreTrainedModel, num_layers: int) -> PreTrainedModel
     """
     if hasattr(model, "peft_config"):
         raise ModelError("truncate the base model before applying peft")
-    _, _, layers = _layer_list(model)
-    if not 1 <= num_layers <= len(layers):
-        raise ModelError(
-            f"num_layers must be between 1 and the model's {len(layers)} layers, got {num_layers}"
-        )
-    student = copy.deepcopy(model)
-    parent, attr, layers = _layer_list(student)
-    setattr(parent, attr, nn.ModuleList(list(layers)[:num_layers]))
-    for key in _LAYER_COUNT_KEYS:
-        if hasattr(student.config, key):
-            setattr(student.config, key, num_layers)
-            break
-    layer_types = getattr(student.config, "layer_types", None)
-    if isinstance(layer_types, list) and len(layer_types) > num_layers:
-        student.config.layer_types = layer_types[:num_layers]
-    return student
+    return keep_first_layers(copy.deepcopy(model), num_layers)
