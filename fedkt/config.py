@@ -140,6 +140,10 @@ class TrainingConfig(_Strict):
     # the first prefix_tokens tokens of the public split (the same on server and clients),
     # so the model starts as if that text preceded every input (FedSP: method.prompt_init).
     prefix_init: Literal["random", "text"] = "random"
+    # Mixed precision of training, scoring and generation (torch.autocast; weights, adapters
+    # and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX)
+    # or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/precision.py).
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
 
     @property
     def prefix_from_text(self) -> bool:
@@ -202,7 +206,8 @@ class RuntimeConfig(_Strict):
     root_certificates: str | None = None
     # Seconds to wait for a client's reply before excluding it.
     timeout: float = Field(3600.0, gt=0)
-    # torch intra-op threads for client and server work (None: torch's default).
+    # torch intra-op threads for client and server work (None: one per physical core, or
+    # $OMP_NUM_THREADS when set).
     torch_threads: int | None = Field(None, ge=1)
     device: str = "auto"
 
@@ -296,6 +301,13 @@ class RunConfig(_Strict):
             values = dict(values)
             values["method"] = _validate_method(values["method"])
         return values
+
+    @model_validator(mode="after")
+    def _precision_fits_device(self) -> RunConfig:
+        if self.training.precision == "fp16" and self.runtime.device.startswith("cpu"):
+            raise ValueError("training.precision: fp16 needs a CUDA GPU, runtime.device is "
+                             f"{self.runtime.device!r}; use bf16, fp32 or auto")
+        return self
 
     @model_validator(mode="after")
     def _privacy_applies(self) -> RunConfig:

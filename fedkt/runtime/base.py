@@ -32,6 +32,7 @@ from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
+from fedkt.precision import set_threads
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -325,8 +326,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                             state_dir=Path(state_root or FALLBACK_STATE_ROOT) / f"client_{ctx_cid}",
                             evaluate=bool(env["evaluate"]))
         _injected_fault(ctx)
-        if cfg.runtime.torch_threads:
-            torch.set_num_threads(cfg.runtime.torch_threads)
+        set_threads(cfg.runtime.torch_threads)
         seed_everything(ctx.seed("handler"))
         reply = method.handlers[env["handler"]](ctx, msg)
         # Fixed-width text: reply sizes must not depend on how long the work took.
