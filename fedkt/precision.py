@@ -33,6 +33,7 @@ __all__ = [
     "precision_name",
     "resolve_precision",
     "set_threads",
+    "upcast",
 ]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -123,6 +124,11 @@ def grad_scaler(cfg_or_name: Any, device: torch.device | str | torch.nn.Module |
     dtype = resolve_precision(precision_name(cfg_or_name), device)
     kind = _device_type(device)
     return torch.amp.GradScaler(kind, enabled=dtype == torch.float16)
+
+
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as fp32 when it is a 16-bit float (e.g. autocast's output), else unchanged."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 # --------------------------------------------------------------------------- threads

@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
-from fedkt.precision import autocast, grad_scaler
+from fedkt.precision import autocast, grad_scaler, upcast
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any, int], torch.Tensor]
 
@@ -182,7 +182,7 @@ def train_lm(
         batch = {k: v.to(device) for k, v in batches[step].items()}
         with autocast(tcfg, device):  # the loss terms cast logits to fp32 themselves
             out = model(**batch)
-            loss = task_weight * out.loss.float()
+            loss = task_weight * upcast(out.loss)
             if extra_loss is not None:
                 loss = loss + extra_loss(model, batch, out, step)
         losses.append(optimizer_step(loss, opt, sched, params, tcfg.max_grad_norm, scaler))

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
-from fedkt.precision import autocast, grad_scaler
+from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.training import make_optimizer, optimizer_step, pick_device
 
 __all__ = [
@@ -181,7 +181,7 @@ def train_classifier(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
     losses, t0 = [], time.perf_counter()
     for batch in batches:
         with autocast(cfg, device):
-            logits = model(**model_inputs(batch, device)).logits.float()
+            logits = upcast(model(**model_inputs(batch, device)).logits)
             loss = nn.functional.cross_entropy(logits, batch["labels"].to(device))
         losses.append(optimizer_step(loss, opt, sched, params, cfg.training.max_grad_norm,
                                      scaler))

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from fedkt.config import ModelConfig, _Strict
-from fedkt.precision import autocast, grad_scaler, resolve_precision
+from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
 
 __all__ = [
     "DataSpec",
@@ -310,7 +310,7 @@ def train_classifier(
                     loss = loss_fn(model, batch)
                 else:
                     logits = model(batch[0])
-                    loss = task_weight * F.cross_entropy(logits.float(), batch[1])
+                    loss = task_weight * F.cross_entropy(upcast(logits), batch[1])
                 if extra_loss is not None:
                     loss = loss + extra_loss(model, batch, logits, step)
             opt.zero_grad(set_to_none=True)

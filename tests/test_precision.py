@@ -10,7 +10,7 @@ import torch
 from fedkt import precision
 from fedkt.config import ConfigError
 from fedkt.precision import autocast, default_threads, physical_cores, resolve_precision
-from fedkt.training import client_lm, clear_cache, train_lm
+from fedkt.training import clear_cache, client_lm, train_lm
 
 NATIVE_BF16 = precision.cpu_supports_bf16()
 
@@ -24,7 +24,7 @@ def _cpu_flags() -> set[str]:
 def test_native_bf16_detection_matches_the_cpu_flags():
     if not os.path.exists("/proc/cpuinfo"):
         pytest.skip("no /proc/cpuinfo")
-    assert NATIVE_BF16 == bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    assert bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"}) == NATIVE_BF16
 
 
 def test_resolve_each_option_on_cpu():

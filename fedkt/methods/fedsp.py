@@ -83,7 +83,7 @@ from fedkt.models.auxiliary import (
     unwrap,
 )
 from fedkt.payload import Payload, PayloadError
-from fedkt.precision import autocast, grad_scaler, resolve_precision
+from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
 from fedkt.training import (
     LM,
     client_test_metrics,
@@ -301,9 +301,9 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
             with autocast(cfg, device):
                 if i not in targets:
                     with torch.no_grad():
-                        targets[i] = teacher_body(**batch).last_hidden_state.float()
+                        targets[i] = upcast(teacher_body(**batch).last_hidden_state)
                 target = targets[i]
-                hidden = proj(student_body(**batch).last_hidden_state).float()  # MSE in fp32
+                hidden = upcast(proj(student_body(**batch).last_hidden_state))  # MSE in fp32
             mask = batch["attention_mask"][..., None].to(hidden.dtype)
             diff = (hidden - target) ** 2 * mask
             loss = diff.sum() / (mask.sum() * hidden.shape[-1]).clamp_min(1.0)
