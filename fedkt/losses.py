@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedkt.precision import upcast
+
 __all__ = [
     "BridgingMatrix",
     "FedKDLosses",
@@ -108,8 +110,8 @@ def kl_div(
     _check_temperature(temperature)
     if p_logits.shape != q_logits.shape:
         raise ValueError(f"logit shapes differ: {tuple(p_logits.shape)} vs {tuple(q_logits.shape)}")
-    log_p = F.log_softmax(p_logits / temperature, dim=-1)
-    log_q = F.log_softmax(q_logits / temperature, dim=-1)
+    log_p = F.log_softmax(upcast(p_logits) / temperature, dim=-1)  # fp32 under autocast too
+    log_q = F.log_softmax(upcast(q_logits) / temperature, dim=-1)
     return masked_mean(_per_position_kl(log_p, log_q), mask)
 
 
@@ -125,7 +127,8 @@ def kl_div_from_probs(
         raise ValueError(
             f"target shape {tuple(target_probs.shape)} differs from logits {tuple(q_logits.shape)}"
         )
-    log_q = F.log_softmax(q_logits / temperature, dim=-1)
+    log_q = F.log_softmax(upcast(q_logits) / temperature, dim=-1)
+    target_probs = upcast(target_probs)
     # 0 * log(0) := 0: clamping keeps the log finite where the target is exactly 0.
     log_target = target_probs.clamp_min(torch.finfo(target_probs.dtype).tiny).log()
     per_pos = (target_probs * (log_target - log_q)).sum(dim=-1)
@@ -147,8 +150,8 @@ def soft_cross_entropy(
         raise ValueError(
             f"logit shapes differ: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}"
         )
-    target = F.softmax(teacher_logits / temperature, dim=-1)
-    log_q = F.log_softmax(student_logits / temperature, dim=-1)
+    target = F.softmax(upcast(teacher_logits) / temperature, dim=-1)
+    log_q = F.log_softmax(upcast(student_logits) / temperature, dim=-1)
     return masked_mean(-(target * log_q).sum(dim=-1), mask)
 
 
@@ -160,7 +163,7 @@ def hidden_mse(a: Tensor, b: Tensor, mask: Tensor | None = None) -> Tensor:
     """
     if a.shape != b.shape:
         raise ValueError(f"hidden shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    sq = (a - b).pow(2)
+    sq = (upcast(a) - upcast(b)).pow(2)
     if mask is None:
         return sq.mean()
     if a.dim() < 3 or tuple(mask.shape) != tuple(a.shape[:2]):
@@ -186,7 +189,7 @@ def fedkd_task_loss(
     """
     if logits.dim() == labels.dim() + 1 and logits.shape[:-1] == labels.shape:
         per_pos = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
+            upcast(logits).reshape(-1, logits.shape[-1]),
             labels.reshape(-1),
             ignore_index=ignore_index,
             reduction="none",
@@ -314,6 +317,7 @@ def fedkd_hidden_loss(
         term = hidden_mse(h_t, _project(h_s, w), mask if h_t.dim() >= 3 else None)
         total = term if total is None else total + term
     for a_t, a_s in zip(at_t, at_s, strict=True):
+        a_t, a_s = upcast(a_t), upcast(a_s)
         if mask is not None and a_t.dim() == 4:
             m = mask.to(a_t.dtype)
             pair = m[:, None, :, None] * m[:, None, None, :]
@@ -431,7 +435,7 @@ def koala_integrate_logits(
 def koala_soft_labels(integrated_logits: Tensor, temperature: float = 1.0) -> Tensor:
     """KOALA Eq. 10: soft labels ``softmax(z_tilde / T)``."""
     _check_temperature(temperature)
-    return F.softmax(integrated_logits / temperature, dim=-1)
+    return F.softmax(upcast(integrated_logits) / temperature, dim=-1)
 
 
 def koala_kd_loss(

@@ -23,6 +23,7 @@ from fedkt.config import RunConfig
 from fedkt.eval import predictions
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, seed_everything
+from fedkt.precision import resolve_precision, set_threads
 from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root
@@ -53,8 +54,8 @@ def run_job(
     """Run (or resume) a job; returns the metrics rows of the whole run."""
     run_dir = Path(run_dir or cfg.run_dir)
     recorder = RunRecorder(run_dir, resume=resume)
-    if cfg.runtime.torch_threads:
-        torch.set_num_threads(cfg.runtime.torch_threads)
+    set_threads(cfg.runtime.torch_threads)
+    resolve_precision(cfg.training.precision, cfg.runtime.device)  # fp16 without CUDA fails here
     method = get_method(cfg.method.name)
     seed_everything(cfg.seed)
     server = method.server(cfg, run_dir)

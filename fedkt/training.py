@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
+from fedkt.precision import autocast, grad_scaler, upcast
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any, int], torch.Tensor]
 
@@ -96,13 +97,26 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig, total_
 
 
 def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any,
-                   params: list[torch.nn.Parameter], max_grad_norm: float | None) -> float:
-    """Backward, clip to ``max_grad_norm`` (if set), step optimiser and schedule; the loss value."""
+                   params: list[torch.nn.Parameter], max_grad_norm: float | None,
+                   scaler: torch.amp.GradScaler | None = None) -> float:
+    """Backward, clip to ``max_grad_norm`` (if set), step optimiser and schedule; the loss value.
+
+    ``scaler``: fp16 loss scaling (:func:`fedkt.precision.grad_scaler`; a disabled one is
+    the plain step).
+    """
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    opt.step()
+    if scaler is not None and scaler.is_enabled():
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
     sched.step()
     return float(loss.detach())
 
@@ -160,16 +174,18 @@ def train_lm(
         return {"loss": float("nan"), "steps": 0, "num_examples": 0}
     params = [p for p in model.parameters() if p.requires_grad]
     opt, sched = make_optimizer(params, tcfg, total, lr=lr)
+    scaler = grad_scaler(tcfg, device)
     torch.manual_seed(seed)
     model.train()
     losses = []
     for step in tqdm(range(total), desc=desc, leave=False, disable=True if total < 20 else None):
         batch = {k: v.to(device) for k, v in batches[step].items()}
-        out = model(**batch)
-        loss = task_weight * out.loss
-        if extra_loss is not None:
-            loss = loss + extra_loss(model, batch, out, step)
-        losses.append(optimizer_step(loss, opt, sched, params, tcfg.max_grad_norm))
+        with autocast(tcfg, device):  # the loss terms cast logits to fp32 themselves
+            out = model(**batch)
+            loss = task_weight * upcast(out.loss)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model, batch, out, step)
+        losses.append(optimizer_step(loss, opt, sched, params, tcfg.max_grad_norm, scaler))
     model.eval()
     return {"loss": sum(losses) / len(losses), "steps": total, "num_examples": len(records)}
 
@@ -179,10 +195,11 @@ def evaluate_records(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, f
     from fedkt.eval.lm import evaluate_lm
 
     fd = _federated_data(cfg)
-    return evaluate_lm(lm.model, lm.tokenizer, records, fd.task, fd.label_names,
-                       batch_size=cfg.eval.batch_size, max_length=cfg.data.max_length,
-                       max_new_tokens=cfg.eval.max_new_tokens,
-                       positive_label=cfg.eval.positive_label, template=fd.template)
+    with autocast(cfg, lm.model):
+        return evaluate_lm(lm.model, lm.tokenizer, records, fd.task, fd.label_names,
+                           batch_size=cfg.eval.batch_size, max_length=cfg.data.max_length,
+                           max_new_tokens=cfg.eval.max_new_tokens,
+                           positive_label=cfg.eval.positive_label, template=fd.template)
 
 
 def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
+from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.training import make_optimizer, optimizer_step, pick_device
 
 __all__ = [
@@ -174,13 +175,16 @@ def train_classifier(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
     params = [p for p in model.parameters() if p.requires_grad]
     opt, sched = make_optimizer(params, cfg.training, len(batches))
     device = next(model.parameters()).device
+    scaler = grad_scaler(cfg, device)
     torch.manual_seed(seed)
     model.train()
     losses, t0 = [], time.perf_counter()
     for batch in batches:
-        logits = model(**model_inputs(batch, device)).logits
-        loss = nn.functional.cross_entropy(logits, batch["labels"].to(device))
-        losses.append(optimizer_step(loss, opt, sched, params, cfg.training.max_grad_norm))
+        with autocast(cfg, device):
+            logits = upcast(model(**model_inputs(batch, device)).logits)
+            loss = nn.functional.cross_entropy(logits, batch["labels"].to(device))
+        losses.append(optimizer_step(loss, opt, sched, params, cfg.training.max_grad_norm,
+                                     scaler))
     model.eval()
     return {"loss": sum(losses) / len(losses), "steps": len(batches),
             "num_examples": len(records),
@@ -192,6 +196,7 @@ def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
     """Accuracy, P/R/F1 of ``eval.positive_label``, macro-F1 and loss on ``records``."""
     from fedkt.eval.lm import evaluate_classifier
 
-    return evaluate_classifier(model, tokenizer, records, batch_size=cfg.eval.batch_size,
-                               max_length=cfg.data.max_length,
-                               positive_label=cfg.eval.positive_label)
+    with autocast(cfg, model):
+        return evaluate_classifier(model, tokenizer, records, batch_size=cfg.eval.batch_size,
+                                   max_length=cfg.data.max_length,
+                                   positive_label=cfg.eval.positive_label)

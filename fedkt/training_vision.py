@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from fedkt.config import ModelConfig, _Strict
 from fedkt.eval import predictions
+from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
 
 __all__ = [
     "DataSpec",
@@ -198,14 +199,19 @@ def features_and_logits(model: nn.Module, x: Tensor, upto: int | None) -> tuple[
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, inputs: Tensor, batch_size: int = 256) -> Tensor:
-    """Logits of ``model`` (in eval mode) on ``inputs``; the model's mode is restored."""
+def predict_logits(model: nn.Module, inputs: Tensor, batch_size: int = 256,
+                   precision: str = "auto") -> Tensor:
+    """Logits (fp32) of ``model`` (in eval mode) on ``inputs``; the model's mode is restored.
+
+    ``precision``: ``training.precision`` (:mod:`fedkt.precision`).
+    """
     was = model.training
     model.eval()
     try:
         device = _device_of(model)
-        outs = [model(inputs[i:i + batch_size].to(device)).float().cpu()
-                for i in range(0, len(inputs), batch_size)]
+        with autocast(precision, device):
+            outs = [model(inputs[i:i + batch_size].to(device)).float().cpu()
+                    for i in range(0, len(inputs), batch_size)]
     finally:
         model.train(was)
     return torch.cat(outs)
@@ -213,16 +219,19 @@ def predict_logits(model: nn.Module, inputs: Tensor, batch_size: int = 256) -> T
 
 @torch.no_grad()
 def extract_features(model: nn.Module, images: Tensor, upto: int | None = None,
-                     pool: int | None = 1, batch_size: int = 256) -> Tensor:
-    """``model.features(images, upto)`` in eval mode, pooled to ``pool`` (None: as is)."""
+                     pool: int | None = 1, batch_size: int = 256, precision: str = "auto"
+                     ) -> Tensor:
+    """``model.features(images, upto)`` (fp32) in eval mode, pooled to ``pool`` (None: as is)."""
     was = model.training
     model.eval()
     try:
         device = _device_of(model)
         outs = []
         for i in range(0, len(images), batch_size):
-            f = model.features(images[i:i + batch_size].to(device), upto)
-            outs.append((f if pool is None else pool_features(f, pool)).float().cpu())
+            with autocast(precision, device):
+                f = model.features(images[i:i + batch_size].to(device), upto)
+                f = f if pool is None else pool_features(f, pool)
+            outs.append(f.float().cpu())
     finally:
         model.train(was)
     return torch.cat(outs)
@@ -253,6 +262,7 @@ def train_classifier(
     max_steps: int | None = None,
     max_grad_norm: float | None = None,
     modules: Sequence[nn.Module] = (),
+    precision: str = "auto",
 ) -> dict[str, float]:
     """Adam over mini-batches of aligned ``tensors`` (``[inputs, labels, ...]``).
 
@@ -262,7 +272,8 @@ def train_classifier(
     trainable parameters; ``modules`` (e.g. a bridging matrix) are put in train mode
     with the model. Batches follow a seeded shuffle per epoch; fractional ``epochs``
     stop part-way. The model is left in eval mode. Returns the mean loss, steps and
-    number of examples.
+    number of examples. ``precision``: ``training.precision`` (:mod:`fedkt.precision`; the
+    forward pass and loss run under autocast, the losses in fp32).
     """
     n = len(tensors[0])
     if any(len(t) != n for t in tensors):
@@ -278,6 +289,7 @@ def train_classifier(
         raise ValueError("nothing to train: no parameter requires grad")
     opt = torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay)
     device = _device_of(model)
+    scaler = grad_scaler(precision, device)
     torch.manual_seed(seed)  # dropout and other in-model randomness
     model.train()
     for m in modules:
@@ -294,18 +306,21 @@ def train_classifier(
             idx = order[start:start + batch_size]
             batch = [t[idx].to(device) for t in tensors]
             logits = None
-            if loss_fn is not None:
-                loss = loss_fn(model, batch)
-            else:
-                logits = model(batch[0])
-                loss = task_weight * F.cross_entropy(logits, batch[1])
-            if extra_loss is not None:
-                loss = loss + extra_loss(model, batch, logits, step)
+            with autocast(precision, device):
+                if loss_fn is not None:
+                    loss = loss_fn(model, batch)
+                else:
+                    logits = model(batch[0])
+                    loss = task_weight * F.cross_entropy(upcast(logits), batch[1])
+                if extra_loss is not None:
+                    loss = loss + extra_loss(model, batch, logits, step)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             if max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             losses.append(float(loss.detach()))
             step += 1
         epoch += 1
@@ -317,13 +332,13 @@ def train_classifier(
 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, inputs: Tensor, labels: Tensor,
-                        batch_size: int = 256, ids: Sequence[str] | None = None
-                        ) -> dict[str, float]:
+                        batch_size: int = 256, ids: Sequence[str] | None = None,
+                        precision: str = "auto") -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``model`` on ``inputs`` (eval mode).
 
     The per-example predictions (``ids``: the records' ids, else positions) go to
     :func:`fedkt.eval.predictions.emit`."""
-    logits = predict_logits(model, inputs, batch_size)
+    logits = predict_logits(model, inputs, batch_size, precision)
     labels = labels.to(logits.device)
     predictions.emit({"id": list(ids) if ids is not None else list(range(len(labels))),
                       "gold": labels.tolist(), "pred": logits.argmax(-1).tolist()},
@@ -385,6 +400,7 @@ def pretrained_model(
     records: list[dict[str, Any]],
     pretrain: VisionPretrain,
     seed: int,
+    precision: str = "auto",
 ) -> nn.Module:
     """``model_cfg``'s model with its backbone trained on ``records`` (CE, Adam), cached.
 
@@ -400,17 +416,22 @@ def pretrained_model(
     if not pretrain.enabled or not records:
         return model
     images, labels = image_tensors(records)
-    key = hashlib.sha256(json.dumps({
+    fields = {
         "model": model_cfg.model_dump(mode="json"), "spec": spec.__dict__,
         "pretrain": pretrain.model_dump(mode="json", exclude={"cache"}), "seed": seed,
         "data": _fingerprint(images, labels), "version": 1,
-    }, sort_keys=True).encode()).hexdigest()[:20]
+    }
+    dtype = resolve_precision(precision, model)
+    if dtype is not None:  # fp32 keeps the keys of weights cached before precision existed
+        fields["precision"] = str(dtype)
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
     path = cache_dir("vision-pretrained") / f"{model_cfg.name.replace(':', '_')}-{key}.safetensors"
 
     def pretrain_model(tmp: Path | None = None) -> None:
         train_classifier(model, (images, labels), epochs=pretrain.epochs,
                          batch_size=pretrain.batch_size, lr=pretrain.lr,
-                         weight_decay=pretrain.weight_decay, seed=derive_seed(seed, "pretrain"))
+                         weight_decay=pretrain.weight_decay, seed=derive_seed(seed, "pretrain"),
+                         precision=precision)
         if pretrain.reset_head:
             head = head_module(model)
             with torch.random.fork_rng(devices=[]):

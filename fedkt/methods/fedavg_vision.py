@@ -80,7 +80,8 @@ class FedAvgVisionServer(Server):
         mcfg = _model_config(cfg)
         if m.model == "server":
             pre, _proxy = split_server_data(fd.public, m.pretrain)
-            model = pretrained_model(mcfg, spec, pre, m.pretrain, cfg.seed)
+            model = pretrained_model(mcfg, spec, pre, m.pretrain, cfg.seed,
+                                     cfg.training.precision)
         else:
             model = build_model(mcfg, spec, derive_seed(cfg.seed, "model-init"))
         self.model = model.to(pick_device(cfg.runtime.device)).eval()
@@ -108,7 +109,7 @@ class FedAvgVisionServer(Server):
     def evaluate(self, rnd: int) -> dict[str, float]:
         _load_trainable(self.model, self.method.trainable, self.theta)
         return evaluate_classifier(self.model, self.test_images, self.test_labels,
-                                   ids=self.test_ids)
+                                   ids=self.test_ids, precision=self.cfg.training.precision)
 
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self.theta)
@@ -139,18 +140,20 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     images, labels = image_tensors(ctx.private)
     train_kw = dict(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
                     weight_decay=t.weight_decay, betas=t.betas, seed=ctx.seed("train"),
-                    max_steps=t.max_steps, max_grad_norm=t.max_grad_norm)
+                    max_steps=t.max_steps, max_grad_norm=t.max_grad_norm,
+                    precision=t.precision)
     if mode == "head":
         # The backbone is frozen: train the head on its (fixed) features.
-        stats = train_classifier(head_module(model), (extract_features(model, images), labels),
-                                 **train_kw)
+        features = extract_features(model, images, precision=t.precision)
+        stats = train_classifier(head_module(model), (features, labels), **train_kw)
     else:
         stats = train_classifier(model, (images, labels), **train_kw)
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
     if ctx.evaluate and cfg.eval.clients:
         test_images, test_labels = image_tensors(fd.test)
         metrics.update({f"test/{k}": v for k, v in evaluate_classifier(
-            model, test_images, test_labels, ids=[r["id"] for r in fd.test]).items()})
+            model, test_images, test_labels, ids=[r["id"] for r in fd.test],
+            precision=t.precision).items()})
     upload = ctx.privatize(_trainable(model, mode), theta)
     return Payload(trainable=upload, num_examples=stats["num_examples"],
                    train_loss=stats["loss"], metrics=metrics)

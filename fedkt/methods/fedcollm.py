@@ -50,6 +50,7 @@ from fedkt.methods.fedavg import (
     average_client_adapters,
     client_train,
 )
+from fedkt.precision import autocast, grad_scaler
 from fedkt.training import (
     LM,
     client_evaluate,
@@ -243,6 +244,7 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     opt_g, sched_g = make_optimizer(g_params, cfg.training, total, lr=method.lr_slm)
     f_dev = next(llm.model.parameters()).device
     g_dev = next(slm.model.parameters()).device
+    scaler = grad_scaler(cfg, f_dev)
     torch.manual_seed(seed)
     llm.model.train()
     slm.model.train()
@@ -250,15 +252,19 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     for step in range(total):
         f_batch = {k: v.to(f_dev) for k, v in f_batches[step].items()}
         g_batch = {k: v.to(g_dev) for k, v in g_batches[step].items()}
-        parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, method, bridge)
+        with autocast(cfg, f_dev):  # the KL terms cast logits to fp32
+            parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, method, bridge)
         opt_f.zero_grad(set_to_none=True)
         opt_g.zero_grad(set_to_none=True)
-        parts.total.backward()  # Eq. 6
+        scaler.scale(parts.total).backward()  # Eq. 6
+        scaler.unscale_(opt_f)
+        scaler.unscale_(opt_g)
         if cfg.training.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(f_params, cfg.training.max_grad_norm)
             torch.nn.utils.clip_grad_norm_(g_params, cfg.training.max_grad_norm)
-        opt_f.step()
-        opt_g.step()
+        scaler.step(opt_f)
+        scaler.step(opt_g)
+        scaler.update()
         sched_f.step()
         sched_g.step()
         for name in ("llm", "slm", "kl_llm_slm", "kl_slm_llm"):

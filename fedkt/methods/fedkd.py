@@ -66,6 +66,7 @@ from fedkt.losses import (
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError
+from fedkt.precision import autocast, grad_scaler
 from fedkt.training import make_optimizer
 from fedkt.training_classifier import (
     build_encoder,
@@ -463,20 +464,25 @@ def train_fedkd(cfg: RunConfig, models: FedKDModels, records: list[dict], *, see
     opt, sched = make_optimizer(groups_lr, cfg.training, len(batches))  # type: ignore[arg-type]
     groups = [[p for p in mod.parameters() if p.requires_grad]
               for mod in (models.teacher, models.student, models.projections)]
+    device = next(models.teacher.parameters()).device
+    scaler = grad_scaler(cfg, device)
     torch.manual_seed(seed)
     for mod in (models.teacher, models.student, models.projections):
         mod.train()
     sums: dict[str, float] = {}
     t0 = time.perf_counter()
     for batch in batches:
-        out = fedkd_losses(models, cfg.method, batch)
+        with autocast(cfg, device):  # the losses are computed in fp32 (fedkt.losses)
+            out = fedkd_losses(models, cfg.method, batch)
         opt.zero_grad(set_to_none=True)
-        out.joint.backward()
+        scaler.scale(out.joint).backward()
+        scaler.unscale_(opt)
         if cfg.training.max_grad_norm:
             for group in groups:
                 if group:
                     torch.nn.utils.clip_grad_norm_(group, cfg.training.max_grad_norm)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         sched.step()
         for key in ("joint", "teacher_task", "student_task", "teacher_kd", "student_kd",
                     "hidden"):

@@ -68,6 +68,7 @@ from fedkt.losses import lambda_mix
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError, check_tensor
+from fedkt.precision import autocast
 from fedkt.training import (
     LM,
     client_evaluate,
@@ -543,9 +544,10 @@ class FedMKTServer(Server):
     def own_knowledge(self) -> TopKLogits:
         """S_0 of the LLM's current adapter (recomputed after training or a resume)."""
         if self.s0 is None:
-            self.s0 = knowledge_set(self.llm.reset(self.adapter), self.public, self.method.top_k,
-                                    batch_size=self.cfg.eval.batch_size,
-                                    reduction=self.method.selection_loss)
+            with autocast(self.cfg, self.llm.model):
+                self.s0 = knowledge_set(self.llm.reset(self.adapter), self.public,
+                                        self.method.top_k, batch_size=self.cfg.eval.batch_size,
+                                        reduction=self.method.selection_loss)
         return self.s0
 
     def client_side(self, cid: int) -> tuple[Any, PublicSet]:
@@ -683,8 +685,9 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
         lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
     stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), desc=f"{ctx.name} train")
     ctx.save_state("adapter", lm.trainable())
-    own = knowledge_set(lm, _client_public(ctx, lm), m.top_k, batch_size=ctx.cfg.eval.batch_size,
-                        reduction=m.selection_loss)
+    with autocast(ctx.cfg, lm.model):
+        own = knowledge_set(lm, _client_public(ctx, lm), m.top_k,
+                            batch_size=ctx.cfg.eval.batch_size, reduction=m.selection_loss)
     packed = pack_topk(own)
     ctx.save_state("own_topk", packed)  # for this client's own DualMinCE in step 7
     stored = ctx.load_state("server_topk")

@@ -84,6 +84,7 @@ from fedkt.models.auxiliary import (
     unwrap,
 )
 from fedkt.payload import Payload, PayloadError
+from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
 from fedkt.training import (
     LM,
     client_test_metrics,
@@ -289,6 +290,7 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
     trained = [*params, *(w_s.parameters() if learn_map else [])]
     opt, sched = make_optimizer(trained, cfg.training, steps, lr=lr)
     device = next(student.parameters()).device
+    scaler = grad_scaler(cfg, device)
     teacher_body, student_body = _body(teacher), _body(student)
     torch.manual_seed(seed)
     losses = []
@@ -297,18 +299,26 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
         for step in range(steps):
             i = step % len(batches)
             batch = {k: v.to(device) for k, v in batches[i].items() if k != "labels"}
-            if i not in targets:
-                with torch.no_grad():
-                    targets[i] = teacher_body(**batch).last_hidden_state
-            target = targets[i]
-            hidden = student_body(**batch).last_hidden_state
+            with autocast(cfg, device):
+                if i not in targets:
+                    with torch.no_grad():
+                        targets[i] = upcast(teacher_body(**batch).last_hidden_state)
+                target = targets[i]
+                hidden = upcast(proj(student_body(**batch).last_hidden_state))  # MSE in fp32
             mask = batch["attention_mask"][..., None].to(hidden.dtype)
-            diff = (proj(hidden) - target.to(hidden.dtype)) ** 2 * mask
+            diff = (hidden - target) ** 2 * mask
             loss = diff.sum() / (mask.sum() * hidden.shape[-1]).clamp_min(1.0)
-            losses.append(optimizer_step(loss, opt, sched, trained, cfg.training.max_grad_norm))
+            losses.append(optimizer_step(loss, opt, sched, trained, cfg.training.max_grad_norm,
+                                         scaler))
         student.eval()
     tail = losses[-max(1, len(losses) // 10):]
     return {"kd_loss_first": losses[0], "kd_loss": sum(tail) / len(tail), "kd_steps": steps}
+
+
+def _precision_key(cfg: RunConfig, model: nn.Module) -> list[str]:
+    """The resolved precision for the KD cache key (fp32 adds nothing: old keys stay valid)."""
+    dtype = resolve_precision(cfg.training.precision, model)
+    return [] if dtype is None else [str(dtype)]
 
 
 # --------------------------------------------------------------------------- server
@@ -433,7 +443,8 @@ class FedSPServer(Server):
                            m.model_dump(include={"kd_steps", "kd_lr", "kd_batch_size", "kd_map",
                                                  "trainable"}),
                            [t.batch_size, t.betas, t.weight_decay, t.warmup_ratio,
-                            t.max_grad_norm], self.cfg.data.max_length, self.data().template,
+                            t.max_grad_norm, *_precision_key(self.cfg, self.aux.model)],
+                           self.cfg.data.max_length, self.data().template,
                            public, seed)
             from fedkt.cache import cache_dir, cached
 

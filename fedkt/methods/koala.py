@@ -184,7 +184,8 @@ class KoalaServer(Server):
         self.spec: DataSpec = data_spec(fd)
         self.device = pick_device(cfg.runtime.device)
         pre, proxy = split_server_data(fd.public, m.pretrain)
-        large = pretrained_model(cfg.server, self.spec, pre, m.pretrain, cfg.seed)
+        prec = self.precision = cfg.training.precision
+        large = pretrained_model(cfg.server, self.spec, pre, m.pretrain, cfg.seed, prec)
         self.large = large.to(self.device).eval()
         self.head = head_module(self.large)
         head_params = {id(p) for p in self.head.parameters()}
@@ -193,12 +194,12 @@ class KoalaServer(Server):
         self.initial_head = {k: v.clone() for k, v in self.head.state_dict().items()}
         # The backbone is frozen, so its outputs on the proxy and test sets are fixed.
         self.proxy_images = proxy
-        self.proxy_features = extract_features(self.large, proxy)  # the head's inputs
+        self.proxy_features = extract_features(self.large, proxy, precision=prec)  # head inputs
         self.proxy_large_h = extract_features(self.large, proxy, m.large_feature_layers,
-                                              pool=m.feature_size)
+                                              pool=m.feature_size, precision=prec)
         test_images, self.test_labels = image_tensors(fd.test)
         self.test_ids = [r["id"] for r in fd.test]
-        self.test_features = extract_features(self.large, test_images)
+        self.test_features = extract_features(self.large, test_images, precision=prec)
         # Small models: one global model (homo) or one per client (hete), and their W.
         keys = ["global"] if m.mode == "homo" else [str(c) for c in cfg.client_ids()]
         self.small: dict[str, nn.Module] = {}
@@ -252,13 +253,15 @@ class KoalaServer(Server):
             self.head, (self.proxy_features, soft),
             loss_fn=lambda head, b: reverse_distillation_loss(head(b[0]), b[1], m.temperature),
             epochs=m.reverse_epochs, batch_size=m.distill_batch_size, lr=m.reverse_lr,
-            weight_decay=m.weight_decay, betas=(0.9, 0.999), seed=self.seed(rnd, "reverse"))
+            weight_decay=m.weight_decay, betas=(0.9, 0.999), seed=self.seed(rnd, "reverse"),
+            precision=self.precision)
         metrics = {"train/loss": rev["loss"], "train/reverse_kl": rev["loss"],
                    "train/client_loss": mean_number(replies, "train_loss", checked) or 0.0}
         # 4. forward distillation into the small model(s)
         if m.forward_distillation:
-            large_probs = koala_soft_labels(predict_logits(self.head, self.proxy_features),
-                                            m.temperature)
+            large_probs = koala_soft_labels(
+                predict_logits(self.head, self.proxy_features, precision=self.precision),
+                m.temperature)
             fwd = [self.forward_distill(rnd, k, large_probs) for k in updated]
             metrics["train/forward_loss"] = sum(f["loss"] for f in fwd) / len(fwd)
         # 5. the updated small models go back to their clients
@@ -273,7 +276,7 @@ class KoalaServer(Server):
 
     @torch.no_grad()
     def small_logits(self, key: str) -> Tensor:
-        return predict_logits(self.small[key], self.proxy_images)
+        return predict_logits(self.small[key], self.proxy_images, precision=self.precision)
 
     def forward_distill(self, rnd: int, key: str, large_probs: Tensor) -> dict[str, float]:
         """Eqs. 12-17 on the proxy set: the small model and its W learn, the large is fixed."""
@@ -291,11 +294,12 @@ class KoalaServer(Server):
             small, (self.proxy_images, large_probs, self.proxy_large_h), loss_fn=loss_fn,
             params=[*small.parameters(), *bridge.parameters()], modules=[bridge],
             epochs=m.forward_epochs, batch_size=m.distill_batch_size, lr=m.forward_lr,
-            weight_decay=m.weight_decay, seed=self.seed(rnd, "forward", key))
+            weight_decay=m.weight_decay, seed=self.seed(rnd, "forward", key),
+            precision=self.precision)
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_classifier(self.head, self.test_features, self.test_labels,
-                                   ids=self.test_ids)
+                                   ids=self.test_ids, precision=self.precision)
 
     # ------------------------------------------------------------------ state
 
@@ -344,7 +348,8 @@ def _test_metrics(ctx: ClientContext, model: nn.Module) -> dict[str, float]:
         return {}
     test = ctx.data().test
     images, labels = image_tensors(test)
-    scores = evaluate_classifier(model, images, labels, ids=[r["id"] for r in test])
+    scores = evaluate_classifier(model, images, labels, ids=[r["id"] for r in test],
+                                 precision=ctx.cfg.training.precision)
     return {f"test/{k}": v for k, v in scores.items()}
 
 
@@ -357,7 +362,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     stats = train_classifier(model, (images, labels), epochs=t.local_epochs,
                              batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
                              betas=t.betas, seed=ctx.seed("train"), max_steps=t.max_steps,
-                             max_grad_norm=t.max_grad_norm)
+                             max_grad_norm=t.max_grad_norm, precision=t.precision)
     state = model.state_dict()
     ctx.save_state("small", state)
     return Payload(model=state, num_examples=stats["num_examples"], train_loss=stats["loss"],

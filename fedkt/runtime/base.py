@@ -34,6 +34,7 @@ from fedkt.eval.predictions import Predictions
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
+from fedkt.precision import set_threads
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -349,8 +350,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                             state_dir=Path(state_root or FALLBACK_STATE_ROOT) / f"client_{ctx_cid}",
                             evaluate=bool(env["evaluate"]))
         _injected_fault(ctx)
-        if cfg.runtime.torch_threads:
-            torch.set_num_threads(cfg.runtime.torch_threads)
+        set_threads(cfg.runtime.torch_threads)
         seed_everything(ctx.seed("handler"))
         with predictions.capture() as tables:
             reply = method.handlers[env["handler"]](ctx, msg)

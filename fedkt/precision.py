@@ -1,0 +1,171 @@
+"""Mixed precision and CPU threads: the hardware-dependent speed settings.
+
+``training.precision`` (``auto | fp32 | bf16 | fp16``) runs training, scoring and
+generation under :func:`torch.autocast`: matrix products run in the low-precision
+type while master weights, adapters and optimiser state stay fp32 (models are
+never cast).  ``auto`` is bf16 where the hardware does it natively (a CPU with
+AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else fp32.  fp16 needs CUDA
+and trains with loss scaling (:func:`grad_scaler`).
+
+``runtime.torch_threads: null`` means one torch thread per physical core
+(:func:`default_threads`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from fedkt.config import ConfigError
+
+__all__ = [
+    "PRECISIONS",
+    "autocast",
+    "cpu_supports_bf16",
+    "default_threads",
+    "grad_scaler",
+    "physical_cores",
+    "precision_name",
+    "resolve_precision",
+    "set_threads",
+    "upcast",
+]
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@functools.cache
+def cpu_supports_bf16() -> bool:
+    """True when this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16)."""
+    try:
+        caps = torch.cpu.get_capabilities()
+        if caps.get("avx512_bf16") or caps.get("amx_bf16"):
+            return True
+    except (AttributeError, RuntimeError):  # older torch: fall back to the kernel's flags
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def _device_type(device: torch.device | str | torch.nn.Module | None) -> str:
+    """``"cpu"`` / ``"cuda"`` / ... of a device, a device name or a model's parameters."""
+    if isinstance(device, torch.nn.Module):
+        param = next(device.parameters(), None)
+        return param.device.type if param is not None else "cpu"
+    if device is None or device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device).type
+
+
+def precision_name(cfg_or_name: Any) -> str:
+    """The precision setting of a RunConfig, a TrainingConfig or a name."""
+    if isinstance(cfg_or_name, str):
+        return cfg_or_name
+    training = getattr(cfg_or_name, "training", cfg_or_name)
+    name = getattr(training, "precision", None)
+    if not isinstance(name, str):
+        raise TypeError(f"expected a precision name or a config with training.precision, "
+                        f"got {type(cfg_or_name).__name__}")
+    return name
+
+
+def resolve_precision(name: str, device: torch.device | str | torch.nn.Module | None
+                      ) -> torch.dtype | None:
+    """The autocast dtype of ``training.precision`` ``name`` on ``device`` (None: fp32).
+
+    ``auto``: bf16 on a CPU with native bf16 or a CUDA GPU that supports it, else fp32.
+    ``fp16`` needs CUDA; elsewhere it is a :class:`~fedkt.config.ConfigError`.
+    """
+    if name not in PRECISIONS:
+        raise ConfigError(f"training.precision: {name!r} is not one of {', '.join(PRECISIONS)}")
+    kind = _device_type(device)
+    if name == "auto":
+        if kind == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+        return torch.bfloat16 if kind == "cpu" and cpu_supports_bf16() else None
+    if name == "fp16" and kind != "cuda":
+        raise ConfigError(f"training.precision: fp16 needs a CUDA GPU (device is {kind!r}); "
+                          "use bf16, fp32 or auto")
+    return _DTYPES[name]
+
+
+@contextlib.contextmanager
+def autocast(cfg_or_name: Any, device: torch.device | str | torch.nn.Module | None
+             ) -> Iterator[torch.dtype | None]:
+    """``torch.autocast`` at the configured precision on ``device`` (a no-op for fp32).
+
+    ``cfg_or_name``: a RunConfig, a TrainingConfig or a precision name; ``device``: a
+    device, its name or a model (its parameters' device).  Yields the dtype (or None).
+    """
+    dtype = resolve_precision(precision_name(cfg_or_name), device)
+    if dtype is None:
+        yield None
+        return
+    with torch.autocast(_device_type(device), dtype=dtype):
+        yield dtype
+
+
+def grad_scaler(cfg_or_name: Any, device: torch.device | str | torch.nn.Module | None
+                ) -> torch.amp.GradScaler:
+    """A loss scaler for fp16 training (disabled, i.e. a pass-through, otherwise)."""
+    dtype = resolve_precision(precision_name(cfg_or_name), device)
+    kind = _device_type(device)
+    return torch.amp.GradScaler(kind, enabled=dtype == torch.float16)
+
+
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as fp32 when it is a 16-bit float (e.g. autocast's output), else unchanged."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (never more than ``os.cpu_count()``)."""
+    total = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    physical = None
+    try:
+        import psutil
+
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        pass
+    if not physical:
+        try:
+            physical = int(torch.cpu.get_capabilities().get("num_physical_cores") or 0)
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            physical = 0
+    per_core = max(1, total // physical) if physical else 1  # SMT threads per core
+    return max(1, min(usable // per_core, usable, total))
+
+
+def default_threads() -> int:
+    """Threads for ``runtime.torch_threads: null``: ``$OMP_NUM_THREADS`` when set (e.g. by
+    Ray for simulated clients), else one per physical core."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return min(int(env), os.cpu_count() or 1)
+    return physical_cores()
+
+
+def set_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads to ``threads`` (None: :func:`default_threads`)."""
+    n = threads or default_threads()
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n

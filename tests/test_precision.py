@@ -1,0 +1,154 @@
+"""training.precision: autocast on the hardware's native low-precision type, fp32 master weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fedkt import precision
+from fedkt.config import ConfigError
+from fedkt.precision import autocast, default_threads, physical_cores, resolve_precision
+from fedkt.training import clear_cache, client_lm, train_lm
+
+NATIVE_BF16 = precision.cpu_supports_bf16()
+
+
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        return next((set(line.split(":", 1)[1].split()) for line in fh
+                     if line.startswith("flags")), set())
+
+
+def test_native_bf16_detection_matches_the_cpu_flags():
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo")
+    assert bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"}) == NATIVE_BF16
+
+
+def test_resolve_each_option_on_cpu():
+    assert resolve_precision("fp32", "cpu") is None
+    assert resolve_precision("bf16", "cpu") is torch.bfloat16
+    assert resolve_precision("auto", "cpu") is (torch.bfloat16 if NATIVE_BF16 else None)
+    with pytest.raises(ConfigError, match=r"training\.precision: fp16 needs a CUDA GPU"):
+        resolve_precision("fp16", "cpu")
+    with pytest.raises(ConfigError, match=r"training\.precision: 'fp8' is not one of"):
+        resolve_precision("fp8", "cpu")
+
+
+def test_auto_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: False)
+    assert resolve_precision("auto", "cpu") is None
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)
+    assert resolve_precision("auto", torch.device("cpu")) is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_precision("auto", "cuda") is torch.bfloat16
+    assert resolve_precision("fp16", "cuda:0") is torch.float16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_precision("auto", "cuda") is None
+
+
+def test_fp16_on_a_cpu_run_is_a_config_error(make_config):
+    with pytest.raises(ConfigError, match=r"training\.precision: fp16 needs a CUDA GPU"):
+        make_config("training.precision=fp16", "runtime.device=cpu")
+    with pytest.raises(ConfigError, match=r"training\.precision"):
+        make_config("training.precision=half")
+
+
+def test_autocast_is_a_no_op_for_fp32():
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    with autocast("fp32", "cpu") as dtype:
+        assert dtype is None and not torch.is_autocast_enabled("cpu")
+        assert (x @ w).dtype == torch.float32
+    with autocast("bf16", "cpu") as dtype:
+        assert dtype is torch.bfloat16 and (x @ w).dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16")
+def test_auto_trains_in_bf16_with_fp32_weights_and_optimiser_state(make_config):
+    """Under ``auto`` the linear layers compute in bf16; everything that is kept stays fp32."""
+    cfg = make_config("training.max_steps=2")
+    assert cfg.training.precision == "auto"
+    clear_cache()
+    lm = client_lm(cfg, 0)
+    seen: list[torch.dtype] = []
+    hooks = [m.register_forward_hook(lambda _m, _args, out: seen.append(out.dtype))
+             for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    captured: dict[str, torch.optim.Optimizer] = {}
+    step = torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        captured["opt"] = self
+        return step(self, *args, **kwargs)
+
+    try:
+        torch.optim.AdamW.step = spy
+        train_lm(cfg, lm, lm_records(cfg), seed=0)
+    finally:
+        torch.optim.AdamW.step = step
+        for h in hooks:
+            h.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in lm.model.parameters())
+    state = captured["opt"].state
+    assert state and all(v.dtype == torch.float32 for s in state.values()
+                         for k, v in s.items() if k != "step")
+    assert any(not torch.equal(v, lm.initial[k]) for k, v in lm.trainable().items())
+
+
+def lm_records(cfg) -> list[dict]:
+    from fedkt.training import _federated_data
+
+    return _federated_data(cfg).private[0]
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16")
+def test_same_seed_gives_identical_bf16_runs(make_config):
+    from fedkt.training import evaluate_records
+
+    cfg = make_config("training.precision=bf16", "training.max_steps=3")
+    results = []
+    for _ in range(2):
+        clear_cache()
+        lm = client_lm(cfg, 0)
+        stats = train_lm(cfg, lm, lm_records(cfg), seed=7)
+        scores = evaluate_records(cfg, lm, _test(cfg))
+        results.append((stats["loss"], scores, {k: v.clone() for k, v in lm.trainable().items()}))
+    (loss_a, eval_a, w_a), (loss_b, eval_b, w_b) = results
+    assert loss_a == loss_b and eval_a == eval_b
+    assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+    # ... and bf16 is really in use: fp32 gives other numbers.
+    clear_cache()
+    fp32 = cfg.model_copy(update={"training": cfg.training.model_copy(
+        update={"precision": "fp32"})})
+    lm = client_lm(fp32, 0)
+    assert train_lm(fp32, lm, lm_records(fp32), seed=7)["loss"] != loss_a
+
+
+def _test(cfg) -> list[dict]:
+    from fedkt.training import _federated_data
+
+    return _federated_data(cfg).test[:16]
+
+
+def test_threads_default_to_physical_cores(monkeypatch):
+    cores = physical_cores()
+    assert 1 <= cores <= os.cpu_count()
+    assert cores <= len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert default_threads() == cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # e.g. Ray's limit for a simulated client
+    assert default_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(10 * os.cpu_count()))
+    assert default_threads() == os.cpu_count()
+
+
+def test_explicit_threads_are_kept():
+    before = torch.get_num_threads()
+    try:
+        assert precision.set_threads(1) == 1 and torch.get_num_threads() == 1
+        monkey = precision.set_threads(None)
+        assert monkey == default_threads() and torch.get_num_threads() == monkey
+    finally:
+        torch.set_num_threads(before)
