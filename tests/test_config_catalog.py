@@ -115,16 +115,17 @@ def test_cli_run_unknown_name_exits_2(capsys, tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
-def test_run_demo_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
-    """`fedkt run demo` from a folder with nothing in it: runs/demo appears there."""
+def test_run_quickstart_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
+    """`fedkt run quickstart` from a folder with nothing in it: runs/quickstart appears there
+    (the default demo itself, on a real checkpoint, runs in tests/test_demo.py, slow)."""
     monkeypatch.chdir(tmp_path)
     small = ["--set", "clients.num_clients=2", "--set", "data.max_private_per_client=16",
              "--set", "data.split.test_size=16", "--set", "training.local_epochs=1",
              "--set", "data.max_length=48"]
-    assert main(["run", "demo", "--rounds", "1", "-q", *small]) == 0
-    run = tmp_path / "runs" / "demo"
-    assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "demo"
+    assert main(["run", "quickstart", "--rounds", "1", "-q", *small]) == 0
+    run = tmp_path / "runs" / "quickstart"
+    assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "quickstart"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["round"] for r in rows} == {0, 1}  # round 0: eval.round0
     assert {r["participant"] for r in rows} >= {"client_0", "client_1"}
-    assert "runs/demo" in capsys.readouterr().out
+    assert "runs/quickstart" in capsys.readouterr().out
