@@ -496,19 +496,23 @@ def eval_classifier(
     device = _device(model)
     pad_id = _pad_id(tokenizer, model)
     side = getattr(tokenizer, "padding_side", "right")
-    preds: list[int] = []
-    loss_sum = 0.0
+    encoded = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+    # Longest first, so each batch pads to similar lengths; predictions go back in order.
+    order = sorted(range(len(texts)), key=lambda i: -len(encoded[i]))
+    preds: list[int] = [0] * len(texts)
+    losses: list[float] = [0.0] * len(texts)
     with _inference(model):
-        for start in range(0, len(texts), batch_size):
-            batch = list(texts[start : start + batch_size])
-            gold = torch.tensor(list(labels[start : start + batch_size]), dtype=torch.long)
-            enc = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"]
-                   for t in batch]
-            ids, mask = _pad(enc, pad_id, side)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            gold = torch.tensor([int(labels[i]) for i in idx], dtype=torch.long)
+            ids, mask = _pad([encoded[i] for i in idx], pad_id, side)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
             logits = logits.float().cpu()
-            loss_sum += F.cross_entropy(logits, gold, reduction="sum").item()
-            preds.extend(logits.argmax(-1).tolist())
+            per_example = F.cross_entropy(logits, gold, reduction="none").tolist()
+            for row, i in enumerate(idx):
+                preds[i] = int(logits[row].argmax())
+                losses[i] = per_example[row]
+    loss_sum = sum(losses)
     golds = [int(y) for y in labels]
     p, r, f1 = precision_recall_f1(preds, golds, positive_label)
     predictions.emit({"id": example_ids, "gold": golds, "pred": preds}, task="classifier",
