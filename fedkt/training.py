@@ -99,7 +99,8 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig, total_
 def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any,
                    params: list[torch.nn.Parameter], max_grad_norm: float | None,
                    scaler: torch.amp.GradScaler | None = None) -> float:
-    """Backward, clip to ``max_grad_norm`` (if set), step optimiser and schedule; the loss value.
+    """Backward, clip to ``max_grad_norm`` (if set), step optimiser and schedule (if any);
+    the loss value.
 
     ``scaler``: fp16 loss scaling (:func:`fedkt.precision.grad_scaler`; a disabled one is
     the plain step).
@@ -117,7 +118,8 @@ def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any,
         if max_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
-    sched.step()
+    if sched is not None:
+        sched.step()
     return float(loss.detach())
 
 

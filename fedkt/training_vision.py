@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from fedkt.config import ModelConfig, _Strict
 from fedkt.eval import predictions
 from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
+from fedkt.training import optimizer_step
 
 __all__ = [
     "DataSpec",
@@ -314,14 +315,7 @@ def train_classifier(
                     loss = task_weight * F.cross_entropy(upcast(logits), batch[1])
                 if extra_loss is not None:
                     loss = loss + extra_loss(model, batch, logits, step)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            if max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            scaler.step(opt)
-            scaler.update()
-            losses.append(float(loss.detach()))
+            losses.append(optimizer_step(loss, opt, None, params, max_grad_norm, scaler))
             step += 1
         epoch += 1
     model.eval()
