@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +204,10 @@ def _physical_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
               quiet: bool = False) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder."""
@@ -258,6 +264,10 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
                 print(f"suite {suite.cfg.name}: {label}: finished in "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
 
+    # `kill` (SIGTERM) stops a suite like Ctrl-C: its runs are killed and resumed next time.
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         for item in todo:
             while len(running) >= max(1, jobs):
@@ -273,6 +283,9 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
             proc.wait()
             log.close()
         raise
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
     text = report_suite(suite.folder, suite=suite)
     if not quiet:
         print(text)

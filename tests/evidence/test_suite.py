@@ -22,10 +22,17 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "configs" / "suites" / "quick.yaml"
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    # A job started in the background by a shell inherits SIGINT ignored (CI can run us so);
+    # give the suite process the default, as a terminal's Ctrl-C would find it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _suite(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.Popen([sys.executable, "-m", "fedkt.cli", "suite", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal, **kw)
 
 
 @pytest.fixture(scope="module")
