@@ -118,11 +118,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fedkt.evidence.runs import group_runs, open_run
     from fedkt.report import harness_report, report
 
-    plain = [str(open_run(p).path) for p in args.run_dirs]
+    runs = [open_run(p) for p in args.run_dirs]
+    plain = [str(r.path) for r in runs]
     parts = [report(plain, metric=args.metric)]
-    if any(len(g.runs) > 1 for g in group_runs([open_run(p) for p in args.run_dirs])):
+    groups = group_runs(runs)
+    if any(len(g.runs) > 1 for g in groups):
         parts.append("Seed groups (mean ± std over seeds):\n\n"
-                     + groups_report(args.run_dirs, args.metric))
+                     + groups_report(groups, args.metric))
     harness = harness_report(plain)
     if harness:
         parts.append("lm-evaluation-harness:\n\n" + harness)

@@ -21,6 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from fedkt.config import RunConfig
 from fedkt.eval import predictions
+from fedkt.eval.harness import run_after_job
+from fedkt.evidence.compare import round0_summary
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, seed_everything
 from fedkt.precision import resolve_precision, set_threads
@@ -130,8 +132,6 @@ def run_job(
         recorder.summary()
     recorder.plot()
     if cfg.eval.harness:  # lm-evaluation-harness on the final models (fedkt[harness])
-        from fedkt.eval.harness import run_after_job
-
         run_after_job(cfg, run_dir, server, quiet=quiet)
     if cfg.eval.compare_round0 and not quiet:
         print(_round0_comparison(cfg, run_dir), flush=True)
@@ -150,8 +150,6 @@ def _round0_comparison(cfg: RunConfig, run_dir: Path) -> str:
     if not evaluates_round0(cfg):
         return (f"eval.compare_round0: method {cfg.method.name!r} has no round 0 evaluation "
                 "(set eval.round0: true)")
-    from fedkt.evidence.compare import round0_summary
-
     return "\n" + round0_summary(run_dir)
 
 

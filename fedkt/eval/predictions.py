@@ -86,9 +86,8 @@ class Predictions:
         return {"meta": self.meta, "columns": cols}
 
     def to_bytes(self) -> bytes:
-        """Gzipped JSON (``mtime=0``: the same table always gives the same bytes)."""
-        text = json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
-        return gzip.compress(text.encode(), compresslevel=6, mtime=0)
+        """Gzipped JSON (the same table always gives the same bytes)."""
+        return _gzip_json(self.to_json())
 
     @classmethod
     def from_json(cls, data: Any, source: str = "predictions") -> Predictions:
@@ -104,11 +103,20 @@ class Predictions:
 
     @classmethod
     def from_bytes(cls, blob: bytes, source: str = "predictions") -> Predictions:
-        try:
-            data = json.loads(gzip.decompress(blob).decode())
-        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{source}: not gzipped JSON ({exc})") from None
-        return cls.from_json(data, source)
+        return cls.from_json(_gunzip_json(blob, source), source)
+
+
+def _gzip_json(data: Any) -> bytes:
+    """Compact JSON, gzipped with ``mtime=0`` so equal data gives equal bytes."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return gzip.compress(text.encode(), compresslevel=6, mtime=0)
+
+
+def _gunzip_json(blob: bytes, source: str) -> Any:
+    try:
+        return json.loads(gzip.decompress(blob).decode())
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{source}: predictions are not gzipped JSON ({exc})") from None
 
 
 def _rounded(value: Any) -> Any:
@@ -159,17 +167,12 @@ def emit(columns: dict[str, Sequence[Any]], **meta: Any) -> None:
 
 def pack(tables: dict[str, Predictions]) -> bytes:
     """Several scopes' tables as one gzipped blob (how a client sends them back)."""
-    text = json.dumps({k: t.to_json() for k, t in tables.items()}, separators=(",", ":"),
-                      ensure_ascii=False)
-    return gzip.compress(text.encode(), compresslevel=6, mtime=0)
+    return _gzip_json({k: t.to_json() for k, t in tables.items()})
 
 
 def unpack(blob: bytes, source: str = "predictions") -> dict[str, Predictions]:
     """Inverse of :func:`pack`; a malformed blob raises ``ValueError`` naming ``source``."""
-    try:
-        data = json.loads(gzip.decompress(blob).decode())
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{source}: predictions are not gzipped JSON ({exc})") from None
+    data = _gunzip_json(blob, source)
     if not isinstance(data, dict):
         raise ValueError(f"{source}: predictions must map scopes to tables")
     return {str(k): Predictions.from_json(v, f"{source}, scope {k!r}") for k, v in data.items()}

@@ -6,7 +6,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedkt.eval.predictions import read_predictions
-from fedkt.evidence.runs import Group, available_metrics, compare, group_runs, open_run
+from fedkt.evidence.runs import (
+    Group,
+    available_metrics,
+    compare,
+    fmt_mean_std,
+    group_runs,
+    open_run,
+)
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL, metric_names
 from fedkt.tracking import format_table
 
@@ -28,9 +35,9 @@ def _metrics(group: Group, metric: str | None) -> list[str]:
     return available_metrics(run, part) or ["accuracy"]
 
 
-def groups_report(specs: Sequence[str | Path], metric: str | None = None) -> str:
-    """Mean ± std over seeds of each group of runs that differ only in seed."""
-    groups = group_runs([open_run(s) for s in specs])
+def groups_report(groups: Sequence[Group], metric: str | None = None) -> str:
+    """Mean ± std over seeds of each group of runs that differ only in seed
+    (:func:`fedkt.evidence.runs.group_runs`)."""
     metrics = _metrics(groups[0], metric)
     header = ["group", "seeds", "round", "participant", *metrics]
     rows = []
@@ -38,9 +45,7 @@ def groups_report(specs: Sequence[str | Path], metric: str | None = None) -> str
         for part in _parts(group):
             cells = []
             for m in metrics:
-                ms = group.mean_std(part, m)
-                cells.append("-" if ms is None else
-                             f"{ms[0]:.4f} ± {ms[1]:.4f}" if ms[2] > 1 else f"{ms[0]:.4f}")
+                cells.append(fmt_mean_std(group.mean_std(part, m), 4))
             rows.append([group.label, ",".join(map(str, group.seeds)),
                          str(group.runs[0].eval_round()), part, *cells])
     return format_table(header, rows, markdown=True)

@@ -34,7 +34,7 @@ from fedkt.evidence.stats import (
 from fedkt.report import RunInfo, load_run
 from fedkt.tracking import is_eval
 
-__all__ = ["Group", "Run", "compare", "group_runs", "open_run"]
+__all__ = ["Group", "Run", "compare", "fmt_mean_std", "group_runs", "open_run"]
 
 # Config keys that do not change what a run computes (or that name the seed).
 _NOT_SETTINGS = ("seed", "name", "output_dir", "runtime")
@@ -220,6 +220,14 @@ class Group:
             return None
         std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         return float(np.mean(vals)), std, len(vals)
+
+
+def fmt_mean_std(ms: tuple[float, float, int] | None, digits: int = 3) -> str:
+    """``mean ± std`` over seeds (the mean alone for one seed; ``-`` when absent)."""
+    if ms is None:
+        return "-"
+    mean, std, n = ms
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:

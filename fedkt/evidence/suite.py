@@ -26,7 +26,6 @@ and ``plots/``.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -50,8 +49,9 @@ from fedkt.config_catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
 from fedkt.evidence.plots import suite_plots
-from fedkt.evidence.runs import Group, Run, available_metrics, compare, open_run
+from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean_std, open_run
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
+from fedkt.precision import physical_cores
 from fedkt.tracking import LATEST_FILE, format_table
 
 __all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
@@ -197,13 +197,6 @@ def run_state(run_dir: Path, rounds: int) -> str:
     return "started" if (run_dir / "metrics.jsonl").is_file() else "new"
 
 
-def _physical_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -224,7 +217,7 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
                 print(f"suite {suite.cfg.name}: {arm} seed {seed}: done, skipped")
             continue
         todo.append((arm, seed, cfg, state))
-    threads = max(1, _physical_cores() // max(1, jobs))
+    threads = max(1, physical_cores() // max(1, jobs))
     failures: list[str] = []
     running: list[tuple[str, subprocess.Popen, Any, float]] = []
     log_dir = suite.folder / "logs"
@@ -301,14 +294,6 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _mean_std(group: Group, part: str, metric: str) -> str:
-    ms = group.mean_std(part, metric)
-    if ms is None:
-        return "-"
-    mean, std, n = ms
-    return f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
-
-
 def _arm_group(suite: Suite, arm: str, rnd: int | None = None) -> Group:
     runs = []
     for seed in suite.cfg.seeds:
@@ -358,13 +343,12 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         for part in cfg.groups:
             for metric in metrics:
                 try:
-                    line.append(_mean_std(group, part, metric))
-                except ValueError:
-                    line.append("-")
-                if not baseline:
-                    continue
-                cell, entry = "-", None
-                base = present.get(baseline)
+                    ms = group.mean_std(part, metric)
+                except ValueError:  # e.g. an arm without clients
+                    ms = None
+                line.append(fmt_mean_std(ms))
+                entry = None
+                base = present.get(baseline) if baseline else None
                 if base is not None and group is not base:
                     try:
                         got = compare(group, base, part, metric, reps=cfg.bootstrap,
@@ -373,13 +357,13 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
                         got = None
                     if got is not None:
                         d, _ = got
-                        cell = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                         entry = {"estimate": d.estimate, "low": d.low, "high": d.high}
-                line.append(cell)
+                if baseline:
+                    line.append("-" if entry is None else
+                                f"{entry['estimate']:+.3f} [{entry['low']:+.3f}, "
+                                f"{entry['high']:+.3f}]")
                 rows_json.append({"arm": label, "group": part, "metric": metric,
-                                  "mean_std": group.mean_std(part, metric) if _safe(
-                                      group, part, metric) else None,
-                                  "vs_baseline": entry})
+                                  "mean_std": ms, "vs_baseline": entry})
         table.append(line)
     verdicts = [_decide(suite, c) for c in suite.claims]
     text = [f"# Suite {cfg.name}", "",
@@ -405,14 +389,6 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
          "claims": verdicts, "missing": missing}, indent=2, default=float) + "\n")
     suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
     return out
-
-
-def _safe(group: Group, part: str, metric: str) -> bool:
-    try:
-        group.mean_std(part, metric)
-        return True
-    except ValueError:
-        return False
 
 
 def _has_round0(group: Group) -> bool:
