@@ -81,7 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from safetensors.torch import load_file
 
     from fedkt.methods import get_method
-    from fedkt.runner import SERVER_STATE
+    from fedkt.runner import SERVER_STATE, server_participants
     from fedkt.tracking import RunRecorder
 
     run_dir = Path(args.run_dir)
@@ -103,13 +103,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     server.setup()
     if done:
         server.load_state_dict(load_file(str(rec.checkpoint_dir(done) / SERVER_STATE)))
-    metrics = server.evaluate(done)
-    if metrics is None:
+    participants = server_participants(server.evaluate(done))
+    if not participants:
         print(f"{cfg.method.name} has no server model to evaluate; see metrics.jsonl for clients")
         return 0
     print(f"{run_dir} (after round {done}):")
-    for key, value in metrics.items():
-        print(f"  {key:>16}: {value:.4f}")
+    for name, metrics in participants.items():
+        print(f"  {name}:")
+        for key, value in metrics.items():
+            print(f"  {key:>16}: {value:.4f}")
     return 0
 
 

@@ -510,15 +510,18 @@ def mutual_kl(
     g_logits: Tensor,
     temperature: float = 1.0,
     mask: Tensor | None = None,
+    *,
+    detach_targets: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """FedCoLLM Eqs. 4-6: returns ``(KL(f || g), KL(g || f))``.
+    """FedCoLLM's two KD terms: ``(KL(f || g), KL(g || f))``, the first argument the target.
 
-    Neither side is detached: each term carries gradients to both models, as the
-    joint objective of FedCoLLM is minimised over both parameter sets.
+    ``KL(f || g)`` teaches g (the SLM's term, Eq. 5) and ``KL(g || f)`` teaches f (the
+    LLM's, Eq. 4).  With ``detach_targets`` each target is a constant, so each term's
+    gradient reaches only its student (the paper's per-model update, Algorithm 1
+    lines 16-17); without it both terms reach both models.
     """
-    return kl_div(f_logits, g_logits, temperature, mask), kl_div(
-        g_logits, f_logits, temperature, mask
-    )
+    f_t, g_t = (f_logits.detach(), g_logits.detach()) if detach_targets else (f_logits, g_logits)
+    return kl_div(f_t, g_logits, temperature, mask), kl_div(g_t, f_logits, temperature, mask)
 
 
 def lambda_mix(l_ft: Tensor | float, l_kd: Tensor | float, lam: float) -> Tensor | float:

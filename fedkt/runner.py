@@ -90,10 +90,9 @@ def run_job(
         if dp.enabled:  # the privacy budget each client has spent so far
             server_metrics.setdefault("train", {}).update(
                 upload_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd))
-        if evaluate:
-            server_eval = _server_evaluate(cfg, server, recorder, rnd)
-            if server_eval is not None:
-                server_metrics.setdefault("test", {}).update(server_eval)
+        server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
+        if "server" in server_eval:
+            server_metrics.setdefault("test", {}).update(server_eval.pop("server"))
         wall = time.perf_counter() - t0
         traffic = clients.traffic
         recorder.log({"round": rnd, "participant": "server", "split": "train",
@@ -105,6 +104,8 @@ def run_job(
         if "test" in server_metrics:
             recorder.log({"round": rnd, "participant": "server", "split": "test",
                           **server_metrics["test"]})
+        for name, values in server_eval.items():  # other server-side models
+            recorder.log({"round": rnd, "participant": name, "split": "test", **values})
         for cid in clients.ids:
             if cid not in traffic.sent:
                 continue
@@ -154,13 +155,31 @@ def _round0_comparison(cfg: RunConfig, run_dir: Path) -> str:
 
 
 def _server_evaluate(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int
-                     ) -> dict[str, float] | None:
-    """``server.evaluate(rnd)``, writing its per-example predictions to the run folder."""
+                     ) -> dict[str, dict[str, float]]:
+    """``server.evaluate(rnd)`` as ``{participant: metrics}``, writing the per-example
+    predictions of each server-side participant to the run folder."""
     with predictions.capture() as tables:
-        metrics = server.evaluate(rnd)
-    if metrics is not None and tables and cfg.eval.predictions:
-        predictions.write_predictions(recorder.run_dir, rnd, "server", tables)
+        metrics = server_participants(server.evaluate(rnd))
+    if metrics and tables and cfg.eval.predictions:
+        own: dict[str, Any] = {}
+        for scope_name, table in tables.items():
+            if scope_name and scope_name in metrics:  # a participant of its own
+                predictions.write_predictions(recorder.run_dir, rnd, scope_name, {"": table})
+            else:
+                own[scope_name] = table
+        if own:
+            predictions.write_predictions(recorder.run_dir, rnd, "server", own)
     return metrics
+
+
+def server_participants(metrics: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """:meth:`Server.evaluate`'s result as ``{participant: metrics}``: a flat dict is the
+    ``server`` participant's; a dict of dicts names several (FedCoLLM's LLM and global SLM)."""
+    if not metrics:
+        return {}
+    if all(isinstance(v, dict) for v in metrics.values()):
+        return metrics
+    return {"server": metrics}
 
 
 def _write_client_predictions(cfg: RunConfig, recorder: RunRecorder, rnd: int,
@@ -186,10 +205,10 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
             broadcast(clients, "evaluate", evaluate=True)
         except RoundError as exc:
             log.warning("round 0: %s", exc)
-    server_eval = _server_evaluate(cfg, server, recorder, 0)
-    if server_eval is not None:
-        recorder.log({"round": 0, "participant": "server", "split": "test", **server_eval,
-                      "wall_time": time.perf_counter() - t0})
+    wall = {"wall_time": time.perf_counter() - t0}
+    for name, values in _server_evaluate(cfg, server, recorder, 0).items():
+        recorder.log({"round": 0, "participant": name, "split": "test", **values, **wall})
+        wall = {}
     traffic = clients.traffic
     for cid in clients.ids:
         values = _split_metrics(traffic.metrics.get(cid, {})).get("test")

@@ -78,12 +78,13 @@ def _plain(value: Any) -> Any:
 
 
 def participant_order(names: Iterable[str]) -> list[str]:
-    """``server`` first, then ``client_<n>`` by n, then anything else by name."""
+    """``server`` first, then other server-side models (``global_slm``) by name, then
+    ``client_<n>`` by n."""
     def key(name: str) -> tuple[int, int, str]:
         if name == "server":
             return (0, 0, name)
         m = re.fullmatch(r"client_(\d+)", name)
-        return (1, int(m.group(1)), name) if m else (2, 0, name)
+        return (2, int(m.group(1)), name) if m else (1, 0, name)
 
     return sorted(set(names), key=key)
 

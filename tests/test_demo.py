@@ -47,19 +47,19 @@ def test_demo_moves_knowledge_beyond_its_confidence_interval(tmp_path):
     rows = _summary_rows(done.stdout)
     cfg = load_config(DEMO)
     clients = [f"client_{k}" for k in range(cfg.clients.num_clients)]
-    assert list(rows) == ["server", "server (slm)", *clients, "clients (mean)"]
+    assert list(rows) == ["server", "global_slm", *clients, "clients (mean)"]
     logged = {(r["round"], r["participant"]): r for r in map(json.loads, (
         run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("split") == "test"}
     for label, (metric, r0, r1, _, low, high, excludes) in rows.items():
         assert metric == "accuracy"
         participant = label.split()[0]
-        key = "slm_accuracy" if "(slm)" in label else "accuracy"
         if participant != "clients":
-            assert float(r0) == pytest.approx(logged[(0, participant)][key], abs=5e-4)
-            assert float(r1) == pytest.approx(logged[(cfg.rounds, participant)][key], abs=5e-4)
+            assert float(r0) == pytest.approx(logged[(0, participant)]["accuracy"], abs=5e-4)
+            assert float(r1) == pytest.approx(logged[(cfg.rounds, participant)]["accuracy"],
+                                              abs=5e-4)
         assert excludes == ("yes" if float(low.strip("[,")) > 0 or float(high.strip("]")) < 0
                             else "no")
     # What the demo claims: the LLM, the global SLM and the clients on average got better,
     # each by more than its 95% CI (single clients are not claimed).
-    for label in ("server", "server (slm)", "clients (mean)"):
+    for label in ("server", "global_slm", "clients (mean)"):
         assert float(rows[label][4].strip("[,")) > 0, (label, rows[label])

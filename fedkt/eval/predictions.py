@@ -5,9 +5,10 @@ evaluations) builds a :class:`Predictions` table, one row per test example, and
 hands it to :func:`emit`.  Nothing happens unless someone is listening: the run
 loop (server side) and the client dispatch (client side) open a :func:`capture`
 around evaluations, so methods never deal with predictions at all.  A method
-that evaluates two models for one participant (FedCoLLM's LLM and global SLM)
+that evaluates two models for one participant (FedSP's LLM and auxiliary model)
 names the second with :func:`scope`, the same prefix its metric keys carry
-(``slm_accuracy``).
+(``aux_accuracy``); a server that reports a second participant (FedCoLLM's
+``global_slm``) scopes it with that participant's name.
 
 Columns (lists of equal length):
 

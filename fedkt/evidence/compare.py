@@ -87,8 +87,8 @@ def round0_summary(run_dir: str | Path, *, reps: int = DEFAULT_BOOTSTRAP,
                    level: float = DEFAULT_LEVEL, seed: int = 0) -> str:
     """Round 0 -> final of each participant's main metric, with its paired CI.
 
-    One row per participant and per scoped table (FedCoLLM's server also reports its
-    global SLM as ``slm_accuracy``), plus the mean over clients when there are several.
+    One row per participant (FedCoLLM's ``global_slm`` beside its ``server`` LLM) and per
+    scoped table (FedSP's ``aux_accuracy``), plus the mean over clients when there are several.
     The main metric is the first one its predictions support (``accuracy``, or
     ``rougeL`` for generation).  Needs a run with ``eval.round0`` and
     ``eval.predictions`` on (``eval.compare_round0`` prints this after ``fedkt run``).

@@ -3,8 +3,8 @@
 A *run* is a folder written by ``fedkt run`` (``RUN`` or ``RUN@ROUND`` to pick an
 evaluation round other than the last).  A *participant group* is ``server``,
 ``clients`` (the mean over clients, client k paired with client k), ``client_k``
-or any other participant name.  A metric may carry a scope prefix, as the
-metrics rows do (FedCoLLM's ``slm_accuracy`` is the server's ``slm`` table).
+or any other participant name (FedCoLLM's ``global_slm``).  A metric may carry a scope
+prefix, as the metrics rows do (FedSP's ``aux_accuracy`` is the server's ``aux`` table).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def members(run: Run, group: str) -> list[str]:
 
 
 def split_scope(run: Run, participant: str, metric: str) -> tuple[str, str]:
-    """``slm_accuracy`` -> (``slm``, ``accuracy``) when the run has an ``slm`` table."""
+    """``aux_accuracy`` -> (``aux``, ``accuracy``) when the run has an ``aux`` table."""
     rnd = run.eval_round()
     for (r, p, scope) in run.files:
         if r == rnd and p == participant and scope and metric.startswith(scope + "_"):

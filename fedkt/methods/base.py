@@ -247,8 +247,13 @@ class Server:
         """One communication round; returns server-side training metrics."""
         raise NotImplementedError
 
-    def evaluate(self, rnd: int) -> dict[str, float] | None:
-        """Evaluate the server's model on the test split (``None``: no server model)."""
+    def evaluate(self, rnd: int) -> dict[str, float] | dict[str, dict[str, float]] | None:
+        """Evaluate the server's model on the test split (``None``: no server model).
+
+        A flat dict is the ``server`` participant's metrics.  A server holding several
+        models returns ``{participant: metrics}`` and evaluates each non-``server`` one
+        inside ``predictions.scope(participant)`` (FedCoLLM's ``global_slm``).
+        """
         return None
 
     def server_model(self) -> LM | None:

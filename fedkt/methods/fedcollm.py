@@ -9,18 +9,21 @@ large model f (the LLM) with its own LoRA adapter omega and the auxiliary set D_
 
 1. the server sends the global adapter theta to the clients;
 2. client k trains theta_k on its private data with the task loss (Eq. 3);
-3. the server averages theta = sum_k n_k theta_k / sum_k n_k (FedAvg; with
-   ``secure_aggregation.enabled`` it only learns the sum, by SecAgg+);
+3. the server averages theta = (1/K) sum_k theta_k (Algorithm 1 line 13; ``weighted:
+   true`` weights by example counts instead; with ``secure_aggregation.enabled`` it only
+   learns the sum, by SecAgg+);
 4. on D_a the LLM and the global SLM co-tune by mutual distillation (Eqs. 4-6)::
 
-       L_f = L_FT^f + lambda * KL(f || g)        (Eq. 4, LLM adapter omega)
-       L_g = L_FT^g + lambda * KL(g || f)        (Eq. 5, SLM adapter theta)
-       min over (omega, theta) of L_f + L_g      (Eq. 6)
+       L^f = L_FT^f(omega) + lambda * L_KD^f,   L_KD^f = KL(g || f)   (LLM adapter omega)
+       L^g = L_FT^g(theta) + lambda * L_KD^g,   L_KD^g = KL(f || g)   (SLM adapter theta)
+       L_2 = L^f + L^g                                                 (Eq. 6)
 
-   One backward pass of ``L_f + L_g`` per batch; neither KL is detached, so each
-   adapter receives gradients from both KL terms (the public FATE-LLM code detaches
-   the other model's logits; this one does not).  Two AdamW optimisers step omega
-   and theta, each with its own learning rate (``lr_llm``, ``lr_slm``);
+   Each adapter descends its own loss (Algorithm 1 lines 16-17): omega by grad L^f and
+   theta by grad L^g, with the other model's output a fixed (detached) target in each KD
+   term, KL(target || student) as in FATE-LLM.  ``cotune_gradients: joint`` instead
+   back-propagates L^f + L^g with nothing detached, so each adapter also learns from the
+   other's KD term (a symmetric KL at about twice the weight).  Two AdamW optimisers step
+   omega and theta, each with its own learning rate (``lr_llm``, ``lr_slm``);
 5. the distilled theta goes back to the clients in the next round.
 
 When f and g share a tokenizer (the paper's setting) the KL terms compare full
@@ -63,17 +66,24 @@ from fedkt.training import (
 
 
 class FedCoLLMConfig(AdapterAveragingConfig):
-    """FedCoLLM hyper-parameters (defaults: the FATE-LLM reference training arguments).
+    """FedCoLLM hyper-parameters.
 
-    ``weighted`` (inherited) configures step 3 (``secure_aggregation.enabled``: by SecAgg+); local client
-    training uses ``training.*`` as in FedAvg.
+    The paper fixes the update rule (Eq. 6, Algorithm 1) and the 1/K mean (line 13) but
+    gives no lambda, temperature or R: those defaults are fedkt's (docs/methods/fedcollm.md,
+    "Differences from the paper").  Local client training uses ``training.*`` as in FedAvg.
     """
 
     name: Literal["fedcollm"] = "fedcollm"
-    # lambda of Eqs. 4-5: weight of the KL term against the fine-tuning loss.
+    # Step 3: the paper's plain 1/K mean (true: weight each adapter by its example count).
+    weighted: bool = False
+    # lambda of Eq. 6's L^f and L^g: weight of each KD term against the fine-tuning loss.
+    # The KL is a mean over the KD positions (FATE-LLM sums it over tokens instead).
     kd_lambda: float = Field(1.0, ge=0)
     # Softmax temperature of both KL terms (no T**2 factor).
     temperature: float = Field(1.0, gt=0)
+    # "own": each adapter descends its own loss, the other model's output a detached target
+    # (the paper); "joint": one backward of L^f + L^g with nothing detached.
+    cotune_gradients: Literal["own", "joint"] = "own"
     # Co-tuning on D_a per round: epochs over the public split, optionally capped at
     # ``cotune_max_steps`` optimiser steps (R).
     cotune_epochs: float = Field(1.0, gt=0)
@@ -98,14 +108,15 @@ class CoTuneLosses:
 
     ft_llm: Tensor  # L_FT^f
     ft_slm: Tensor  # L_FT^g
-    kl_llm_slm: Tensor  # KL(f || g)
-    kl_slm_llm: Tensor  # KL(g || f)
-    llm: Tensor  # L_f, Eq. 4
-    slm: Tensor  # L_g, Eq. 5
+    kd_llm: Tensor  # L_KD^f = KL(g || f): the LLM learns from the SLM
+    kd_slm: Tensor  # L_KD^g = KL(f || g): the SLM learns from the LLM
+    llm: Tensor  # L^f = L_FT^f + lambda * L_KD^f
+    slm: Tensor  # L^g = L_FT^g + lambda * L_KD^g
 
     @property
     def total(self) -> Tensor:
-        """Eq. 6: the joint objective over (omega, theta)."""
+        """Eq. 6: ``L^f + L^g``; omega appears only in L^f and theta only in L^g unless
+        ``cotune_gradients: joint`` leaves the KD targets in the graph."""
         return self.llm + self.slm
 
 
@@ -155,7 +166,8 @@ class TokenBridge:
 
     def kl(self, t_logits: Tensor, s_logits: Tensor, pos: Tensor, vocab_map: Tensor,
            s_mask: Tensor, temperature: float) -> Tensor:
-        """``KL(top-K of t, mapped || s)`` averaged over s's positions in ``s_mask``."""
+        """``KL(top-K of t, mapped || s)`` averaged over s's positions in ``s_mask``
+        (detach ``t_logits`` for a fixed target)."""
         from fedkt.alignment import sparse_kd_loss
 
         if int(vocab_map.max()) >= s_logits.shape[-1]:
@@ -183,13 +195,15 @@ class TokenBridge:
         return ce + (neg_entropy * m).sum() / m.sum().clamp_min(1.0)
 
     def mutual_kl(self, f_logits: Tensor, g_logits: Tensor, f_batch: dict[str, Tensor],
-                  g_batch: dict[str, Tensor], positions: str, temperature: float
-                  ) -> tuple[Tensor, Tensor]:
-        """``(KL(f || g), KL(g || f))`` across tokenizers; neither side detached."""
+                  g_batch: dict[str, Tensor], positions: str, temperature: float, *,
+                  detach_targets: bool = False) -> tuple[Tensor, Tensor]:
+        """``(KL(f || g), KL(g || f))`` across tokenizers, as :func:`fedkt.losses.mutual_kl`."""
         g_from_f, f_from_g = self.position_maps(f_batch, g_batch)
-        kl_fg = self.kl(f_logits, g_logits, g_from_f, self.f2g, kd_mask(g_batch, positions),
+        f_t, g_t = ((f_logits.detach(), g_logits.detach()) if detach_targets
+                    else (f_logits, g_logits))
+        kl_fg = self.kl(f_t, g_logits, g_from_f, self.f2g, kd_mask(g_batch, positions),
                         temperature)
-        kl_gf = self.kl(g_logits, f_logits, f_from_g, self.g2f, kd_mask(f_batch, positions),
+        kl_gf = self.kl(g_t, f_logits, f_from_g, self.g2f, kd_mask(f_batch, positions),
                         temperature)
         return kl_fg, kl_gf
 
@@ -199,6 +213,7 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
                   bridge: TokenBridge | None = None) -> CoTuneLosses:
     """Eqs. 4-6 on one D_a batch (``f_batch`` tokenized for the LLM, ``g_batch`` for the SLM)."""
     f_out, g_out = llm(**f_batch), slm(**g_batch)
+    detach = method.cotune_gradients == "own"
     if bridge is None:
         if not torch.equal(f_batch["input_ids"], g_batch["input_ids"]):
             raise ValueError("fedcollm: the LLM and SLM batches differ; a shared tokenizer "
@@ -206,23 +221,24 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
         vocab = min(f_out.logits.shape[-1], g_out.logits.shape[-1])  # padded embeddings differ
         kl_fg, kl_gf = mutual_kl(f_out.logits[..., :vocab].float(),
                                  g_out.logits[..., :vocab].float(), method.temperature,
-                                 kd_mask(g_batch, method.kd_positions))
+                                 kd_mask(g_batch, method.kd_positions), detach_targets=detach)
     else:
         kl_fg, kl_gf = bridge.mutual_kl(f_out.logits, g_out.logits, f_batch, g_batch,
-                                        method.kd_positions, method.temperature)
+                                        method.kd_positions, method.temperature,
+                                        detach_targets=detach)
     lam = method.kd_lambda
-    return CoTuneLosses(ft_llm=f_out.loss, ft_slm=g_out.loss, kl_llm_slm=kl_fg,
-                        kl_slm_llm=kl_gf,
-                        llm=f_out.loss + lam * kl_fg,  # Eq. 4
-                        slm=g_out.loss + lam * kl_gf)  # Eq. 5
+    return CoTuneLosses(ft_llm=f_out.loss, ft_slm=g_out.loss, kd_llm=kl_gf, kd_slm=kl_fg,
+                        llm=f_out.loss + lam * kl_gf,  # L^f (Eqs. 4-5)
+                        slm=g_out.loss + lam * kl_fg)  # L^g
 
 
 def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
            bridge: TokenBridge | None = None) -> dict[str, float]:
     """Server step of Algorithm 1: co-tune omega and theta on D_a (Eqs. 4-6), in place.
 
-    Each step back-propagates ``L_f + L_g`` (Eq. 6) once; the LLM's optimiser steps
-    omega with ``lr_llm`` and the SLM's steps theta with ``lr_slm``.
+    Each step back-propagates ``L^f + L^g`` (Eq. 6) once: with the KD targets detached
+    (``cotune_gradients: own``) omega receives exactly grad L^f and theta grad L^g.  The
+    LLM's optimiser steps omega with ``lr_llm``, the SLM's steps theta with ``lr_slm``.
     """
     method: FedCoLLMConfig = cfg.method
     epochs = max(1, math.ceil(method.cotune_epochs))
@@ -267,12 +283,12 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
         scaler.update()
         sched_f.step()
         sched_g.step()
-        for name in ("llm", "slm", "kl_llm_slm", "kl_slm_llm"):
+        for name in ("llm", "slm", "ft_llm", "ft_slm", "kd_llm", "kd_slm"):
             sums[name] = sums.get(name, 0.0) + float(getattr(parts, name).detach())
     llm.model.eval()
     slm.model.eval()
-    return {f"cotune_{k}" if k in ("llm", "slm") else k: v / total for k, v in sums.items()} | {
-        "cotune_steps": total}
+    # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
+    return {f"cotune_{k}": v / total for k, v in sums.items()} | {"cotune_steps": total}
 
 
 def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict]) -> bool:
@@ -325,13 +341,14 @@ class FedCoLLMServer(Server):
         # 5. theta goes back to the clients at the start of the next round
         return {**metrics, **{f"train/{k}": v for k, v in stats.items()}}
 
-    def evaluate(self, rnd: int) -> dict[str, float]:
-        """The LLM's test metrics, and the global SLM's with a ``slm_`` prefix."""
+    def evaluate(self, rnd: int) -> dict[str, dict[str, float]]:
+        """Two participants: ``server`` is the LLM (omega), ``global_slm`` the co-tuned
+        global SLM (theta), which the clients receive next round."""
         test = self.data().test
         llm = evaluate_records(self.cfg, self.llm.reset(self.omega), test)
-        with predictions.scope("slm"):  # its per-example table, beside the "slm_" metrics
+        with predictions.scope("global_slm"):  # its own per-example table
             slm = evaluate_records(self.cfg, self.slm.reset(self.theta), test)
-        return {**llm, **{f"slm_{k}": v for k, v in slm.items()}}
+        return {"server": llm, "global_slm": slm}
 
     def server_model(self) -> LM:
         """The LLM (omega); the global SLM is what every client holds."""

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from fedkt.losses import mutual_kl
+from fedkt.losses import kl_div, mutual_kl
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters
 from fedkt.methods.fedcollm import TokenBridge, cotune_losses, kd_mask
 from fedkt.payload import Payload, nbytes
-from fedkt.runner import run_job
+from fedkt.runner import SERVER_STATE, run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import RunRecorder
 from fedkt.training import evaluate_records, lm_batches, server_lm
 
 torch.set_num_threads(1)
@@ -70,35 +72,71 @@ def _grads(loss, *models):
 # ----------------------------------------------------------------------- Eqs. 4-6
 
 
-def test_both_kl_directions_give_gradients_to_both_adapters(make_config):
+def _cotune_parts(cfg, server, seed=1):
+    llm, slm = server.llm, server.slm
+    _randomise(llm, seed)
+    _randomise(slm, seed + 1)
+    batch = lm_batches(cfg, slm.tokenizer, server.data().public[:8], seed=0)[0]
+    llm.model.eval()
+    slm.model.eval()  # no dropout: repeated forward passes see the same function
+    return batch, cotune_losses(llm.model, slm.model, batch, batch, cfg.method)
+
+
+def test_each_adapter_descends_only_its_own_loss(make_config):
+    """Algorithm 1 lines 16-17: grad_omega of Eq. 6 is grad L^f, grad_theta is grad L^g."""
     cfg = fedcollm_config(make_config)
     server = _server(cfg)
     assert server.bridge is None, "same tokenizer: no alignment"
+    assert cfg.method.cotune_gradients == "own"
     llm, slm = server.llm, server.slm
-    _randomise(llm, 1)
-    _randomise(slm, 2)
-    batch = lm_batches(cfg, slm.tokenizer, server.data().public[:8], seed=0)[0]
-    llm.model.eval()
-    slm.model.eval()  # no dropout: the two forward passes below see the same function
-    parts = cotune_losses(llm.model, slm.model, batch, batch, cfg.method)
-    for term in (parts.kl_llm_slm, parts.kl_slm_llm):
-        assert term.item() > 0
-        g_llm, g_slm = _grads(term, llm.model, slm.model)
-        # Every LoRA tensor of both models gets a gradient from each KL direction.
-        assert all(g.abs().sum() > 0 for g in g_llm)
-        assert all(g.abs().sum() > 0 for g in g_slm)
-    # Eqs. 4-5 are assembled from the parts; Eq. 6 is their sum.
+    batch, parts = _cotune_parts(cfg, server)
     lam = cfg.method.kd_lambda
-    torch.testing.assert_close(parts.llm, parts.ft_llm + lam * parts.kl_llm_slm)
-    torch.testing.assert_close(parts.total, parts.llm + parts.slm)
-    # The KL is the dense one on the response positions of the shared tokenization.
     mask = kd_mask(batch, "target")
-    with torch.no_grad():
-        f, g = llm.model(**batch).logits, slm.model(**batch).logits
-    expected = mutual_kl(f, g, cfg.method.temperature, mask)
-    torch.testing.assert_close(parts.kl_llm_slm, expected[0], rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(parts.kl_slm_llm, expected[1], rtol=1e-4, atol=1e-6)
     assert mask.sum() == (batch["labels"] != -100).sum()  # target positions, shifted by one
+    # L^f and L^g written out by hand: CE plus lambda * KL(other, a constant || self).
+    f_out, g_out = llm.model(**batch), slm.model(**batch)
+    l_f = f_out.loss + lam * kl_div(g_out.logits.detach(), f_out.logits, 1.0, mask)
+    l_g = g_out.loss + lam * kl_div(f_out.logits.detach(), g_out.logits, 1.0, mask)
+    torch.testing.assert_close(parts.llm, l_f)
+    torch.testing.assert_close(parts.slm, l_g)
+    torch.testing.assert_close(parts.total, parts.llm + parts.slm)
+    got_f, got_g = _grads(parts.total, llm.model, slm.model)
+    want_f, _ = _grads(l_f, llm.model, slm.model)
+    _, want_g = _grads(l_g, llm.model, slm.model)
+    for got, want in [*zip(got_f, want_f, strict=True), *zip(got_g, want_g, strict=True)]:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
+    assert all(g.abs().sum() > 0 for g in got_f) and all(g.abs().sum() > 0 for g in got_g)
+    # The KD terms are the dense KL on the response positions, each teaching its student.
+    with torch.no_grad():
+        f, g = f_out.logits, g_out.logits
+    torch.testing.assert_close(parts.kd_slm, kl_div(f, g, 1.0, mask), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(parts.kd_llm, kl_div(g, f, 1.0, mask), rtol=1e-4, atol=1e-6)
+
+
+def test_joint_gradients_also_train_each_adapter_on_the_other_kd_term(make_config):
+    """``cotune_gradients: joint`` (the former default) differs from the paper's update by
+    exactly the other model's KD term: grad_omega = grad L^f + lambda grad_omega KL(f||g)."""
+    cfg = fedcollm_config(make_config, "method={name: fedcollm, cotune_gradients: joint}")
+    server = _server(cfg)
+    llm, slm = server.llm, server.slm
+    batch, parts = _cotune_parts(cfg, server)
+    lam = cfg.method.kd_lambda
+    mask = kd_mask(batch, "target")
+    f_out, g_out = llm.model(**batch), slm.model(**batch)
+    l_f = f_out.loss + lam * kl_div(g_out.logits.detach(), f_out.logits, 1.0, mask)
+    other = lam * kl_div(f_out.logits, g_out.logits.detach(), 1.0, mask)  # the SLM's term
+    got_f, _ = _grads(parts.total, llm.model, slm.model)
+    own_f, _ = _grads(l_f, llm.model, slm.model)
+    extra_f, _ = _grads(other, llm.model, slm.model)
+    for got, own, extra in zip(got_f, own_f, extra_f, strict=True):
+        torch.testing.assert_close(got, own + extra, rtol=1e-4, atol=1e-7)
+    # ... which is not zero: the joint variant is a different update.
+    assert sum(e.norm() for e in extra_f) > 1e-3 * sum(o.norm() for o in own_f)
+    # The KD terms' values are the same in both variants.
+    own_cfg = fedcollm_config(make_config, name="own")
+    _, own_parts = _cotune_parts(own_cfg, _server(own_cfg))
+    torch.testing.assert_close(parts.kd_llm, own_parts.kd_llm)
+    torch.testing.assert_close(parts.kd_slm, own_parts.kd_slm)
 
 
 def test_cross_tokenizer_kl_is_aligned_top_k_and_reaches_both_models(make_config):
@@ -114,11 +152,14 @@ def test_cross_tokenizer_kl_is_aligned_top_k_and_reaches_both_models(make_config
     f_batch = lm_batches(cfg, llm.tokenizer, records, seed=0)[0]
     g_batch = lm_batches(cfg, slm.tokenizer, records, seed=0)[0]
     parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, cfg.method, server.bridge)
-    for term in (parts.kl_llm_slm, parts.kl_slm_llm):
+    for term, student in ((parts.kd_slm, slm), (parts.kd_llm, llm)):
         assert torch.isfinite(term) and term.item() > 0
         g_llm, g_slm = _grads(term, llm.model, slm.model)
-        assert sum(g.abs().sum() for g in g_llm) > 0
-        assert sum(g.abs().sum() for g in g_slm) > 0
+        # The paper's update: each aligned KD term reaches its student only.
+        assert sum(g.abs().sum() for g in g_llm) > 0 if student is llm else all(
+            g.abs().sum() == 0 for g in g_llm)
+        assert sum(g.abs().sum() for g in g_slm) > 0 if student is slm else all(
+            g.abs().sum() == 0 for g in g_slm)
 
     # With one tokenizer on both sides and K = |V| the aligned top-K KL is the exact KL.
     tok = slm.tokenizer
@@ -160,8 +201,10 @@ def _reference_kl(t_logits, s_logits, pos, vocab_map, s_mask, temperature, k):
 # --------------------------------------------------------------------- aggregation
 
 
-def test_global_adapter_is_the_configured_weighted_mean(make_config):
+def test_global_adapter_is_the_plain_mean_unless_weighted(make_config):
+    """Algorithm 1 line 13: theta = (1/K) sum_k theta_k; ``weighted: true`` weights by n_k."""
     cfg = fedcollm_config(make_config, *DIRICHLET)
+    assert cfg.method.weighted is False
     server = _server(cfg)
     clients = _clients(cfg)
     theta, metrics = average_client_adapters(server, clients, server.theta)
@@ -169,18 +212,45 @@ def test_global_adapter_is_the_configured_weighted_mean(make_config):
     sizes = [r["num_examples"] for r in replies.values()]
     assert len(set(sizes)) > 1, "dirichlet partition should give unequal clients"
     for key, value in theta.items():
-        expected = sum(n * r["adapter"][key].double() for n, r in
-                       zip(sizes, replies.values(), strict=True)) / sum(sizes)
+        expected = sum(r["adapter"][key].double() for r in replies.values()) / len(replies)
         torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-7)
     assert metrics["train/loss"] > 0
-    # weighted: false gives the plain mean of the same adapters.
-    cfg2 = fedcollm_config(make_config, *DIRICHLET, "method.weighted=false", name="unweighted")
+    cfg2 = fedcollm_config(make_config, *DIRICHLET, "method.weighted=true", name="weighted")
     server2, clients2 = _server(cfg2), _clients(cfg2)
     theta2, _ = average_client_adapters(server2, clients2, server2.theta)
     for key, value in theta2.items():
-        expected = sum(r["adapter"][key].double() for r in replies.values()) / len(replies)
+        expected = sum(n * r["adapter"][key].double() for n, r in
+                       zip(sizes, replies.values(), strict=True)) / sum(sizes)
         torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-7)
     assert any(not torch.allclose(theta[k], theta2[k]) for k in theta)
+
+
+def test_next_round_broadcasts_the_cotuned_adapter(make_config):
+    """Step 5: round t+1 sends the co-tuned theta, not the plain average of round t."""
+    cfg = fedcollm_config(make_config, "rounds=2")
+    server = _server(cfg)
+    first = _clients(cfg, 1)
+    server.round(1, first)
+    replies = first.calls[0][1]
+    average = {k: sum(r["adapter"][k] for r in replies.values()) / len(replies)
+               for k in server.theta}
+    cotuned = {k: v.clone() for k, v in server.theta.items()}
+    assert any(not torch.allclose(cotuned[k], average[k]) for k in cotuned)
+
+    class Sent(Recording):
+        def call(self, handler, messages, *, evaluate=None):
+            self.sent = [*getattr(self, "sent", []), (handler, messages)]
+            return super().call(handler, messages, evaluate=evaluate)
+
+    second = Sent(cfg, LocalTransport(default_state_root(cfg)))
+    second.start_round(2)
+    server.round(2, second)
+    handler, messages = second.sent[0]
+    assert handler == "train"
+    for msg in messages.values():
+        got = msg.state("adapter", like=cotuned, source="server")
+        for k, v in cotuned.items():
+            torch.testing.assert_close(got[k], v)
 
 
 def _received_tensors(clients):
@@ -195,10 +265,11 @@ def _received_tensors(clients):
 
 def test_secure_aggregation_gives_the_plain_weighted_mean(make_config):
     """SecAgg+ (runtime/secagg.py) leaves FedCoLLM's step 3 unchanged up to quantisation."""
-    plain_cfg = fedcollm_config(make_config, *DIRICHLET, name="plain")
+    plain_cfg = fedcollm_config(make_config, *DIRICHLET, "method.weighted=true", name="plain")
     plain_server, plain_clients = _server(plain_cfg), _clients(plain_cfg)
     theta_plain, _ = average_client_adapters(plain_server, plain_clients, plain_server.theta)
-    cfg = fedcollm_config(make_config, *DIRICHLET, "secure_aggregation.enabled=true",
+    cfg = fedcollm_config(make_config, *DIRICHLET, "method.weighted=true",
+                          "secure_aggregation.enabled=true",
                           "secure_aggregation.max_weight=256", name="sec")
     server, clients = _server(cfg), _clients(cfg)
     theta, metrics = average_client_adapters(server, clients, server.theta)
@@ -230,16 +301,32 @@ def test_run_ships_only_lora_adapters_and_both_models_learn(make_config):
         assert adapter_bytes <= r["bytes_sent"] < adapter_bytes + 8192
         assert adapter_bytes <= r["bytes_received"] < adapter_bytes + 8192
     tests = [r for r in rows if r["participant"] == "server" and r["split"] == "test"]
-    assert {"accuracy", "loss", "slm_accuracy", "slm_loss"} <= set(tests[-1])
+    slm_tests = [r for r in rows if r["participant"] == "global_slm" and r["split"] == "test"]
+    assert {"accuracy", "loss"} <= set(tests[-1]) and {"accuracy", "loss"} <= set(slm_tests[-1])
+    assert [r["round"] for r in tests] == [r["round"] for r in slm_tests] == [0, 1, 2]
+    assert not any(k.startswith("slm_") for k in tests[-1])
     assert tests[-1]["loss"] < untouched["loss"]  # the LLM learnt on D_a
     server_train = [r for r in rows if r["participant"] == "server" and r["split"] == "train"]
-    assert all(r["kl_llm_slm"] > 0 and r["cotune_steps"] == 4 for r in server_train)
-    # Resume state holds both adapters.
-    state = server.state_dict()
+    assert all(r["cotune_kd_slm"] > 0 and r["cotune_steps"] == 4 for r in server_train)
+    for r in server_train:  # L^f pairs the LLM's CE with the LLM's own KD term
+        lam = cfg.method.kd_lambda
+        assert r["cotune_llm"] == pytest.approx(r["cotune_ft_llm"] + lam * r["cotune_kd_llm"])
+        assert r["cotune_slm"] == pytest.approx(r["cotune_ft_slm"] + lam * r["cotune_kd_slm"])
+    # Resume: the final checkpoint restores the trained omega and theta, which score
+    # exactly what the last round logged (a fresh server does not).
+    rec = RunRecorder(cfg.run_dir, resume=True)
+    assert rec.last_complete_round() == 2
+    state = load_file(str(rec.checkpoint_dir(2) / SERVER_STATE))
     assert {k.split(".", 1)[0] for k in state} == {"llm", "slm"}
-    fresh = _server(cfg)
-    fresh.load_state_dict(state)
-    assert fresh.omega.keys() == server.omega.keys() and fresh.theta.keys() == server.theta.keys()
+    restored = _server(cfg)
+    initial = {"llm": dict(restored.omega), "slm": dict(restored.theta)}
+    restored.load_state_dict(state)
+    assert any(not torch.equal(restored.omega[k], initial["llm"][k]) for k in restored.omega)
+    assert any(not torch.equal(restored.theta[k], initial["slm"][k]) for k in restored.theta)
+    again = restored.evaluate(2)
+    assert again["server"]["loss"] == pytest.approx(tests[-1]["loss"], rel=1e-5)
+    assert again["global_slm"]["loss"] == pytest.approx(slm_tests[-1]["loss"], rel=1e-5)
+    assert again["global_slm"]["accuracy"] == slm_tests[-1]["accuracy"]
 
 
 def test_config_errors_name_the_fix(make_config):
