@@ -270,6 +270,8 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
         g_batch = {k: v.to(g_dev) for k, v in g_batches[step].items()}
         with autocast(cfg, f_dev):  # the KL terms cast logits to fp32
             parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, method, bridge)
+        if step == 0:  # diagnostics on the round's first batch (no effect on training)
+            sums.update(kd_gradient_ratios(parts, f_params, g_params))
         opt_f.zero_grad(set_to_none=True)
         opt_g.zero_grad(set_to_none=True)
         scaler.scale(parts.total).backward()  # Eq. 6
@@ -288,7 +290,39 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     llm.model.eval()
     slm.model.eval()
     # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
-    return {f"cotune_{k}": v / total for k, v in sums.items()} | {"cotune_steps": total}
+    ratios = {k: sums.pop(k) for k in list(sums) if k.startswith("kd_grad_ratio")}
+    return ({f"cotune_{k}": v / total for k, v in sums.items()} | {"cotune_steps": total}
+            | {f"cotune_{k}": v for k, v in ratios.items()})
+
+
+def kd_gradient_ratios(parts: CoTuneLosses, f_params: list[Tensor], g_params: list[Tensor]
+                       ) -> dict[str, float]:
+    """How much of each adapter's co-tuning gradient the distillation contributes.
+
+    ``kd_grad_ratio_llm = ||grad_omega (L_2 - L_FT^f)|| / ||grad_omega L_FT^f||``: the norm of
+    everything but the LLM's own task loss (its KD term; with ``joint`` gradients also the
+    SLM's) against the task loss's; ``kd_grad_ratio_slm`` likewise for theta.  Computed on
+    the retained graph, so the update that follows is unchanged.
+    """
+    out = {}
+    for name, ft, params in (("llm", parts.ft_llm, f_params), ("slm", parts.ft_slm, g_params)):
+        kd = parts.total - ft
+        if not kd.requires_grad:  # lambda = 0 and nothing else reaches these parameters
+            out[f"kd_grad_ratio_{name}"] = 0.0
+            continue
+        g_ft = torch.autograd.grad(ft, params, retain_graph=True, allow_unused=True,
+                                   materialize_grads=True)
+        g_kd = torch.autograd.grad(kd, params, retain_graph=True, allow_unused=True,
+                                   materialize_grads=True)
+        norm_ft = torch.sqrt(sum((g.float() ** 2).sum() for g in g_ft))
+        norm_kd = torch.sqrt(sum((g.float() ** 2).sum() for g in g_kd))
+        out[f"kd_grad_ratio_{name}"] = float(norm_kd / norm_ft.clamp_min(1e-30))
+    return out
+
+
+def adapter_distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """L2 norm of ``a - b`` over every tensor of two adapters with the same keys."""
+    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a)))
 
 
 def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict]) -> bool:
@@ -332,12 +366,17 @@ class FedCoLLMServer(Server):
                                                        self.method.top_k)
 
     def round(self, rnd: int, clients) -> dict[str, float]:
+        sent = self.theta
         # 1-3. broadcast theta; clients train theta_k (Eq. 3); (secure) FedAvg into theta
         self.theta, metrics = average_client_adapters(self, clients, self.theta)
+        averaged = self.theta
         # 4. co-tune LLM (omega) and global SLM (theta) on D_a (Eqs. 4-6)
         stats = cotune(self.cfg, self.llm.reset(self.omega), self.slm.reset(self.theta),
                        self.data().public, seed=self.seed(rnd, "cotune"), bridge=self.bridge)
         self.omega, self.theta = self.llm.trainable(), self.slm.trainable()
+        # How far co-tuning moved theta, against how far the clients' round moved it.
+        stats["theta_shift_local"] = adapter_distance(averaged, sent)
+        stats["theta_shift_cotune"] = adapter_distance(self.theta, averaged)
         # 5. theta goes back to the clients at the start of the next round
         return {**metrics, **{f"train/{k}": v for k, v in stats.items()}}
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from fedkt.losses import kl_div, mutual_kl
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters
-from fedkt.methods.fedcollm import TokenBridge, cotune_losses, kd_mask
+from fedkt.methods.fedcollm import TokenBridge, cotune_losses, kd_gradient_ratios, kd_mask
 from fedkt.payload import Payload, nbytes
 from fedkt.runner import SERVER_STATE, run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
@@ -106,6 +106,16 @@ def test_each_adapter_descends_only_its_own_loss(make_config):
     for got, want in [*zip(got_f, want_f, strict=True), *zip(got_g, want_g, strict=True)]:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
     assert all(g.abs().sum() > 0 for g in got_f) and all(g.abs().sum() > 0 for g in got_g)
+    # The logged diagnostic: the KD term's gradient norm over the task loss's, per adapter.
+    ratios = kd_gradient_ratios(parts, [p for p in llm.model.parameters() if p.requires_grad],
+                                [p for p in slm.model.parameters() if p.requires_grad])
+    for name, kd, ft, model in (("llm", parts.kd_llm, parts.ft_llm, llm.model),
+                                ("slm", parts.kd_slm, parts.ft_slm, slm.model)):
+        (g_kd,) = _grads(lam * kd, model)
+        (g_ft,) = _grads(ft, model)
+        want = torch.sqrt(sum((g ** 2).sum() for g in g_kd)) / torch.sqrt(
+            sum((g ** 2).sum() for g in g_ft))
+        assert ratios[f"kd_grad_ratio_{name}"] == pytest.approx(float(want), rel=1e-4)
     # The KD terms are the dense KL on the response positions, each teaching its student.
     with torch.no_grad():
         f, g = f_out.logits, g_out.logits
@@ -308,6 +318,9 @@ def test_run_ships_only_lora_adapters_and_both_models_learn(make_config):
     assert tests[-1]["loss"] < untouched["loss"]  # the LLM learnt on D_a
     server_train = [r for r in rows if r["participant"] == "server" and r["split"] == "train"]
     assert all(r["cotune_kd_slm"] > 0 and r["cotune_steps"] == 4 for r in server_train)
+    for r in server_train:  # diagnostics: KD's gradient share, and how far theta moved
+        assert r["cotune_kd_grad_ratio_llm"] > 0 and r["cotune_kd_grad_ratio_slm"] > 0
+        assert r["theta_shift_local"] > 0 and r["theta_shift_cotune"] > 0
     for r in server_train:  # L^f pairs the LLM's CE with the LLM's own KD term
         lam = cfg.method.kd_lambda
         assert r["cotune_llm"] == pytest.approx(r["cotune_ft_llm"] + lam * r["cotune_kd_llm"])
