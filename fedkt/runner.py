@@ -205,8 +205,9 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
             broadcast(clients, "evaluate", evaluate=True)
         except RoundError as exc:
             log.warning("round 0: %s", exc)
+    server_eval = _server_evaluate(cfg, server, recorder, 0)
     wall = {"wall_time": time.perf_counter() - t0}
-    for name, values in _server_evaluate(cfg, server, recorder, 0).items():
+    for name, values in server_eval.items():
         recorder.log({"round": 0, "participant": name, "split": "test", **values, **wall})
         wall = {}
     traffic = clients.traffic

