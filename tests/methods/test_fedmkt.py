@@ -73,21 +73,44 @@ def _topk(values, ids, lengths, losses, vocab=10):
                       losses=torch.tensor(losses, dtype=torch.float32))
 
 
-def test_build_targets_takes_the_selected_teacher_and_falls_back_to_own():
+def _targets(own, other, omask, public, **kw):
+    t = mkt.build_targets(own, [mkt.Received.projected(other, omask)], public, **kw)
+    ids, vals, mask = t.batch(torch.arange(len(public)), own.values.shape[1])
+    return t, ids, vals, mask
+
+
+def test_build_targets_algorithm_2_and_appendix_b_3d():
     # 2 samples, 3 positions, K = 2.  Own knowledge: ids 1, 2 everywhere.
     own = _topk([[[1, 0]] * 3] * 2, [[[1, 2]] * 3] * 2, [3, 2], [1.0, 1.0])
     # The other model beats own on sample 0 only; its position 1 has no alignment.
     other = _topk([[[5, 4]] * 3] * 2, [[[7, 8]] * 3] * 2, [3, 2], [0.5, 3.0])
     omask = torch.tensor([[True, False, True], [True, True, False]])
-    public = mkt.PublicSet([{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2]}], 0)
-    t = mkt.build_targets(own, [(other, omask)], public, fallback_to_own=True)
+    public = mkt.PublicSet([{"input_ids": [1, 6, 3]}, {"input_ids": [1, 2]}], 0)
+    # Default (the paper): sample 1 is not in S~ (Algorithm 2, line 10); sample 0's
+    # unaligned position 1 gets a one-hot target on its ground-truth next token (3).
+    t, ids, vals, mask = _targets(own, other, omask, public)
     assert t.selection.tolist() == [0, -1]
-    assert t.indices[0, :, 0].tolist() == [7, 1, 7]  # teacher where aligned, own at 1
-    assert t.indices[1, :, 0].tolist() == [1, 1, 1]
-    assert t.mask.tolist() == [[True, True, True], [True, True, False]]  # 2nd: length 2
     assert t.fraction_from_others() == 0.5
-    strict = mkt.build_targets(own, [(other, omask)], public, fallback_to_own=False)
-    assert strict.mask.tolist() == [[True, False, True], [False, False, False]]
+    assert mask.tolist() == [[True, True, True], [False, False, False]]
+    assert ids[0, :, 0].tolist() == [7, 3, 7]
+    assert vals[0, 0].tolist() == [5, 4]
+    assert ids[0, 1].tolist() == [3, 0] and vals[0, 1, 0] == 0  # one-hot: one live slot
+    assert float(torch.softmax(vals[0, 1].float(), -1)[0]) == 1.0
+    # Options: the learner's own top-K where unaligned; FATE-LLM's fallback to own.
+    _, ids, _, mask = _targets(own, other, omask, public, unaligned="own")
+    assert ids[0, :, 0].tolist() == [7, 1, 7] and mask[0].tolist() == [True] * 3
+    _, ids, _, mask = _targets(own, other, omask, public, unaligned="skip")
+    assert mask[0].tolist() == [True, False, True]
+    _, ids, _, mask = _targets(own, other, omask, public, fallback_to_own=True, unaligned="own")
+    assert mask.tolist() == [[True, True, True], [True, True, False]]  # 2nd: length 2
+    assert ids[1, :2, 0].tolist() == [1, 1]
+    with pytest.raises(ValueError, match="unaligned"):
+        mkt.build_targets(own, [], public, unaligned="zero")
+
+
+def test_fedmkt_config_defaults_follow_the_paper():
+    cfg = mkt.FedMKTConfig()
+    assert cfg.fallback_to_own is False and cfg.unaligned == "one_hot" and cfg.lam == 0.9
 
 
 # ----------------------------------------------------------------------- transport
@@ -144,8 +167,11 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
     swapped = mkt.unpack_topk(corrupt(lengths=lengths), vocab, 8, "client 0")
     with pytest.raises(PayloadError, match="client 0.*'lengths'.*public sample 0"):
         mkt.to_receiver(swapped, lm.tokenizer, public, other, receiver, "client 0")
-    ok, _ = mkt.to_receiver(back, lm.tokenizer, public, other, receiver, "client 0")
-    assert ok.lengths.tolist() == receiver.lengths
+    ok = mkt.to_receiver(back, lm.tokenizer, public, other, receiver, "client 0")
+    assert ok.losses.tolist() == back.losses.tolist() and ok.aligns is not None
+    _, _, pmask = ok.rows(torch.arange(len(receiver)), max(receiver.lengths))
+    width = torch.tensor(receiver.lengths)[:, None]
+    assert not pmask[torch.arange(pmask.shape[1])[None, :] >= width].any()
 
 
 # ----------------------------------------------------------------------- alignment + KD
@@ -162,8 +188,10 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     records = server.data().public
     c_pub = mkt.PublicSet.build(cfg, client.tokenizer, records)
     s_k = mkt.knowledge_set(client, c_pub, 8, batch_size=8)
-    aligned, mask = mkt.to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
-                                    server.public, "client 0")
+    aligned = mkt.to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
+                              server.public, "client 0")
+    proj_ids, _, mask = aligned.rows(torch.arange(len(server.public)),
+                                     max(server.public.lengths))
     # Computed once per (public set, tokenizer pair): in memory and on disk.
     files = list((tmp_path / "cache" / "alignments").glob("fedmkt-*.npz"))
     assert len(files) == 1 and len(mkt._ALIGN_MEMORY) == 1
@@ -174,12 +202,12 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     assert files[0].stat().st_mtime_ns == stamp  # read back, not recomputed
     assert all((a.logit_map == b.logit_map).all() for a, b in zip(first, again, strict=True))
     assert 0.5 < mask[:, :-1].float().mean() < 1.0  # most positions aligned, not all
-    assert int(aligned.indices.max()) < mkt.vocab_size(server.llm.tokenizer)
+    assert int(proj_ids.max()) < mkt.vocab_size(server.llm.tokenizer)
 
     # The client's logits win every sample where its loss is lower: make it so.
     own = server.own_knowledge()
     aligned.losses = own.losses - 1.0
-    targets = mkt.build_targets(own, [(aligned, mask)], server.public, fallback_to_own=True)
+    targets = mkt.build_targets(own, [aligned], server.public)
     assert targets.fraction_from_others() == 1.0
     llm = server.llm
     gen = torch.Generator().manual_seed(0)
