@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedkt.alignment import (
@@ -118,8 +118,8 @@ class FedMKTConfig(MethodConfig):
     # Passes over D_p per round: the server's step 5 and each client's step 7.
     server_kd_epochs: float = Field(1.0, gt=0)
     client_kd_epochs: float = Field(1.0, gt=0)
-    # Learning rates of steps 5 and 7 (None: ``training.lr``).
-    server_lr: float | None = Field(None, gt=0)
+    # Learning rate of step 7 only (None: the client model's, clients.models[i].lr, else
+    # training.lr).  The LLM's rate is server.lr (D.1), the SLMs' clients.models[i].lr.
     client_kd_lr: float | None = Field(None, gt=0)
     # False: LLM2SLM, the LLM is frozen and only transfers knowledge to the SLMs.
     llm_training: bool = True
@@ -140,6 +140,15 @@ class FedMKTConfig(MethodConfig):
     kd_positions: Literal["all", "target"] = "all"
     # Homogeneous setting only: FedAvg of the client adapters after step 7.
     post_fedavg: bool = False
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "server_lr" in values:
+            raise ValueError("server_lr: the LLM's learning rate is now server.lr (a learning "
+                             "rate per model, FedMKT D.1); remove method.server_lr")
+        return values
 
 
 class LLM2SLMConfig(FedMKTConfig):
@@ -622,7 +631,7 @@ class FedMKTServer(Server):
             raise ConfigError("server: fedmkt needs the server's LLM (server: {name: ...})")
         if not cfg.clients.models:
             raise ConfigError("clients.models: fedmkt needs the clients' SLM(s)")
-        models = {c.model_dump_json() for c in cfg.clients.models}
+        models = {c.model_dump_json(exclude={"lr"}) for c in cfg.clients.models}
         if m.post_fedavg and len(models) > 1:
             raise ConfigError("method.post_fedavg: averaging client adapters needs one model "
                               "shared by all clients (the homogeneous setting)")
@@ -662,8 +671,6 @@ class FedMKTServer(Server):
         # say whether they hold the S_0 this round will send (LLM2SLM: the one of round 0)
         s0_next = rnd if m.llm_training else self.s0_version
         msg = Payload(share=m.llm_training, s0_version=s0_next)
-        if self.global_adapter is not None:
-            msg["adapter"] = self.global_adapter
         replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
         metrics: dict[str, float] = {}
         loss = mean_number(replies, "train_loss")
@@ -680,9 +687,11 @@ class FedMKTServer(Server):
             has = bool(replies[cid].get("has_s0", False))
             msgs[cid] = Payload(down) if has else Payload(down, topk=s0)
         # 7. clients align S_0, DualMinCE against their own loss, train on L3
-        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs)
+        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs), which
+            # every client then adopts and evaluates (an extension: the paper does not average)
             got, self.global_adapter = clients.aggregate(
                 "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
+            clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
         else:
             got = clients.call("distill", msgs)
         kd = mean_number(got, "kd_loss")
@@ -721,7 +730,7 @@ class FedMKTServer(Server):
         targets = build_targets(own, others, self.public, fallback_to_own=m.fallback_to_own,
                                 unaligned=m.unaligned)
         stats = distill(self.cfg, self.llm.reset(self.adapter), self.data().public, targets,
-                        epochs=m.server_kd_epochs, lr=m.server_lr, seed=self.seed(rnd, "kd"),
+                        epochs=m.server_kd_epochs, lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"),
                         desc="server kd")
         self.adapter = self.llm.trainable()
         out = {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
@@ -778,11 +787,10 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     """Steps 1-2: train the LoRA on private data (Eq. 4), compute S_k, upload it if asked."""
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
-    if "adapter" in msg:  # post_fedavg: the averaged adapter of the last round
-        lm.reset(msg.state("adapter", like=lm.initial, source="server"))
-    else:
-        lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
-    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), desc=f"{ctx.name} train")
+    lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
+    lr = ctx.cfg.clients.model_for(ctx.cid).lr  # D.1: each SLM's own rate
+    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), lr=lr,
+                     desc=f"{ctx.name} train")
     ctx.save_state("adapter", lm.trainable())
     with autocast(ctx.cfg, lm.model):
         own = knowledge_set(lm, _client_public(ctx, lm), m.top_k,
@@ -830,35 +838,45 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     targets = build_targets(own, [aligned], public, fallback_to_own=m.fallback_to_own,
                             unaligned=m.unaligned)
     stats = distill(ctx.cfg, lm, ctx.data().public, targets, epochs=m.client_kd_epochs,
-                    lr=m.client_kd_lr, seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
+                    lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
+                    seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
     ctx.save_state("adapter", lm.trainable())
     metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
                "train/kd_from_server": targets.fraction_from_others(),
-               "train/kd_one_hot": stats["kd_one_hot"],
-               **client_test_metrics(ctx, lm)}
+               "train/kd_one_hot": stats["kd_one_hot"]}
     reply = Payload(kd_loss=stats["kd_loss"], metrics=metrics)
-    if m.post_fedavg:
+    if m.post_fedavg:  # evaluated in 'adopt', after the averaging
         reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
+    else:
+        metrics.update(client_test_metrics(ctx, lm))
     return reply
+
+
+def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:
+    """``post_fedavg``: keep the averaged adapter as this client's model and evaluate it."""
+    lm = client_lm(ctx.cfg, ctx.cid)
+    lm.reset(msg.state("adapter", like=lm.initial, source="server"))
+    ctx.save_state("adapter", lm.trainable())
+    return Payload(metrics=client_test_metrics(ctx, lm))
 
 
 # --------------------------------------------------------------------------- registry
 
 _HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distill,
-             "evaluate": client_evaluate}
+             "adopt": client_adopt, "evaluate": client_evaluate}
 _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and Small "
           "Language Models, COLING 2025 (arXiv:2406.02224)")
 
 METHOD = register(Method(
     name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
-    client_model=saved_client_lm,
+    client_model=saved_client_lm, model_lr=True,
     summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
             "SLMs (token alignment, DualMinCE)",
     paper=_PAPER,
 ))
 LLM2SLM = register(Method(
     name="llm2slm", config=LLM2SLMConfig, server=FedMKTServer, handlers=_HANDLERS,
-    client_model=saved_client_lm,
+    client_model=saved_client_lm, model_lr=True,
     summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
     paper=_PAPER,
 ))

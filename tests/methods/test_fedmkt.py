@@ -37,6 +37,8 @@ class Recording(RuntimeClients):
     def call(self, handler, messages, *, evaluate=None):
         replies = super().call(handler, messages, evaluate=evaluate)
         self.calls = [*getattr(self, "calls", []), (handler, messages, replies)]
+        snapshot = {cid: dict(m) for cid, m in self.traffic.metrics.items()}
+        self.metric_log = [*getattr(self, "metric_log", []), snapshot]  # after each call
         return replies
 
 
@@ -295,37 +297,67 @@ def test_llm2slm_keeps_the_llm_frozen_and_sends_s0_once(make_config):
     assert all(torch.equal(saved[f"llm.{k}"], v) for k, v in state.adapter.items())
 
 
-def test_homogeneous_post_fedavg_and_config_checks(make_config):
-    cfg = mkt_config(make_config, "clients.models=[{name: tiny-gpt2}]",
-                     "method.post_fedavg=true", "method.client_kd_epochs=0.5")
+def test_homogeneous_post_fedavg_evaluates_the_averaged_adapter_and_lr_per_model(
+        make_config, monkeypatch):
+    import fedkt.training as T
+
+    seen: list[float] = []
+    real = T.make_optimizer
+
+    def spy(params, tcfg, total, lr=None):
+        seen.append(lr or tcfg.lr)
+        return real(params, tcfg, total, lr=lr)
+
+    monkeypatch.setattr(T, "make_optimizer", spy)
+    cfg = mkt_config(make_config, "clients.models=[{name: tiny-gpt2, lr: 0.005}]",
+                     "server.lr=0.001", "method.post_fedavg=true", "method.client_kd_epochs=0.5")
+    assert cfg.training.lr == 0.002
     server = get_method("fedmkt").server(cfg, cfg.run_dir)
     server.setup()
     clients = Recording(cfg, LocalTransport(default_state_root(cfg)))
-    clients.start_round(1)
+    clients.start_round(1, evaluate=True)
     server.round(1, clients)
-    adapters = [r["adapter"] for r in clients.calls[-1][2].values()]
+    # D.1: the LLM trains at server.lr, each SLM (private data and KD) at its own lr.
+    assert sorted(set(seen)) == [0.001, 0.005] and len(seen) == 5
+    (h1, _, _), (h2, _, distilled), (h3, sent, _) = clients.calls
+    assert (h1, h2, h3) == ("train_and_share", "distill", "adopt")
+    adapters = [r["adapter"] for r in distilled.values()]
     assert any(not torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
     for k, v in server.global_adapter.items():  # equal sizes: the plain mean
         torch.testing.assert_close(v, (adapters[0][k] + adapters[1][k]) / 2)
+    # Test metrics: measured after the averaging, on the averaged adapter (not before).
+    after_distill, after_adopt = clients.metric_log[1], clients.metric_log[2]
+    assert "train/kd_loss" in after_distill[0]
+    assert not any(k.startswith("test/") for m in after_distill.values() for k in m)
+    assert all(torch.equal(sent[c]["adapter"][k], server.global_adapter[k])
+               for c in (0, 1) for k in server.global_adapter)
+    from fedkt.training import evaluate_records
+
+    want = evaluate_records(cfg, client_lm(cfg, 0).reset(server.global_adapter),
+                            server.data().test)["loss"]
+    assert [after_adopt[c]["test/loss"] for c in (0, 1)] == pytest.approx([want] * 2)
     # Resume: the server's state brings back the LLM adapter and the global SLM adapter.
     again = get_method("fedmkt").server(cfg, cfg.run_dir)
     again.setup()
     again.load_state_dict(server.state_dict())
     assert all(torch.equal(again.adapter[k], v) for k, v in server.adapter.items())
     assert all(torch.equal(again.global_adapter[k], v) for k, v in server.global_adapter.items())
-    # Round 2 starts every client from the averaged adapter.
-    clients.start_round(2)
-    server.round(2, clients)
-    handler, sent, _ = clients.calls[-2]
-    assert handler == "train_and_share"
-    assert all(torch.equal(sent[c]["adapter"][k], again.global_adapter[k])
-               for c in (0, 1) for k in again.global_adapter)
+
+
+def test_config_checks(make_config):
     bad = mkt_config(make_config, "method.post_fedavg=true", name="bad")
     with pytest.raises(ConfigError, match="post_fedavg"):
         get_method("fedmkt").server(bad, bad.run_dir).setup()
     no_public = make_config(LLM, HETERO, method="fedmkt", name="nopub")
     with pytest.raises(ConfigError, match="public"):
         get_method("fedmkt").server(no_public, no_public.run_dir).setup()
+    with pytest.raises(ConfigError, match=r"server_lr.*server\.lr"):
+        mkt_config(make_config, "method.server_lr=0.1", name="moved")
+    with pytest.raises(ConfigError, match=r"server\.lr"):
+        mkt_config(make_config, "server.lr=0", name="zero")
+    with pytest.raises(ConfigError, match=r"clients\.models\[1\]\.lr.*fedcollm"):
+        make_config(LLM, "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2, lr: 0.1}]",
+                    method="fedcollm", name="ignored")
 
 
 def test_resume_after_a_round_gives_the_same_numbers(make_config):
