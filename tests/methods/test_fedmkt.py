@@ -375,3 +375,32 @@ def test_resume_after_a_round_gives_the_same_numbers(make_config):
         return {(r["participant"], r["split"]): r.get("loss") for r in rs if r["round"] == 2}
 
     assert last(resumed) == last(rows) and len(last(rows)) == 6
+
+
+def test_one_to_one_keeps_the_five_part_split(make_config):
+    """D.2 / Table 1: one public part and one private part of a five-way split, for the
+    single client (clients.participants: [k] with num_clients: 4), as one_to_one.yaml."""
+    from fedkt.config import load_config
+    from fedkt.config_catalog import resolve_config
+    from fedkt.data.splits import run_data
+
+    shipped = load_config(resolve_config("fedmkt/one_to_one"))
+    assert shipped.clients.num_clients == 4 and shipped.client_ids() == [0]
+    assert shipped.data.split.scheme == "fedmkt"
+    fd = run_data(shipped.data, 4, shipped.seed)
+    sizes = [len(fd.public)] + [len(p) for p in fd.private]
+    assert max(sizes) - min(sizes) <= 1  # five equal parts, one of them public
+
+    cfg = mkt_config(make_config, "clients.num_clients=4", "clients.participants=[2]",
+                     "clients.models=[{name: tiny-gpt2}]")
+    server = get_method("fedmkt").server(cfg, cfg.run_dir)
+    server.setup()
+    clients = Recording(cfg, LocalTransport(default_state_root(cfg)))
+    clients.start_round(1)
+    metrics = server.round(1, clients)
+    assert [(h, sorted(sent)) for h, sent, _ in clients.calls] == [
+        ("train_and_share", [2]), ("distill", [2])]
+    assert metrics["train/rejected_clients"] == 0
+    # Client 2 trains on the same private part as in the four-client run.
+    four = run_data(cfg.data, 4, cfg.seed)
+    assert server.data().private[2] == four.private[2] and server.data().public == four.public
