@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--dp-samples", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--proj-samples", type=int, default=200)
+    parser.add_argument("--k", type=int, default=128)
     args = parser.parse_args()
     from fedkt.models.install import require_models
 
@@ -110,6 +112,47 @@ def main() -> None:
           f"{t_dp_full:,.0f}s extrapolated to {args.samples}; ratio {t_dp_full / t_align:,.0f}x "
           f"(alignment only); DP links the same source token for {agree / max(total, 1):.1%} "
           "of target tokens")
+    projection_memory(src_tok, tgt_tok, src_ids, aligns, args)
+
+
+def projection_memory(src_tok, tgt_tok, src_ids, aligns, args) -> None:
+    """Peak working memory of project_topk, at once vs per batch, for N/2 and N samples."""
+    import tracemalloc
+
+    import torch
+
+    from fedkt.alignment import TopKLogits, project_topk, vocab_mapping
+
+    vocab_map = vocab_mapping(src_tok, tgt_tok)
+    n = min(args.proj_samples, len(aligns))
+    width = max(len(s) for s in src_ids[:n])
+    g = torch.Generator().manual_seed(args.seed)
+    values = torch.sort(torch.randn(n, width, args.k, generator=g), -1, descending=True)[0]
+    topk = TopKLogits(sample_ids=torch.arange(n), values=values.to(torch.float16),
+                      indices=torch.randint(0, len(vocab_map), (n, width, args.k), generator=g,
+                                            dtype=torch.int32),
+                      lengths=torch.tensor([len(s) for s in src_ids[:n]], dtype=torch.int32),
+                      vocab_size=len(vocab_map), losses=torch.zeros(n))
+    del values
+
+    def peak(m: int, batch: int | None) -> tuple[float, float]:
+        sub = TopKLogits(topk.sample_ids[:m], topk.values[:m], topk.indices[:m],
+                         topk.lengths[:m], topk.vocab_size, topk.losses[:m])
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        out, _ = project_topk(sub, vocab_map, aligns[:m], batch_size=batch)
+        dt = time.perf_counter() - t0
+        top = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return top / 2**20, dt
+
+    out_mb = n * max(a.n_tgt for a in aligns[:n]) * args.k * 7 / 2**20  # fp16 + int32 + mask
+    print(f"projection of top-{args.k} logits ({args.src} -> {args.tgt}), peak working memory "
+          f"(tracemalloc; the projected output, ~{out_mb:,.0f} MB for {n} samples, comes on top):")
+    for m in (n // 2, n):
+        (p_once, t_once), (p_batch, t_batch) = peak(m, None), peak(m, 32)
+        print(f"  {m:5d} samples: all at once {p_once:8,.0f} MB ({t_once:.1f}s); "
+              f"per batch of 32 {p_batch:6,.0f} MB ({t_batch:.1f}s)")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ class ModelConfig(_Strict):
     # Keep only the first N decoder layers of the loaded model (pruned, not retrained):
     # a smaller model derived from a pretrained one.  None keeps every layer.
     num_layers: int | None = Field(None, ge=1)
+    # This model's learning rate (FedMKT D.1 sets the LLM's and each SLM's apart); None:
+    # training.lr.  Read by the methods that train through the shared LM trainer.
+    lr: float | None = Field(None, gt=0)
 
 
 class DatasetConfig(_Strict):
@@ -356,6 +359,20 @@ class RunConfig(_Strict):
                     f"{key}.enabled: method {self.method.name!r} uses each client's upload "
                     "on its own (not only their sum), so this does not apply (see "
                     "docs/security.md for the methods it applies to)")
+        return self
+
+    @model_validator(mode="after")
+    def _model_lr_applies(self) -> RunConfig:
+        """A per-model ``lr`` needs a method that reads it (see ``Method.model_lr``)."""
+        from fedkt.methods import get_method  # local: methods import this module
+
+        keys = (["server.lr"] if self.server is not None and self.server.lr is not None else [])
+        keys += [f"clients.models[{i}].lr" for i, m in enumerate(self.clients.models)
+                 if m.lr is not None]
+        if keys and not get_method(self.method.name).model_lr:
+            raise ValueError(f"{', '.join(keys)}: method {self.method.name!r} does not read "
+                             "per-model learning rates; use training.lr (or the method's own "
+                             "lr keys)")
         return self
 
     @field_validator("output_dir")

@@ -40,6 +40,7 @@ class LM:
     model: torch.nn.Module
     tokenizer: Any
     initial: dict[str, torch.Tensor]
+    lr: float | None = None  # the model config's own learning rate (None: training.lr)
 
     def reset(self, trainable: dict[str, torch.Tensor] | None = None) -> LM:
         """Load ``trainable`` (or the initial adapter) into the model; return self."""
@@ -67,7 +68,7 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
     """
     text_key = (hashlib.sha256((prefix_text or "").encode()).hexdigest()
                 if training.prefix_from_text else "")
-    key = "|".join([model_cfg.model_dump_json(), training.peft, training.lora.model_dump_json(),
+    key = "|".join([model_cfg.model_dump_json(exclude={"lr"}), training.peft, training.lora.model_dump_json(),
                     str(training.prefix_tokens), text_key, str(seed), device])
     lm = _LM_CACHE.get(key)
     if lm is None:
@@ -79,6 +80,7 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
                            tokenizer=tokenizer).to(pick_device(device))
         lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()})
         _LM_CACHE[key] = lm
+    lm.lr = model_cfg.lr  # one cached copy may serve models that differ only in lr
     return lm.reset()
 
 
@@ -160,6 +162,8 @@ def train_lm(
     """Local training on ``records``: loss = task_weight * CE (+ extra_loss).
 
     ``extra_loss(model, batch, outputs, step)`` adds e.g. a distillation term.
+    ``lr``: None takes the model's own (``lm.lr``: ``server.lr`` /
+    ``clients.models[i].lr``), else ``training.lr``.
     Returns the mean loss, the number of steps and of examples.
     """
     tcfg = cfg.training
@@ -175,7 +179,7 @@ def train_lm(
     if total == 0:
         return {"loss": float("nan"), "steps": 0, "num_examples": 0}
     params = [p for p in model.parameters() if p.requires_grad]
-    opt, sched = make_optimizer(params, tcfg, total, lr=lr)
+    opt, sched = make_optimizer(params, tcfg, total, lr=lr if lr is not None else lm.lr)
     scaler = grad_scaler(tcfg, device)
     torch.manual_seed(seed)
     model.train()

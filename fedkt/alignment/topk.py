@@ -148,20 +148,27 @@ def project_topk(topk: TopKLogits, vocab_map: np.ndarray,
                  alignment: Sequence[Alignment] | Alignment, *,
                  tgt_vocab_size: int | None = None,
                  merge: Literal["logsumexp", "max"] = "logsumexp",
+                 batch_size: int | None = 32,
                  ) -> tuple[TopKLogits, torch.Tensor]:
     """Move source top-K into the target's token space (still K entries per position).
 
     ``alignment[n]`` belongs to sample ``n`` (source = ``topk``'s model).  Target position
     ``j`` takes the source logits at ``alignment[n].logit_map[j]``; each source id becomes
-    ``vocab_map[id]``.  Source ids that land on the same target id are merged by
-    log-sum-exp (default): the merged logit's softmax weight is the sum of the merged
-    ones, so the probability mass of the top-K distribution is kept (exact at temperature
-    1); ``"max"`` keeps the largest instead.  Empty slots hold :data:`PAD_VALUE`.
-    Returns the projection and a bool mask [N, L_tgt]: True where a source position was
-    aligned (train the student on the KD loss only there).
+    ``vocab_map[id]`` (an id mapped to -1 is dropped).  Source ids that land on the same
+    target id are merged by log-sum-exp (default): the merged logit's softmax weight is
+    the sum of the merged ones, so the probability mass of the top-K distribution is kept
+    (exact at temperature 1); ``"max"`` keeps the largest instead.  Empty slots hold
+    :data:`PAD_VALUE`.  Returns the projection and a bool mask [N, L_tgt]: True where a
+    source position was aligned (train the student on the KD loss only there).
+
+    Samples are projected ``batch_size`` at a time into the preallocated output, so the
+    working memory (about eight [batch, L, K] arrays) does not grow with N; ``None``
+    projects all samples at once.
     """
     if merge not in ("logsumexp", "max"):
         raise ValueError(f"project_topk: merge must be 'logsumexp' or 'max', got {merge!r}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"project_topk: batch_size must be >= 1 or None, got {batch_size}")
     aligns = [alignment] if isinstance(alignment, Alignment) else list(alignment)
     n_samples, _, k = topk.values.shape
     if len(aligns) != n_samples:
@@ -169,15 +176,42 @@ def project_topk(topk: TopKLogits, vocab_map: np.ndarray,
     vocab_map = np.asarray(vocab_map, dtype=np.int64)
     out_vocab = int(tgt_vocab_size if tgt_vocab_size is not None else vocab_map.max() + 1)
     t_len = max((a.n_tgt for a in aligns), default=0)
+    values = torch.full((n_samples, t_len, k), PAD_VALUE, dtype=torch.float16)
+    indices = torch.zeros(n_samples, t_len, k, dtype=torch.int32)
+    mask = torch.zeros(n_samples, t_len, dtype=torch.bool)
+    src_values, src_indices = topk.values.numpy(), topk.indices.numpy()
+    lengths = topk.lengths.numpy().astype(np.int64)
+    step = n_samples if batch_size is None else batch_size
+    for lo in range(0, n_samples, max(step, 1)):
+        hi = min(lo + step, n_samples)
+        out_vals, out_ids, m = _project_rows(
+            src_values[lo:hi], src_indices[lo:hi], lengths[lo:hi], aligns[lo:hi], vocab_map,
+            merge)
+        width = out_vals.shape[1]
+        values[lo:hi, :width] = torch.from_numpy(out_vals)
+        indices[lo:hi, :width] = torch.from_numpy(out_ids)
+        mask[lo:hi, :width] = torch.from_numpy(m)
+    projected = TopKLogits(
+        sample_ids=topk.sample_ids.clone(), values=values, indices=indices,
+        lengths=torch.tensor([a.n_tgt for a in aligns], dtype=torch.int32),
+        vocab_size=out_vocab, losses=topk.losses.clone())
+    return projected, mask
+
+
+def _project_rows(src_values: np.ndarray, src_indices: np.ndarray, lengths: np.ndarray,
+                  aligns: Sequence[Alignment], vocab_map: np.ndarray, merge: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`project_topk` on a few samples: fp16 values, int32 ids [n, L_tgt, K], mask."""
+    n_samples, _, k = src_values.shape
+    t_len = max((a.n_tgt for a in aligns), default=0)
     src_pos = np.full((n_samples, t_len), -1, dtype=np.int64)
     for i, a in enumerate(aligns):
         src_pos[i, : a.n_tgt] = a.logit_map
-    lengths = topk.lengths.numpy().astype(np.int64)
     valid = (src_pos >= 0) & (src_pos < lengths[:, None])
     rows = np.arange(n_samples)[:, None]
     pos = np.where(valid, src_pos, 0)
-    values = topk.values.numpy()[rows, pos].astype(np.float32)  # [N, Lt, K]
-    src_ids = topk.indices.numpy()[rows, pos].astype(np.int64)
+    values = src_values[rows, pos].astype(np.float32)  # [n, Lt, K]
+    src_ids = src_indices[rows, pos].astype(np.int64)
     in_map = (src_ids >= 0) & (src_ids < len(vocab_map))
     ids = np.where(in_map, vocab_map[np.where(in_map, src_ids, 0)], -1)
     ids = np.where(valid[..., None], ids, -1)
@@ -211,15 +245,8 @@ def project_topk(topk: TopKLogits, vocab_map: np.ndarray,
     out_vals = np.clip(np.where(pad, PAD_VALUE, out_vals), PAD_VALUE, -PAD_VALUE)
     out_ids = np.where(pad, 0, out_ids)
     mask = valid & (ids >= 0).any(axis=-1)
-    projected = TopKLogits(
-        sample_ids=topk.sample_ids.clone(),
-        values=torch.from_numpy(out_vals.reshape(n_samples, t_len, k).astype(np.float16)),
-        indices=torch.from_numpy(out_ids.reshape(n_samples, t_len, k).astype(np.int32)),
-        lengths=torch.tensor([a.n_tgt for a in aligns], dtype=torch.int32),
-        vocab_size=out_vocab,
-        losses=topk.losses.clone(),
-    )
-    return projected, torch.from_numpy(mask)
+    return (out_vals.reshape(n_samples, t_len, k).astype(np.float16),
+            out_ids.reshape(n_samples, t_len, k).astype(np.int32), mask)
 
 
 def sparse_kd_loss(student_logits: torch.Tensor, target_ids: torch.Tensor,

@@ -43,13 +43,16 @@ __all__ = [
     "detect_scheme",
     "mined_mapping",
     "normalize_vocab",
+    "role_ids",
+    "special_ids",
+    "special_token_mapping",
     "space_marker",
     "token_bytes",
     "vocab_hash",
     "vocab_mapping",
 ]
 
-MAPPING_VERSION = "mined-v1"  # bump when the mapping definition or normalisation changes
+MAPPING_VERSION = "mined-v2"  # v2: special tokens by role; bump when the mapping definition or normalisation changes
 _MAX_JOIN_LEN = 40  # queries longer than this skip the hash joins (they are few; buckets are small)
 _CDIST_CELLS = 1 << 24  # cap on one cdist result matrix (cells)
 
@@ -596,15 +599,84 @@ def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
 # --------------------------------------------------------------------------- public API
 
 
+ROLES = ("eos", "bos", "pad", "unk")  # special-token roles, in the order a shared id maps by
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokenizer's special tokens (``all_special_ids`` and special added tokens)."""
+    out = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or [] if i is not None}
+    out |= {idx for idx, (_content, special) in _added(tokenizer).items() if special}
+    return out
+
+
+def role_ids(tokenizer: Any) -> dict[str, int]:
+    """``{role: id}`` for the roles of :data:`ROLES` the tokenizer fills (eos, bos, pad, unk)."""
+    out: dict[str, int] = {}
+    for role in ROLES:
+        idx = getattr(tokenizer, f"{role}_token_id", None)
+        if idx is not None:
+            out[role] = int(idx)
+    return out
+
+
+def special_token_mapping(src_tokenizer: Any, tgt_tokenizer: Any) -> dict[int, int]:
+    """Source special id -> target id, by role and never by edit distance.
+
+    A source id holding a role (eos, bos, pad, unk) maps to the target's token of the
+    same role; an id with several roles (GPT-2's ``<|endoftext|>`` is all four) takes
+    the first of ``eos, bos, pad, unk`` the target fills.  Other special tokens map to
+    the target special token with the same text (``<|im_start|>`` in SmolLM2 and
+    Qwen2.5), else to -1: no counterpart, dropped from a projected top-K.
+    """
+    tgt_roles = role_ids(tgt_tokenizer)
+    src_roles: dict[int, list[str]] = {}
+    for role, idx in role_ids(src_tokenizer).items():
+        src_roles.setdefault(idx, []).append(role)
+    tgt_special = special_ids(tgt_tokenizer)
+    tgt_norm, src_norm = normalize_vocab(tgt_tokenizer), normalize_vocab(src_tokenizer)
+    by_text: dict[str, int] = {}
+    for idx in sorted(tgt_special):
+        if idx < len(tgt_norm):
+            by_text.setdefault(tgt_norm[idx], idx)
+    out: dict[int, int] = {}
+    for idx in sorted(special_ids(src_tokenizer) | set(src_roles)):
+        if idx >= len(src_norm):
+            continue
+        roles = [r for r in src_roles.get(idx, []) if r in tgt_roles]
+        out[idx] = tgt_roles[roles[0]] if roles else by_text.get(src_norm[idx], -1)
+    return out
+
+
+def _build_mapping(src_tokenizer: Any, tgt_tokenizer: Any, workers: int) -> np.ndarray:
+    """MinED over the text tokens of both sides, then the special tokens by role."""
+    src, tgt = normalize_vocab(src_tokenizer), normalize_vocab(tgt_tokenizer)
+    specials = special_token_mapping(src_tokenizer, tgt_tokenizer)
+    tgt_skip = special_ids(tgt_tokenizer) | set(role_ids(tgt_tokenizer).values())
+    tgt_keep = np.array([j for j in range(len(tgt)) if j not in tgt_skip], dtype=np.int64)
+    src_text = np.array([i for i in range(len(src)) if i not in specials], dtype=np.int64)
+    out = np.full(len(src), -1, dtype=np.int64)
+    if len(src_text):
+        if not len(tgt_keep):
+            raise ValueError("vocab_mapping: the target vocabulary has no text tokens")
+        found = mined_mapping([src[i] for i in src_text], [tgt[j] for j in tgt_keep],
+                              workers=workers)
+        out[src_text] = tgt_keep[found]
+    for idx, tgt_id in specials.items():
+        out[idx] = tgt_id
+    return out
+
+
 def vocab_mapping(src_tokenizer: Any, tgt_tokenizer: Any, cache: bool = True,
                   workers: int = 2) -> np.ndarray:
-    """MinED vocabulary mapping: ``out[src_id]`` is the closest target id (int64, [V_src]).
+    """Vocabulary mapping: ``out[src_id]`` is the target id (int64, [V_src]).
 
+    Text tokens map to the closest target text token by MinED (:func:`mined_mapping`;
+    target special tokens are never candidates); special tokens map by role
+    (:func:`special_token_mapping`), -1 where the target has no counterpart.
     Cached on disk under :func:`cache_dir` keyed by both vocabularies' contents.
     """
     if not cache:
-        return mined_mapping(normalize_vocab(src_tokenizer), normalize_vocab(tgt_tokenizer),
-                             workers=workers)
+        return _build_mapping(src_tokenizer, tgt_tokenizer, workers)
     key = hashlib.sha256(
         f"{MAPPING_VERSION}:{vocab_hash(src_tokenizer)}:{vocab_hash(tgt_tokenizer)}".encode()
     ).hexdigest()[:32]
@@ -616,8 +688,7 @@ def vocab_mapping(src_tokenizer: Any, tgt_tokenizer: Any, cache: bool = True,
         return mapping
 
     def build(tmp: Path) -> np.ndarray:
-        mapping = mined_mapping(normalize_vocab(src_tokenizer), normalize_vocab(tgt_tokenizer),
-                                workers=workers)
+        mapping = _build_mapping(src_tokenizer, tgt_tokenizer, workers)
         with open(tmp, "wb") as fh:
             np.save(fh, mapping)
         return mapping

@@ -288,3 +288,6 @@ class Method:
     # after the round before ``ctx.rnd``, for evaluation outside the round loop
     # (:mod:`fedkt.eval.harness`); None: the clients keep no model of their own.
     client_model: Callable[[ClientContext], LM] | None = None
+    # Trains through :func:`fedkt.training.train_lm` on ``client_lm`` / ``server_lm``: a
+    # per-model ``lr`` (``server.lr``, ``clients.models[i].lr``) applies.
+    model_lr: bool = False

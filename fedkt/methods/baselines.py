@@ -102,8 +102,9 @@ class CentralizedServer(Server):
 
     def round(self, rnd: int, clients) -> dict[str, float]:
         self.lm.reset(self.state)
+        model = self.cfg.server or self.cfg.clients.model_for(0)
         stats = train_lm(self.cfg, self.lm, self.records, seed=self.seed(rnd, "train"),
-                         desc="centralized")
+                         lr=model.lr, desc="centralized")
         self.state = self.lm.trainable()
         return {"train/loss": stats["loss"]}
 
@@ -121,10 +122,11 @@ class CentralizedServer(Server):
 
 
 register(Method("zero_shot", ZeroShotConfig, ZeroShotServer, {"evaluate": client_evaluate},
-                summary="evaluate models without training", client_model=untouched_client_model))
+                summary="evaluate models without training", client_model=untouched_client_model,
+                model_lr=True))
 register(Method("standalone", StandaloneConfig, StandaloneServer, {"train": client_train_alone,
                                                                 "evaluate": client_evaluate},
                 summary="each client trains alone on its private data",
-                client_model=saved_client_lm))
+                client_model=saved_client_lm, model_lr=True))
 register(Method("centralized", CentralizedConfig, CentralizedServer, {},
-                summary="one model trained on all data pooled (upper bound)"))
+                summary="one model trained on all data pooled (upper bound)", model_lr=True))

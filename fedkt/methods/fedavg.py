@@ -96,7 +96,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
 
 class FedAvgServer(Server):
     def setup(self) -> None:
-        models = {m.model_dump_json() for m in self.cfg.clients.models}
+        models = {m.model_dump_json(exclude={"lr"}) for m in self.cfg.clients.models}
         if len(models) > 1:
             raise ValueError("clients.models: fedavg needs one model shared by all clients")
         self.lm = client_lm(self.cfg, 0)
@@ -123,7 +123,7 @@ class FedAvgServer(Server):
 METHOD = register(Method(
     name="fedavg", config=FedAvgConfig, server=FedAvgServer,
     handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
-    summary="FedAvg of LoRA/prefix adapters on a shared client model",
+    model_lr=True, summary="FedAvg of LoRA/prefix adapters on a shared client model",
     paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
           "Decentralized Data, AISTATS 2017",
 ))

@@ -181,6 +181,12 @@ class TokenBridge:
         index = pos.clamp_min(0)[..., None].expand(-1, -1, k)
         tgt_values = values.gather(1, index)  # [B, Ls, K]
         tgt_ids = vocab_map.to(t_logits.device)[ids.gather(1, index)]
+        dropped = tgt_ids < 0  # a special token without a counterpart: no weight
+        if bool(dropped.any()):
+            from fedkt.alignment import PAD_VALUE
+
+            tgt_values = tgt_values.masked_fill(dropped, PAD_VALUE)
+            tgt_ids = tgt_ids.clamp_min(0)
         ce = sparse_kd_loss(s_logits, tgt_ids, tgt_values, valid, temperature)
         p = torch.softmax(tgt_values / temperature, dim=-1)
         # Mass of the s-token each slot maps to: the merged top-K probability, through

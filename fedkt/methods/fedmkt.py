@@ -18,8 +18,10 @@ know the public set D_p (``data.split``: the ``public`` part).  One round:
    mapping (:mod:`fedkt.alignment`);
 4. DualMinCE (Algorithm 2, :func:`dual_min_ce`): per public sample the client logits
    with the smallest loss are used only if that loss is below the LLM's own loss on
-   the sample; otherwise the LLM's own top-K logits are the target (as FATE-LLM's
-   "greater" strategy), or the sample gets no distillation (``fallback_to_own: false``);
+   the sample; otherwise the sample gets no distillation (it is not in S~), or, with
+   ``fallback_to_own: true`` (FATE-LLM's "greater" strategy), the LLM's own top-K;
+   a position without an aligned teacher position gets a one-hot target on the
+   ground-truth token (Appendix B 3(d); ``unaligned``);
 5. the server trains its LoRA on D_p with L2 = lam L_FT + (1 - lam) L_KD (Eqs. 5, 7, 9);
 6. the server computes S_0 on D_p with its new adapter and sends it to every client;
 7. client k maps S_0 into its own token space, applies DualMinCE against its own
@@ -48,7 +50,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedkt.alignment import (
@@ -89,6 +91,7 @@ __all__ = [
     "KDTargets",
     "LLM2SLMConfig",
     "PublicSet",
+    "Received",
     "build_targets",
     "dual_min_ce",
     "knowledge_set",
@@ -115,8 +118,8 @@ class FedMKTConfig(MethodConfig):
     # Passes over D_p per round: the server's step 5 and each client's step 7.
     server_kd_epochs: float = Field(1.0, gt=0)
     client_kd_epochs: float = Field(1.0, gt=0)
-    # Learning rates of steps 5 and 7 (None: ``training.lr``).
-    server_lr: float | None = Field(None, gt=0)
+    # Learning rate of step 7 only (None: the client model's, clients.models[i].lr, else
+    # training.lr).  The LLM's rate is server.lr (D.1), the SLMs' clients.models[i].lr.
     client_kd_lr: float | None = Field(None, gt=0)
     # False: LLM2SLM, the LLM is frozen and only transfers knowledge to the SLMs.
     llm_training: bool = True
@@ -124,14 +127,28 @@ class FedMKTConfig(MethodConfig):
     # paper and FATE-LLM) or their sum, the negative log-likelihood of the target text,
     # which does not depend on how finely a tokenizer cuts it ("sum").
     selection_loss: Literal["mean", "sum"] = "mean"
-    # Where no other model beats this model's own loss: distil towards its own top-K
-    # (True, FATE-LLM) or skip distillation on that sample (False).
-    fallback_to_own: bool = True
+    # Where no other model beats this model's own loss: leave the sample out of L_KD
+    # (False: Algorithm 2, S~ holds only samples where the other model's loss is lower) or
+    # distil towards the model's own top-K (True: FATE-LLM's choice, an extension).
+    fallback_to_own: bool = False
+    # A position of a selected sample with no aligned teacher position gets a one-hot
+    # target on the ground-truth next token ("one_hot", Appendix B 3(d)), the model's own
+    # top-K ("own", an extension) or no distillation ("skip").
+    unaligned: Literal["one_hot", "own", "skip"] = "one_hot"
     # Positions L_KD covers: every position that predicts a real token ("all", the paper)
     # or only those predicting target tokens ("target", like L_FT).
     kd_positions: Literal["all", "target"] = "all"
     # Homogeneous setting only: FedAvg of the client adapters after step 7.
     post_fedavg: bool = False
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "server_lr" in values:
+            raise ValueError("server_lr: the LLM's learning rate is now server.lr (a learning "
+                             "rate per model, FedMKT D.1); remove method.server_lr")
+        return values
 
 
 class LLM2SLMConfig(FedMKTConfig):
@@ -366,12 +383,68 @@ def _vocab_map(src_tok: Any, tgt_tok: Any) -> np.ndarray:
     return _MAP_MEMORY[key]
 
 
-def to_receiver(topk: TopKLogits, src_tok: Any, src: PublicSet, tgt_tok: Any, tgt: PublicSet,
-                source: str) -> tuple[TopKLogits, Tensor]:
-    """Steps 3/7: a received knowledge set in the receiver's token space, in D_p order.
+@dataclass
+class Received:
+    """A knowledge set from another model, joined to D_p by sample id.
 
-    Returns the projection ([N, L_tgt, K], loss ``inf`` for samples the sender left
-    out) and the mask [N, L_tgt] of positions that have a teacher position.
+    Kept in the sender's tokens as received; :meth:`rows` projects the rows of one
+    training batch into the learner's tokens (Appendix B), so no projected copy of the
+    whole set is ever held and the projection's memory does not grow with D_p.
+    """
+
+    topk: TopKLogits  # as received (the sender's token space)
+    row: Tensor  # int64 [N]: row of ``topk`` holding public sample n, -1: not sent
+    losses: Tensor  # float32 [N]: the sender's per-sample loss, inf: not sent
+    vocab: int  # the learner's vocabulary size
+    aligns: list[Alignment] | None = None  # per public sample; None: same tokens
+    vocab_map: np.ndarray | None = None  # sender id -> learner id
+    mask: Tensor | None = None  # [N_rows, L]: aligned positions (sets already projected)
+
+    @classmethod
+    def projected(cls, topk: TopKLogits, mask: Tensor) -> Received:
+        """A set already in the learner's tokens, one row per public sample, in order."""
+        n = topk.values.shape[0]
+        return cls(topk=topk, row=torch.arange(n, dtype=torch.int64), losses=topk.losses,
+                   vocab=topk.vocab_size, mask=mask)
+
+    def rows(self, samples: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Public ``samples`` [B] in the learner's tokens, ``width`` positions:
+        ids int64 [B, W, K], values float16 [B, W, K], aligned-position mask bool [B, W]."""
+        b, k = len(samples), self.topk.k
+        ids = torch.zeros(b, width, k, dtype=torch.int64)
+        vals = torch.full((b, width, k), PAD_VALUE, dtype=torch.float16)
+        mask = torch.zeros(b, width, dtype=torch.bool)
+        r = self.row[samples]
+        ok = r >= 0
+        if not bool(ok.any()):
+            return ids, vals, mask
+        rr, sel = r[ok], samples[ok]
+        t = self.topk
+        sub = TopKLogits(sample_ids=sel.clone(), values=t.values[rr], indices=t.indices[rr],
+                         lengths=t.lengths[rr], vocab_size=t.vocab_size, losses=t.losses[rr])
+        if self.aligns is None:
+            pv, pi = sub.values, sub.indices
+            pm = (self.mask[rr] if self.mask is not None else
+                  torch.arange(pv.shape[1])[None, :] < sub.lengths[:, None].long())
+        else:
+            proj, pm = project_topk(sub, self.vocab_map, [self.aligns[int(i)] for i in sel],
+                                    tgt_vocab_size=self.vocab, batch_size=None)
+            pv, pi = proj.values, proj.indices
+        ids[ok] = _fit(pi, width).long()
+        vals[ok] = _fit(pv, width)
+        mask[ok] = _fit(pm, width)
+        return ids, vals, mask
+
+
+def to_receiver(topk: TopKLogits, src_tok: Any, src: PublicSet, tgt_tok: Any, tgt: PublicSet,
+                source: str) -> Received:
+    """Steps 3/7: a received knowledge set joined to D_p, ready to project into the
+    receiver's tokens batch by batch (:meth:`Received.rows`).
+
+    Validates the sample ids (inside D_p) and every sample's length (that of the public
+    sample tokenized with the sender's tokenizer); loss ``inf`` for samples the sender
+    left out.  The alignments of D_p and the vocabulary mapping are computed (or read
+    from the cache) here.
     """
     n = len(tgt)
     ids = topk.sample_ids
@@ -383,32 +456,16 @@ def to_receiver(topk: TopKLogits, src_tok: Any, src: PublicSet, tgt_tok: Any, tg
         raise PayloadError(
             f"{source}: top-K field 'lengths' gives {int(topk.lengths[bad])} positions for "
             f"public sample {int(ids[bad])}, whose tokenization has {int(expected[bad])}")
-    width = max(tgt.lengths, default=0)
-    k = topk.k
-    out = TopKLogits(
-        sample_ids=torch.arange(n, dtype=torch.int64),
-        values=torch.full((n, width, k), PAD_VALUE, dtype=torch.float16),
-        indices=torch.zeros(n, width, k, dtype=torch.int32),
-        lengths=torch.tensor(tgt.lengths, dtype=torch.int32),
-        vocab_size=vocab_size(tgt_tok),
-        losses=torch.full((n,), math.inf, dtype=torch.float32))
-    mask = torch.zeros(n, width, dtype=torch.bool)
-    if not ids.numel():
-        return out, mask
-    rows = ids.long()
-    if vocab_hash(src_tok) == vocab_hash(tgt_tok) and src.digest() == tgt.digest():
-        proj, pmask = topk, torch.arange(topk.values.shape[1])[None, :] < topk.lengths[:, None]
-    else:
-        aligns = public_alignments(src_tok, tgt_tok, src, tgt)
-        proj, pmask = project_topk(topk, _vocab_map(src_tok, tgt_tok),
-                                   [aligns[int(i)] for i in rows],
-                                   tgt_vocab_size=vocab_size(tgt_tok))
-    w = proj.values.shape[1]
-    out.values[rows, :w] = proj.values
-    out.indices[rows, :w] = proj.indices
-    out.losses[rows] = topk.losses
-    mask[rows, :w] = pmask
-    return out, mask
+    row = torch.full((n,), -1, dtype=torch.int64)
+    row[ids.long()] = torch.arange(len(ids), dtype=torch.int64)
+    losses = torch.full((n,), math.inf, dtype=torch.float32)
+    losses[ids.long()] = topk.losses
+    out = Received(topk=topk, row=row, losses=losses, vocab=vocab_size(tgt_tok))
+    if ids.numel() and not (vocab_hash(src_tok) == vocab_hash(tgt_tok)
+                            and src.digest() == tgt.digest()):
+        out.aligns = public_alignments(src_tok, tgt_tok, src, tgt)
+        out.vocab_map = _vocab_map(src_tok, tgt_tok)
+    return out
 
 
 # --------------------------------------------------------------------------- KD targets
@@ -416,41 +473,89 @@ def to_receiver(topk: TopKLogits, src_tok: Any, src: PublicSet, tgt_tok: Any, tg
 
 @dataclass
 class KDTargets:
-    """Per public sample: the top-K distribution to distil from, in the learner's tokens."""
+    """DualMinCE's choice per public sample and the knowledge to distil from, built into
+    the learner's tokens one batch at a time (:meth:`batch`).
 
-    indices: Tensor  # int64 [N, L, K]
-    values: Tensor  # float16 [N, L, K]
-    mask: Tensor  # bool [N, L]: positions with a target
+    ``selection[n]``: -1 (no other model beats the learner: the sample is not in S~ unless
+    ``fallback_to_own``) or m (other model m).  ``unaligned``: what a learner position
+    gets where the selected model has no aligned position (Appendix B 3(d)).
+    """
+
+    own: TopKLogits  # the learner's S on D_p (its own tokens)
+    others: list[Received]
     selection: Tensor  # int64 [N]: -1 own, m: other model m (DualMinCE)
+    public: PublicSet  # the learner's tokenization of D_p (ground-truth next tokens)
     index: dict[bytes, int]  # token ids -> sample (to find a batch row's sample)
+    fallback_to_own: bool = False
+    unaligned: str = "one_hot"
+    counts: dict[str, int] | None = None  # positions distilled per kind (teacher, one_hot, own)
 
     def fraction_from_others(self) -> float:
         return float((self.selection >= 0).float().mean()) if self.selection.numel() else 0.0
 
+    def batch(self, samples: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Targets of public ``samples`` [B]: ids int64 [B, W, K], values float16
+        [B, W, K], mask bool [B, W] (positions that are distilled)."""
+        ids = _fit(self.own.indices[samples], width).long()
+        vals = _fit(self.own.values[samples], width)
+        lengths = self.own.lengths[samples].long()
+        positions = torch.arange(width)[None, :] < lengths[:, None]
+        sel = self.selection[samples]
+        own = (sel < 0)[:, None] & positions if self.fallback_to_own else \
+            torch.zeros_like(positions)
+        teacher = torch.zeros_like(positions)
+        hole = torch.zeros_like(positions)
+        for m, other in enumerate(self.others):
+            pick = (sel == m).nonzero().flatten()
+            if not len(pick):
+                continue
+            t_ids, t_vals, t_mask = other.rows(samples[pick], width)
+            t_mask &= positions[pick]
+            ids[pick] = torch.where(t_mask[..., None], t_ids, ids[pick])
+            vals[pick] = torch.where(t_mask[..., None], t_vals, vals[pick])
+            teacher[pick] = t_mask
+            hole[pick] = positions[pick] & ~t_mask
+        one_hot = torch.zeros_like(positions)
+        if self.unaligned == "own":
+            own |= hole
+        elif self.unaligned == "one_hot" and bool(hole.any()):
+            # Appendix B 3(d): a one-hot target on the ground-truth next token.
+            nxt = torch.full(positions.shape, -1, dtype=torch.int64)
+            for b, n in enumerate(samples.tolist()):
+                seq = self.public.seqs[n]["input_ids"][1: width + 1]
+                nxt[b, : len(seq)] = torch.tensor(seq, dtype=torch.int64)
+            one_hot = hole & (nxt >= 0)
+            ids[one_hot] = 0
+            ids[..., 0] = torch.where(one_hot, nxt, ids[..., 0])
+            vals[one_hot] = PAD_VALUE
+            vals[..., 0] = torch.where(one_hot, torch.zeros((), dtype=vals.dtype), vals[..., 0])
+        mask = (teacher | own | one_hot) & positions
+        if self.counts is not None:  # positions that predict a real token (kd_positions: all)
+            real = torch.arange(width)[None, :] < (lengths - 1)[:, None]
+            for key, part in (("teacher", teacher), ("one_hot", one_hot), ("own", own)):
+                self.counts[key] = self.counts.get(key, 0) + int((part & real).sum())
+        return ids, vals, mask
 
-def build_targets(own: TopKLogits, others: list[tuple[TopKLogits, Tensor]], public: PublicSet,
-                  *, fallback_to_own: bool) -> KDTargets:
-    """Steps 4 / 7: DualMinCE per sample, then that source's top-K at every position.
 
-    ``own``: the learner's S on D_p; ``others``: received knowledge sets already in the
-    learner's tokens (:func:`to_receiver`).  Where the selected model has no aligned
-    position, the learner's own top-K fills in (``fallback_to_own``) or nothing does.
+def build_targets(own: TopKLogits, others: list[Received], public: PublicSet, *,
+                  fallback_to_own: bool = False, unaligned: str = "one_hot") -> KDTargets:
+    """Steps 4 / 7: DualMinCE per sample (Algorithm 2).
+
+    ``own``: the learner's S on D_p; ``others``: received knowledge sets joined to D_p
+    (:func:`to_receiver`).  A sample whose best other model is not strictly better than
+    the learner is left out of L_KD (Algorithm 2, line 10) unless ``fallback_to_own``
+    (FATE-LLM: distil towards the learner's own top-K).  Where the selected model has no
+    aligned position: ``unaligned`` = ``one_hot`` (ground-truth token, Appendix B 3(d)),
+    ``own`` (the learner's own top-K) or ``skip`` (no distillation there).
     """
-    n, width, _ = own.values.shape
-    other_losses = torch.stack([o.losses for o, _ in others]) if others else torch.zeros(0, n)
+    if unaligned not in ("one_hot", "own", "skip"):
+        raise ValueError(f"build_targets: unaligned must be one_hot, own or skip, got "
+                         f"{unaligned!r}")
+    n = own.values.shape[0]
+    other_losses = torch.stack([o.losses for o in others]) if others else torch.zeros(0, n)
     selection = dual_min_ce(own.losses, other_losses)
-    values, indices = own.values.clone(), own.indices.long()
-    positions = torch.arange(width)[None, :] < own.lengths[:, None].long()
-    mask = (selection < 0)[:, None] & positions if fallback_to_own else \
-        torch.zeros(n, width, dtype=torch.bool)
-    for m, (other, omask) in enumerate(others):
-        use = _fit(omask, width) & (selection == m)[:, None]
-        values[use] = _fit(other.values, width)[use]
-        indices[use] = _fit(other.indices, width)[use].long()
-        mask |= use
-        if fallback_to_own:  # selected, but no aligned teacher position: own top-K
-            mask |= (selection == m)[:, None] & positions
-    return KDTargets(indices, values, mask & positions, selection, public.index())
+    return KDTargets(own, list(others), selection, public, public.index(),
+                     fallback_to_own=fallback_to_own, unaligned=unaligned, counts={})
 
 
 def kd_loss(targets: KDTargets, model_outputs: Any, batch: dict[str, Tensor], *,
@@ -465,9 +570,8 @@ def kd_loss(targets: KDTargets, model_outputs: Any, batch: dict[str, Tensor], *,
     rows = torch.tensor([targets.index[ids[b, :n].tobytes()] for b, n in enumerate(lens)])
     logits = model_outputs.logits
     width = logits.shape[1]
-    tgt_ids = _fit(targets.indices[rows], width).to(logits.device)
-    tgt_vals = _fit(targets.values[rows], width).to(logits.device)
-    mask = _fit(targets.mask[rows], width).to(logits.device)
+    tgt_ids, tgt_vals, mask = targets.batch(rows, width)
+    tgt_ids, tgt_vals, mask = (t.to(logits.device) for t in (tgt_ids, tgt_vals, mask))
     nxt = (batch["labels"] != IGNORE_INDEX) if positions == "target" \
         else batch["attention_mask"] > 0
     mask[:, :-1] &= nxt[:, 1:]
@@ -509,8 +613,10 @@ def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, 
 
     stats = train_lm(kd_cfg, lm, records, seed=seed, extra_loss=extra,
                      task_weight=lambda_mix(1.0, 0.0, m.lam), lr=lr, desc=desc)
+    counts = targets.counts or {}
+    total = max(sum(counts.values()), 1)
     return {"loss": stats["loss"], "kd_loss": sum(kd_sum) / max(len(kd_sum), 1),
-            "steps": stats["steps"]}
+            "steps": stats["steps"], "kd_one_hot": counts.get("one_hot", 0) / total}
 
 
 # --------------------------------------------------------------------------- server
@@ -525,7 +631,7 @@ class FedMKTServer(Server):
             raise ConfigError("server: fedmkt needs the server's LLM (server: {name: ...})")
         if not cfg.clients.models:
             raise ConfigError("clients.models: fedmkt needs the clients' SLM(s)")
-        models = {c.model_dump_json() for c in cfg.clients.models}
+        models = {c.model_dump_json(exclude={"lr"}) for c in cfg.clients.models}
         if m.post_fedavg and len(models) > 1:
             raise ConfigError("method.post_fedavg: averaging client adapters needs one model "
                               "shared by all clients (the homogeneous setting)")
@@ -565,8 +671,6 @@ class FedMKTServer(Server):
         # say whether they hold the S_0 this round will send (LLM2SLM: the one of round 0)
         s0_next = rnd if m.llm_training else self.s0_version
         msg = Payload(share=m.llm_training, s0_version=s0_next)
-        if self.global_adapter is not None:
-            msg["adapter"] = self.global_adapter
         replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
         metrics: dict[str, float] = {}
         loss = mean_number(replies, "train_loss")
@@ -583,9 +687,11 @@ class FedMKTServer(Server):
             has = bool(replies[cid].get("has_s0", False))
             msgs[cid] = Payload(down) if has else Payload(down, topk=s0)
         # 7. clients align S_0, DualMinCE against their own loss, train on L3
-        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs)
+        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs), which
+            # every client then adopts and evaluates (an extension: the paper does not average)
             got, self.global_adapter = clients.aggregate(
                 "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
+            clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
         else:
             got = clients.call("distill", msgs)
         kd = mean_number(got, "kd_loss")
@@ -602,7 +708,7 @@ class FedMKTServer(Server):
         m: FedMKTConfig = self.method
         own = self.own_knowledge()
 
-        def receive(cid: int, reply: Payload) -> tuple[tuple[TopKLogits, Tensor], dict]:
+        def receive(cid: int, reply: Payload) -> tuple[Received, dict]:
             source = f"client {cid}"
             tok, pub = self.client_side(cid)
             packed = reply.state("topk", source=source, finite=False)
@@ -615,19 +721,21 @@ class FedMKTServer(Server):
 
         checked = clients.validate(dict(sorted(replies.items())), receive, "train_and_share")
         rejected = len(replies) - len(checked)
-        others: list[tuple[TopKLogits, Tensor]] = [aligned for aligned, _ in checked.values()]
+        others: list[Received] = [aligned for aligned, _ in checked.values()]
         entries = tensor_bytes = 0
         for _, packed in checked.values():
             e, b = packed_entries(packed)
             entries, tensor_bytes = entries + e, tensor_bytes + b
         # 4. DualMinCE; 5. L2 = lam L_FT + (1 - lam) L_KD on D_p (Eqs. 5, 7, 9)
-        targets = build_targets(own, others, self.public, fallback_to_own=m.fallback_to_own)
+        targets = build_targets(own, others, self.public, fallback_to_own=m.fallback_to_own,
+                                unaligned=m.unaligned)
         stats = distill(self.cfg, self.llm.reset(self.adapter), self.data().public, targets,
-                        epochs=m.server_kd_epochs, lr=m.server_lr, seed=self.seed(rnd, "kd"),
+                        epochs=m.server_kd_epochs, lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"),
                         desc="server kd")
         self.adapter = self.llm.trainable()
         out = {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
                "train/kd_from_clients": targets.fraction_from_others(),
+               "train/kd_one_hot": stats["kd_one_hot"],
                "train/topk_entries": entries, "train/rejected_clients": rejected}
         if entries:
             out["train/topk_bytes_per_entry"] = tensor_bytes / entries
@@ -679,11 +787,10 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     """Steps 1-2: train the LoRA on private data (Eq. 4), compute S_k, upload it if asked."""
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
-    if "adapter" in msg:  # post_fedavg: the averaged adapter of the last round
-        lm.reset(msg.state("adapter", like=lm.initial, source="server"))
-    else:
-        lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
-    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), desc=f"{ctx.name} train")
+    lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
+    lr = ctx.cfg.clients.model_for(ctx.cid).lr  # D.1: each SLM's own rate
+    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), lr=lr,
+                     desc=f"{ctx.name} train")
     ctx.save_state("adapter", lm.trainable())
     with autocast(ctx.cfg, lm.model):
         own = knowledge_set(lm, _client_public(ctx, lm), m.top_k,
@@ -728,36 +835,48 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     s0 = unpack_topk(packed, vocab_size(server_tok), m.top_k, "server")  # validated on receipt
     server_public = PublicSet.build(ctx.cfg, server_tok, ctx.data().public)
     aligned = to_receiver(s0, server_tok, server_public, lm.tokenizer, public, "server")
-    targets = build_targets(own, [aligned], public, fallback_to_own=m.fallback_to_own)
+    targets = build_targets(own, [aligned], public, fallback_to_own=m.fallback_to_own,
+                            unaligned=m.unaligned)
     stats = distill(ctx.cfg, lm, ctx.data().public, targets, epochs=m.client_kd_epochs,
-                    lr=m.client_kd_lr, seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
+                    lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
+                    seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
     ctx.save_state("adapter", lm.trainable())
     metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
                "train/kd_from_server": targets.fraction_from_others(),
-               **client_test_metrics(ctx, lm)}
+               "train/kd_one_hot": stats["kd_one_hot"]}
     reply = Payload(kd_loss=stats["kd_loss"], metrics=metrics)
-    if m.post_fedavg:
+    if m.post_fedavg:  # evaluated in 'adopt', after the averaging
         reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
+    else:
+        metrics.update(client_test_metrics(ctx, lm))
     return reply
+
+
+def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:
+    """``post_fedavg``: keep the averaged adapter as this client's model and evaluate it."""
+    lm = client_lm(ctx.cfg, ctx.cid)
+    lm.reset(msg.state("adapter", like=lm.initial, source="server"))
+    ctx.save_state("adapter", lm.trainable())
+    return Payload(metrics=client_test_metrics(ctx, lm))
 
 
 # --------------------------------------------------------------------------- registry
 
 _HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distill,
-             "evaluate": client_evaluate}
+             "adopt": client_adopt, "evaluate": client_evaluate}
 _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and Small "
           "Language Models, COLING 2025 (arXiv:2406.02224)")
 
 METHOD = register(Method(
     name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
-    client_model=saved_client_lm,
+    client_model=saved_client_lm, model_lr=True,
     summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
             "SLMs (token alignment, DualMinCE)",
     paper=_PAPER,
 ))
 LLM2SLM = register(Method(
     name="llm2slm", config=LLM2SLMConfig, server=FedMKTServer, handlers=_HANDLERS,
-    client_model=saved_client_lm,
+    client_model=saved_client_lm, model_lr=True,
     summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
     paper=_PAPER,
 ))

@@ -17,6 +17,8 @@ from fedkt.alignment import (
     normalize_vocab,
     project_topk,
     reference_dp_alignment,
+    special_ids,
+    special_token_mapping,
     vocab_mapping,
 )
 from fedkt.alignment import sequence as S
@@ -110,7 +112,13 @@ def test_paper_example_util_ize_vs_utilize():
     nl, ns = normalize_vocab(llm), normalize_vocab(slm)
     mapping = vocab_mapping(llm, slm, cache=False)
     util = llm.convert_tokens_to_ids("util")
-    assert mapping.tolist() == brute_force_mapping(nl, ns).tolist()
+    # Text tokens: MinED among the target's text tokens; special tokens map by role.
+    specials = special_token_mapping(llm, slm)
+    assert specials[llm.unk_token_id] == slm.unk_token_id
+    text = [i for i in range(len(nl)) if i not in specials]
+    keep = [j for j in range(len(ns)) if j not in special_ids(slm)]
+    ref = brute_force_mapping([nl[i] for i in text], [ns[j] for j in keep])
+    assert mapping[text].tolist() == [keep[r] for r in ref]
     assert ns[mapping[util]] == " the"
     k = 2
     values = torch.zeros(1, len(src), k, dtype=torch.float16)

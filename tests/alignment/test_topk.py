@@ -168,6 +168,52 @@ def test_project_respects_source_lengths_and_batches():
     assert got == src_ids
 
 
+def _big_set(n: int, length: int = 48, k: int = 16, vocab: int = 400):
+    g = torch.Generator().manual_seed(n)
+    values, ids = torch.sort(torch.randn(n, length, k, generator=g), dim=-1, descending=True)
+    t = TopKLogits(sample_ids=torch.arange(n), values=values.to(torch.float16),
+                   indices=torch.randint(0, vocab, (n, length, k), generator=g,
+                                         dtype=torch.int32),
+                   lengths=torch.full((n,), length, dtype=torch.int32), vocab_size=vocab,
+                   losses=torch.rand(n, generator=g))
+    shift = np.r_[np.arange(1, length), -1]
+    aligns = [_alignment(np.where(np.arange(length) % 7 == 3, -1, shift).tolist())
+              for _ in range(n)]
+    vocab_map = np.random.default_rng(0).integers(-1, 200, vocab)  # -1: a dropped special
+    return t, aligns, vocab_map
+
+
+def _peak(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_project_in_batches_is_exact_and_its_memory_does_not_grow_with_n():
+    t, aligns, vocab_map = _big_set(64)
+    once, m_once = project_topk(t, vocab_map, aligns, tgt_vocab_size=200, batch_size=None)
+    batched, m_b = project_topk(t, vocab_map, aligns, tgt_vocab_size=200, batch_size=6)
+    assert torch.equal(once.values, batched.values) and torch.equal(once.indices, batched.indices)
+    assert torch.equal(m_once, m_b)
+    with pytest.raises(ValueError, match="batch_size"):
+        project_topk(t, vocab_map, aligns, batch_size=0)
+    # Working memory (numpy temporaries; the output is one preallocated tensor): per batch
+    # it stays flat from 16 to 64 samples, all at once it grows with N.
+    small = _big_set(16)
+    per_batch = [_peak(lambda s=s: project_topk(s[0], s[2], s[1], batch_size=8)) for s in
+                 (small, (t, aligns, vocab_map))]
+    at_once = [_peak(lambda s=s: project_topk(s[0], s[2], s[1], batch_size=None)) for s in
+               (small, (t, aligns, vocab_map))]
+    assert per_batch[1] < 1.3 * per_batch[0]
+    assert at_once[1] > 3 * at_once[0]
+    assert per_batch[1] < at_once[1] / 4
+
+
 # --------------------------------------------------------------------------- loss
 
 

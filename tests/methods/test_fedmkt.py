@@ -37,6 +37,8 @@ class Recording(RuntimeClients):
     def call(self, handler, messages, *, evaluate=None):
         replies = super().call(handler, messages, evaluate=evaluate)
         self.calls = [*getattr(self, "calls", []), (handler, messages, replies)]
+        snapshot = {cid: dict(m) for cid, m in self.traffic.metrics.items()}
+        self.metric_log = [*getattr(self, "metric_log", []), snapshot]  # after each call
         return replies
 
 
@@ -73,21 +75,44 @@ def _topk(values, ids, lengths, losses, vocab=10):
                       losses=torch.tensor(losses, dtype=torch.float32))
 
 
-def test_build_targets_takes_the_selected_teacher_and_falls_back_to_own():
+def _targets(own, other, omask, public, **kw):
+    t = mkt.build_targets(own, [mkt.Received.projected(other, omask)], public, **kw)
+    ids, vals, mask = t.batch(torch.arange(len(public)), own.values.shape[1])
+    return t, ids, vals, mask
+
+
+def test_build_targets_algorithm_2_and_appendix_b_3d():
     # 2 samples, 3 positions, K = 2.  Own knowledge: ids 1, 2 everywhere.
     own = _topk([[[1, 0]] * 3] * 2, [[[1, 2]] * 3] * 2, [3, 2], [1.0, 1.0])
     # The other model beats own on sample 0 only; its position 1 has no alignment.
     other = _topk([[[5, 4]] * 3] * 2, [[[7, 8]] * 3] * 2, [3, 2], [0.5, 3.0])
     omask = torch.tensor([[True, False, True], [True, True, False]])
-    public = mkt.PublicSet([{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2]}], 0)
-    t = mkt.build_targets(own, [(other, omask)], public, fallback_to_own=True)
+    public = mkt.PublicSet([{"input_ids": [1, 6, 3]}, {"input_ids": [1, 2]}], 0)
+    # Default (the paper): sample 1 is not in S~ (Algorithm 2, line 10); sample 0's
+    # unaligned position 1 gets a one-hot target on its ground-truth next token (3).
+    t, ids, vals, mask = _targets(own, other, omask, public)
     assert t.selection.tolist() == [0, -1]
-    assert t.indices[0, :, 0].tolist() == [7, 1, 7]  # teacher where aligned, own at 1
-    assert t.indices[1, :, 0].tolist() == [1, 1, 1]
-    assert t.mask.tolist() == [[True, True, True], [True, True, False]]  # 2nd: length 2
     assert t.fraction_from_others() == 0.5
-    strict = mkt.build_targets(own, [(other, omask)], public, fallback_to_own=False)
-    assert strict.mask.tolist() == [[True, False, True], [False, False, False]]
+    assert mask.tolist() == [[True, True, True], [False, False, False]]
+    assert ids[0, :, 0].tolist() == [7, 3, 7]
+    assert vals[0, 0].tolist() == [5, 4]
+    assert ids[0, 1].tolist() == [3, 0] and vals[0, 1, 0] == 0  # one-hot: one live slot
+    assert float(torch.softmax(vals[0, 1].float(), -1)[0]) == 1.0
+    # Options: the learner's own top-K where unaligned; FATE-LLM's fallback to own.
+    _, ids, _, mask = _targets(own, other, omask, public, unaligned="own")
+    assert ids[0, :, 0].tolist() == [7, 1, 7] and mask[0].tolist() == [True] * 3
+    _, ids, _, mask = _targets(own, other, omask, public, unaligned="skip")
+    assert mask[0].tolist() == [True, False, True]
+    _, ids, _, mask = _targets(own, other, omask, public, fallback_to_own=True, unaligned="own")
+    assert mask.tolist() == [[True, True, True], [True, True, False]]  # 2nd: length 2
+    assert ids[1, :2, 0].tolist() == [1, 1]
+    with pytest.raises(ValueError, match="unaligned"):
+        mkt.build_targets(own, [], public, unaligned="zero")
+
+
+def test_fedmkt_config_defaults_follow_the_paper():
+    cfg = mkt.FedMKTConfig()
+    assert cfg.fallback_to_own is False and cfg.unaligned == "one_hot" and cfg.lam == 0.9
 
 
 # ----------------------------------------------------------------------- transport
@@ -144,8 +169,11 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
     swapped = mkt.unpack_topk(corrupt(lengths=lengths), vocab, 8, "client 0")
     with pytest.raises(PayloadError, match="client 0.*'lengths'.*public sample 0"):
         mkt.to_receiver(swapped, lm.tokenizer, public, other, receiver, "client 0")
-    ok, _ = mkt.to_receiver(back, lm.tokenizer, public, other, receiver, "client 0")
-    assert ok.lengths.tolist() == receiver.lengths
+    ok = mkt.to_receiver(back, lm.tokenizer, public, other, receiver, "client 0")
+    assert ok.losses.tolist() == back.losses.tolist() and ok.aligns is not None
+    _, _, pmask = ok.rows(torch.arange(len(receiver)), max(receiver.lengths))
+    width = torch.tensor(receiver.lengths)[:, None]
+    assert not pmask[torch.arange(pmask.shape[1])[None, :] >= width].any()
 
 
 # ----------------------------------------------------------------------- alignment + KD
@@ -162,8 +190,10 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     records = server.data().public
     c_pub = mkt.PublicSet.build(cfg, client.tokenizer, records)
     s_k = mkt.knowledge_set(client, c_pub, 8, batch_size=8)
-    aligned, mask = mkt.to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
-                                    server.public, "client 0")
+    aligned = mkt.to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
+                              server.public, "client 0")
+    proj_ids, _, mask = aligned.rows(torch.arange(len(server.public)),
+                                     max(server.public.lengths))
     # Computed once per (public set, tokenizer pair): in memory and on disk.
     files = list((tmp_path / "cache" / "alignments").glob("fedmkt-*.npz"))
     assert len(files) == 1 and len(mkt._ALIGN_MEMORY) == 1
@@ -174,12 +204,12 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     assert files[0].stat().st_mtime_ns == stamp  # read back, not recomputed
     assert all((a.logit_map == b.logit_map).all() for a, b in zip(first, again, strict=True))
     assert 0.5 < mask[:, :-1].float().mean() < 1.0  # most positions aligned, not all
-    assert int(aligned.indices.max()) < mkt.vocab_size(server.llm.tokenizer)
+    assert int(proj_ids.max()) < mkt.vocab_size(server.llm.tokenizer)
 
     # The client's logits win every sample where its loss is lower: make it so.
     own = server.own_knowledge()
     aligned.losses = own.losses - 1.0
-    targets = mkt.build_targets(own, [(aligned, mask)], server.public, fallback_to_own=True)
+    targets = mkt.build_targets(own, [aligned], server.public)
     assert targets.fraction_from_others() == 1.0
     llm = server.llm
     gen = torch.Generator().manual_seed(0)
@@ -267,37 +297,67 @@ def test_llm2slm_keeps_the_llm_frozen_and_sends_s0_once(make_config):
     assert all(torch.equal(saved[f"llm.{k}"], v) for k, v in state.adapter.items())
 
 
-def test_homogeneous_post_fedavg_and_config_checks(make_config):
-    cfg = mkt_config(make_config, "clients.models=[{name: tiny-gpt2}]",
-                     "method.post_fedavg=true", "method.client_kd_epochs=0.5")
+def test_homogeneous_post_fedavg_evaluates_the_averaged_adapter_and_lr_per_model(
+        make_config, monkeypatch):
+    import fedkt.training as T
+
+    seen: list[float] = []
+    real = T.make_optimizer
+
+    def spy(params, tcfg, total, lr=None):
+        seen.append(lr or tcfg.lr)
+        return real(params, tcfg, total, lr=lr)
+
+    monkeypatch.setattr(T, "make_optimizer", spy)
+    cfg = mkt_config(make_config, "clients.models=[{name: tiny-gpt2, lr: 0.005}]",
+                     "server.lr=0.001", "method.post_fedavg=true", "method.client_kd_epochs=0.5")
+    assert cfg.training.lr == 0.002
     server = get_method("fedmkt").server(cfg, cfg.run_dir)
     server.setup()
     clients = Recording(cfg, LocalTransport(default_state_root(cfg)))
-    clients.start_round(1)
+    clients.start_round(1, evaluate=True)
     server.round(1, clients)
-    adapters = [r["adapter"] for r in clients.calls[-1][2].values()]
+    # D.1: the LLM trains at server.lr, each SLM (private data and KD) at its own lr.
+    assert sorted(set(seen)) == [0.001, 0.005] and len(seen) == 5
+    (h1, _, _), (h2, _, distilled), (h3, sent, _) = clients.calls
+    assert (h1, h2, h3) == ("train_and_share", "distill", "adopt")
+    adapters = [r["adapter"] for r in distilled.values()]
     assert any(not torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
     for k, v in server.global_adapter.items():  # equal sizes: the plain mean
         torch.testing.assert_close(v, (adapters[0][k] + adapters[1][k]) / 2)
+    # Test metrics: measured after the averaging, on the averaged adapter (not before).
+    after_distill, after_adopt = clients.metric_log[1], clients.metric_log[2]
+    assert "train/kd_loss" in after_distill[0]
+    assert not any(k.startswith("test/") for m in after_distill.values() for k in m)
+    assert all(torch.equal(sent[c]["adapter"][k], server.global_adapter[k])
+               for c in (0, 1) for k in server.global_adapter)
+    from fedkt.training import evaluate_records
+
+    want = evaluate_records(cfg, client_lm(cfg, 0).reset(server.global_adapter),
+                            server.data().test)["loss"]
+    assert [after_adopt[c]["test/loss"] for c in (0, 1)] == pytest.approx([want] * 2)
     # Resume: the server's state brings back the LLM adapter and the global SLM adapter.
     again = get_method("fedmkt").server(cfg, cfg.run_dir)
     again.setup()
     again.load_state_dict(server.state_dict())
     assert all(torch.equal(again.adapter[k], v) for k, v in server.adapter.items())
     assert all(torch.equal(again.global_adapter[k], v) for k, v in server.global_adapter.items())
-    # Round 2 starts every client from the averaged adapter.
-    clients.start_round(2)
-    server.round(2, clients)
-    handler, sent, _ = clients.calls[-2]
-    assert handler == "train_and_share"
-    assert all(torch.equal(sent[c]["adapter"][k], again.global_adapter[k])
-               for c in (0, 1) for k in again.global_adapter)
+
+
+def test_config_checks(make_config):
     bad = mkt_config(make_config, "method.post_fedavg=true", name="bad")
     with pytest.raises(ConfigError, match="post_fedavg"):
         get_method("fedmkt").server(bad, bad.run_dir).setup()
     no_public = make_config(LLM, HETERO, method="fedmkt", name="nopub")
     with pytest.raises(ConfigError, match="public"):
         get_method("fedmkt").server(no_public, no_public.run_dir).setup()
+    with pytest.raises(ConfigError, match=r"server_lr.*server\.lr"):
+        mkt_config(make_config, "method.server_lr=0.1", name="moved")
+    with pytest.raises(ConfigError, match=r"server\.lr"):
+        mkt_config(make_config, "server.lr=0", name="zero")
+    with pytest.raises(ConfigError, match=r"clients\.models\[1\]\.lr.*fedcollm"):
+        make_config(LLM, "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2, lr: 0.1}]",
+                    method="fedcollm", name="ignored")
 
 
 def test_resume_after_a_round_gives_the_same_numbers(make_config):
@@ -315,3 +375,32 @@ def test_resume_after_a_round_gives_the_same_numbers(make_config):
         return {(r["participant"], r["split"]): r.get("loss") for r in rs if r["round"] == 2}
 
     assert last(resumed) == last(rows) and len(last(rows)) == 6
+
+
+def test_one_to_one_keeps_the_five_part_split(make_config):
+    """D.2 / Table 1: one public part and one private part of a five-way split, for the
+    single client (clients.participants: [k] with num_clients: 4), as one_to_one.yaml."""
+    from fedkt.config import load_config
+    from fedkt.config_catalog import resolve_config
+    from fedkt.data.splits import run_data
+
+    shipped = load_config(resolve_config("fedmkt/one_to_one"))
+    assert shipped.clients.num_clients == 4 and shipped.client_ids() == [0]
+    assert shipped.data.split.scheme == "fedmkt"
+    fd = run_data(shipped.data, 4, shipped.seed)
+    sizes = [len(fd.public)] + [len(p) for p in fd.private]
+    assert max(sizes) - min(sizes) <= 1  # five equal parts, one of them public
+
+    cfg = mkt_config(make_config, "clients.num_clients=4", "clients.participants=[2]",
+                     "clients.models=[{name: tiny-gpt2}]")
+    server = get_method("fedmkt").server(cfg, cfg.run_dir)
+    server.setup()
+    clients = Recording(cfg, LocalTransport(default_state_root(cfg)))
+    clients.start_round(1)
+    metrics = server.round(1, clients)
+    assert [(h, sorted(sent)) for h, sent, _ in clients.calls] == [
+        ("train_and_share", [2]), ("distill", [2])]
+    assert metrics["train/rejected_clients"] == 0
+    # Client 2 trains on the same private part as in the four-client run.
+    four = run_data(cfg.data, 4, cfg.seed)
+    assert server.data().private[2] == four.private[2] and server.data().public == four.public
