@@ -333,10 +333,10 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
             if baseline:
                 header.append(f"Δ vs {baseline} [{int(cfg.level * 100)}% CI]")
     table = []
-    zero = _arm_group(suite, baseline or next(iter(present)), 0) if present else None
     arm_rows: list[tuple[str, Group]] = []
-    if zero is not None and zero.runs and _has_round0(zero):
-        arm_rows.append((f"round 0 ({baseline or next(iter(present))}@0)", zero))
+    zero = _round0_group(suite, [a for a in [baseline, *present] if a in present])
+    if zero is not None:
+        arm_rows.append((f"round 0 ({zero[0]}@0)", zero[1]))
     arm_rows += [(arm, g) for arm, g in present.items()]
     for label, group in arm_rows:
         line = [label]
@@ -395,6 +395,18 @@ def _has_round0(group: Group) -> bool:
     return all(any(r.get("round") == 0 for r in run.info.rows) for run in group.runs)
 
 
+def _round0_group(suite: Suite, arms: list[str]) -> tuple[str, Group] | None:
+    """The zero-shot row: round 0 of the first of ``arms`` (baseline first) that has it."""
+    for arm in arms:
+        try:
+            group = _arm_group(suite, arm, 0)
+        except ValueError:  # this arm does not evaluate round 0 (eval.round0: false)
+            continue
+        if group.runs and _has_round0(group):
+            return arm, group
+    return None
+
+
 def _items(run: Run) -> int | None:
     for key in run.files:
         if key[0] == run.eval_round():
@@ -406,7 +418,12 @@ def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
     cfg = suite.cfg
     out: dict[str, Any] = {"claim": claim.text, "estimate": "-", "ci": "-",
                            "verdict": "not run"}
-    lhs = _arm_group(suite, claim.lhs.arm, claim.lhs.round)
+    try:
+        lhs = _arm_group(suite, claim.lhs.arm, claim.lhs.round)
+        rhs = lhs if isinstance(claim.rhs, float) else _arm_group(
+            suite, claim.rhs.arm, claim.rhs.round)
+    except ValueError as exc:  # e.g. ARM@0 of an arm without round 0
+        return {**out, "verdict": f"error: {exc}"}
     if not lhs.runs:
         return out
     if isinstance(claim.rhs, float):
@@ -414,7 +431,6 @@ def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
         factor = 0.0
         offset += claim.factor * claim.rhs
     else:
-        rhs = _arm_group(suite, claim.rhs.arm, claim.rhs.round)
         b_group, b_metric, factor, offset = claim.rhs.group, claim.rhs.metric, claim.factor, \
             claim.offset
         if not rhs.runs:
