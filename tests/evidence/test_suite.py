@@ -156,3 +156,28 @@ def test_report_groups_seeds_and_refuses_runs_on_other_examples(finished, tmp_pa
     assert bad.returncode == 2
     assert "different test examples: 5 of 60 ids" in bad.stderr
     assert str(other) in bad.stderr and runs[0] in bad.stderr
+
+
+def test_report_takes_round0_from_an_arm_that_has_it(finished, tmp_path):
+    """A baseline without round 0 (eval.round0: false) leaves the zero-shot row to the
+    next arm that has it; a claim on the missing round 0 is an error, not a crash."""
+    import shutil
+
+    from fedkt.evidence.suite import report_suite
+
+    folder = tmp_path / "quick"
+    shutil.copytree(finished, folder)
+    for seed in (0, 1):  # the baseline (standalone) as if it had not evaluated round 0
+        run = folder / "standalone" / f"seed_{seed}"
+        rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if r.get("round") != 0]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        shutil.rmtree(run / "predictions" / "round_0000")
+    text = report_suite(folder)
+    assert "| round 0 (fedavg@0) |" in text
+    verdicts = {c["claim"]: c["verdict"]
+                for c in json.loads((folder / "suite.json").read_text())["claims"]}
+    bad = "standalone.clients.accuracy > standalone@0.clients.accuracy"
+    assert verdicts[bad].startswith("error:") and "round 0" in verdicts[bad]
+    good = "fedavg.server.accuracy > fedavg@0.server.accuracy"
+    assert verdicts[good] in ("reproduced", "not resolved", "contradicted")
