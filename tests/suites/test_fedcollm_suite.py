@@ -50,16 +50,18 @@ def _smoke_suite(tmp_path: Path) -> Path:
 
 def test_fedcollm_suite_smoke(tmp_path):
     folder = tmp_path / "suite"
+    smoke = _smoke_suite(tmp_path)
+    claims = yaml.safe_load(smoke.read_text())["claims"]
     done = subprocess.run([sys.executable, "-m", "fedkt.cli", "suite", "run",
-                           str(_smoke_suite(tmp_path)), "--output-dir", str(folder), "-q"],
+                           str(smoke), "--output-dir", str(folder), "-q"],
                           cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads((folder / "suite.json").read_text())
     assert {c["verdict"] for c in result["claims"]} <= {
         "reproduced", "not resolved", "contradicted"}, result["claims"]
-    assert len(result["claims"]) == 4
+    assert [c["claim"] for c in result["claims"]] == claims and len(claims) == 3
     arms = {row["arm"] for row in result["table"]}
-    assert arms == {"fedcollm", "fedcollm_lambda0"}
+    assert arms == {"round 0 (fedcollm@0)", "fedcollm", "fedcollm_lambda0"}
     for arm, lam in (("fedcollm", 1.0), ("fedcollm_lambda0", 0.0)):
         run = folder / arm / "seed_0"
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
