@@ -179,3 +179,21 @@ def test_eq_5_magnitudes_and_its_ablation(tmp_path):
     assert terms["hidden"] == 0 and all(terms[f"grad_ratio/hidden/layer_{i}"] == 0
                                         for i in range(4))
     assert terms["grad_ratio/kd/layer_0"] > 0
+
+
+def test_oversample_balances_each_clients_classes(tmp_path):
+    from fedkt.data.splits import client_splits
+
+    cfg = fedkd_config(tmp_path, "data.dataset={name: tweeteval_offensive}",
+                       "data.partition.scheme=iid", "data.max_private_per_client=40")
+    plain = client_splits(cfg.data, 2, 0)
+    balanced = client_splits(cfg.data.model_copy(update={"oversample": True}), 2, 0)
+    for before, after in zip(plain.private, balanced.private, strict=True):
+        counts = [sum(r["label"] == y for r in before) for y in (0, 1)]
+        assert counts[0] != counts[1]  # offensive is imbalanced (a third offensive)
+        assert [sum(r["label"] == y for r in after) for y in (0, 1)] == [max(counts)] * 2
+        assert after[: len(before)] == before and all(r in before for r in after)
+    assert balanced.test == plain.test
+    gen = fedkd_config(tmp_path, "data.dataset={name: social_iqa}", "data.partition.scheme=iid")
+    with pytest.raises(Exception, match="data.oversample balances classes"):
+        client_splits(gen.data.model_copy(update={"oversample": True}), 2, 0)
