@@ -333,7 +333,10 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
             if baseline:
                 header.append(f"Δ vs {baseline} [{int(cfg.level * 100)}% CI]")
     table = []
-    zero = _arm_group(suite, baseline or next(iter(present)), 0) if present else None
+    try:
+        zero = _arm_group(suite, baseline or next(iter(present)), 0)
+    except ValueError:  # round 0 was not evaluated (eval.round0: false)
+        zero = None
     arm_rows: list[tuple[str, Group]] = []
     if zero is not None and zero.runs and _has_round0(zero):
         arm_rows.append((f"round 0 ({baseline or next(iter(present))}@0)", zero))

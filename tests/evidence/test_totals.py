@@ -44,3 +44,29 @@ def test_bytes_total_counts_every_logged_client(tmp_path):
     claim = parse_claim("fedkd.clients.bytes_total <= 0.05 * fedavg.clients.bytes_total")
     d, _ = compare(Group([small]), Group([big]), "clients", "bytes_total", factor=claim.factor)
     assert verdict(claim, d.low, d.high) == "contradicted"
+
+
+def test_suite_report_without_round0(tmp_path):
+    # eval.round0: false (the FedKD suite) leaves no round-0 row; the report skips it.
+    import yaml
+
+    from fedkt.evidence.suite import report_suite
+
+    suite = {"name": "noround0", "seeds": [0], "baseline": "fedavg",
+             "base": {"name": "x", "rounds": 2, "method": {"name": "fedavg"},
+                      "clients": {"num_clients": 3, "models": [{"name": "tiny-llama"}]},
+                      "data": {"dataset": {"name": "intent_recognition"}},
+                      "eval": {"round0": False}},
+             "arms": {"fedkd": {}, "fedavg": {}}, "metrics": ["accuracy", "bytes_total"],
+             "claims": ["fedkd.clients.bytes_total <= 0.2 * fedavg.clients.bytes_total"]}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    for arm, (up, down) in {"fedkd": (10, 5), "fedavg": (100, 100)}.items():
+        run = _run(tmp_path / arm / "seed_0", 0, up, down, evaluated_clients=True)
+        rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if r["round"] != 0]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "latest.json").write_text('{"round": 2}')
+    text = report_suite(tmp_path)
+    assert "round 0" not in text and "| fedkd |" in text
+    assert "| reproduced |" in text.split("## Claims")[1]
