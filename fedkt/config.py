@@ -127,6 +127,10 @@ class DataConfig(_Strict):
     max_private_per_client: int | None = Field(None, ge=1)
     max_public: int | None = Field(None, ge=1)
     max_test: int | None = Field(None, ge=1)
+    # Classification: repeat each client's minority-class records (seeded) until its
+    # classes are as frequent as its largest one, after the cap (FedKD's positive
+    # oversampling on SMM4H). Examples per round grow accordingly.
+    oversample: bool = False
 
 
 class TrainingConfig(_Strict):

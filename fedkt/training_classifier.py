@@ -32,6 +32,7 @@ __all__ = [
     "check_text_classification",
     "clear_cache",
     "evaluate_encoder",
+    "feature_spread",
     "load_trainable",
     "local_steps",
     "model_inputs",
@@ -54,13 +55,15 @@ def check_text_classification(fd: Any, method: str) -> int:
     return len(fd.label_names)
 
 
-def _pristine(model_cfg: ModelConfig, labels: int, seed: int) -> tuple[nn.Module, Any]:
+def _pristine(model_cfg: ModelConfig, labels: int, seed: int, pooling: str
+              ) -> tuple[nn.Module, Any]:
     """The pretrained encoder with its seeded head, loaded once per process and never trained."""
     from fedkt.models.encoder import load_encoder_classifier
 
-    key = "|".join([model_cfg.model_dump_json(), str(labels), str(seed)])
+    key = "|".join([model_cfg.model_dump_json(), str(labels), str(seed), pooling])
     if key not in _PRISTINE:
-        model, tokenizer = load_encoder_classifier(model_cfg, labels, seed=seed)
+        model, tokenizer = load_encoder_classifier(model_cfg, labels, seed=seed,
+                                                   pooling=pooling)  # type: ignore[arg-type]
         for p in model.parameters():
             p.requires_grad_(False)
         _PRISTINE[key] = (model.eval(), tokenizer)
@@ -79,23 +82,26 @@ def build_encoder(
     layers: int | None = None,
     freeze_embeddings: bool = True,
     eager_attention: bool = False,
+    pooling: str = "attention",
     device: str = "auto",
 ) -> tuple[nn.Module, Any]:
     """A trainable copy of the pretrained encoder ``model_cfg`` names, and its tokenizer.
 
     ``seed`` sets the classification head, so every process builds the same model.
     ``layers``: keep the embeddings and the first ``layers`` layers (FedKD's student);
-    ``None`` keeps them all. ``eager_attention``: the attention implementation that
-    returns attention maps (FedKD's Eq. 5 reads them).
+    ``None`` keeps them all. ``pooling``: the head (:class:`fedkt.models.encoder.
+    PooledClassifier`: ``attention``, ``mean`` or ``cls``); its weights train and travel
+    with the model. ``eager_attention``: an eager attention that returns the attention
+    maps before dropout (FedKD's Eq. 5 compares them).
     """
-    from fedkt.models.encoder import truncate_encoder
+    from fedkt.models.encoder import ATTENTION_MAPS, truncate_encoder
 
-    base, tokenizer = _pristine(model_cfg, labels, seed)
+    base, tokenizer = _pristine(model_cfg, labels, seed, pooling)
     model = truncate_encoder(base, layers) if layers is not None else copy.deepcopy(base)
     for name, p in model.named_parameters():
         p.requires_grad_(not (freeze_embeddings and "embeddings" in name))
     if eager_attention:
-        model.set_attn_implementation("eager")
+        model.set_attn_implementation(ATTENTION_MAPS)
     return model.to(pick_device(device)).eval(), tokenizer
 
 
@@ -200,3 +206,21 @@ def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
         return evaluate_classifier(model, tokenizer, records, batch_size=cfg.eval.batch_size,
                                    max_length=cfg.data.max_length,
                                    positive_label=cfg.eval.positive_label)
+
+
+def feature_spread(model: nn.Module, tokenizer: Any, texts: list[str], max_length: int) -> float:
+    """How much a classifier's pooled features vary across ``texts``: ``||std|| / ||mean||``.
+
+    The features are what the dense layer reads (:meth:`fedkt.models.encoder.
+    PooledClassifier.features`), over the texts as one batch, in eval mode. A head whose
+    features barely move across inputs (a shallow encoder's [CLS] state: about 0.003 for
+    all-MiniLM-L6-v2 at layer 2) cannot tell its inputs apart.
+    """
+    batch = text_batches(tokenizer, [{"text": t, "label": 0} for t in texts], len(texts),
+                         max_length, None)[0]
+    device = next(model.parameters()).device
+    inputs = model_inputs(batch, device)
+    model.eval()
+    with torch.no_grad():
+        feats = model.features(**inputs).float()
+    return float(feats.std(dim=0).norm() / feats.mean(dim=0).norm().clamp_min(1e-12))

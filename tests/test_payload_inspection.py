@@ -50,10 +50,11 @@ LORA = Tensors(r"^base_model\.model\.(.+\.)?lora_[AB]\.weight$")  # LoRA adapter
 TOPK = Tensors(r"^(values|indices|lengths|sample_ids|losses)$",
                exact={"values", "indices", "lengths", "sample_ids", "losses"})
 # FedKD: per-parameter SVD factors (or raw for 1-D / incompressible) of the student's
-# update, plus each parameter's shape; the embeddings are frozen and never travel.
-SVD_UPDATE = Tensors(r"^(bert\.encoder\.layer\.\d+\.|bert\.pooler\.|classifier\.)"
+# update, plus each parameter's shape; the embeddings are frozen and never travel. The
+# head's pooling weights (attentive pooling) and dense layer are part of the student.
+SVD_UPDATE = Tensors(r"^(bert\.encoder\.layer\.\d+\.|bert\.pooler\.|pooling\.|classifier\.)"
                      r"[\w.]+::(U|S|Vh|raw|shape)$")
-RAW_UPDATE = Tensors(r"^(bert\.encoder\.layer\.\d+\.|bert\.pooler\.|classifier\.)"
+RAW_UPDATE = Tensors(r"^(bert\.encoder\.layer\.\d+\.|bert\.pooler\.|pooling\.|classifier\.)"
                      r"[\w.]+::(raw|shape)$")
 COMMON = {"metrics": METRICS, "_fedkt": ENVELOPE, "_predictions": PREDICTIONS}
 EVALUATE = {"evaluate": COMMON}  # round 0: the client's initial model on the test split
@@ -199,10 +200,12 @@ def base_weights(run: RecordedRun, cid: int) -> tuple[dict[str, torch.Tensor], s
 
         labels = check_text_classification(run_data(cfg.data, cfg.clients.num_clients,
                                                     cfg.seed), name)
-        teacher, _ = build_encoder(teacher_config(cfg), labels, cfg.seed, device="cpu")
+        teacher, _ = build_encoder(teacher_config(cfg), labels, cfg.seed,
+                                   pooling=cfg.method.pooling, device="cpu")
         layers = cfg.method.student_layers if name == "fedkd" else cfg.method.layers
         student, _ = build_encoder(teacher_config(cfg), labels, cfg.seed, layers=layers,
-                                   freeze_embeddings=True, device="cpu")
+                                   freeze_embeddings=True, pooling=cfg.method.pooling,
+                                   device="cpu")
         trained = {} if name != "fedkd" else {
             f"trained:{k}": v for k, v in _disk_state(run, cid, "teacher").items()}
         return {**teacher.state_dict(), **trained}, set(trainable_state(student))

@@ -197,6 +197,24 @@ class FederatedData:
         }
 
 
+def oversample(records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """``records`` plus repeats of its minority classes' records (drawn in a seeded
+    order, cycling) so that every class present has as many records as the largest."""
+    by_label: dict[Any, list[dict[str, Any]]] = {}
+    for r in records:
+        by_label.setdefault(r["label"], []).append(r)
+    if len(by_label) < 2:
+        return list(records)
+    most = max(len(v) for v in by_label.values())
+    rng = np.random.default_rng(seed)
+    out = list(records)
+    for label in sorted(by_label, key=str):
+        group = by_label[label]
+        order = rng.permutation(len(group))
+        out += [group[order[i % len(group)]] for i in range(most - len(group))]
+    return out
+
+
 def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData:
     """Load, split, partition and cap a run's data (deterministic for ``seed``).
 
@@ -218,6 +236,11 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
     else:
         parts = partition(pool, num_clients, cfg.partition, seed)
     private = [[pool[i] for i in idx][: cfg.max_private_per_client] for idx in parts]
+    if cfg.oversample:
+        if ds.task != "classification":
+            raise DataError(f"data.oversample balances classes; {ds.name or 'the dataset'} is "
+                            f"a {ds.task} task")
+        private = [oversample(p, seed + k) for k, p in enumerate(private)]
     return FederatedData(
         public=splits["public"][: cfg.max_public],
         private=private,

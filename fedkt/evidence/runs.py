@@ -104,10 +104,21 @@ class Run:
         return float(pick[-1][metric]) if pick else None
 
     def total(self, participant: str, key: str) -> float | None:
-        """``key`` summed over every round (bytes, seconds)."""
-        values = [float(r[key]) for r in self.info.rows if r.get("participant") == participant
-                  and isinstance(r.get(key), int | float)]
+        """``key`` summed over every round (bytes, seconds); ``bytes_total`` is
+        ``bytes_sent + bytes_received``."""
+        keys = ("bytes_sent", "bytes_received") if key == "bytes_total" else (key,)
+        values = [float(r[k]) for r in self.info.rows for k in keys
+                  if r.get("participant") == participant and isinstance(r.get(k), int | float)]
         return sum(values) if values else None
+
+    def logged_clients(self) -> list[str]:
+        """Every client with a row in metrics.jsonl (evaluated or not)."""
+        names = {str(r.get("participant")) for r in self.info.rows}
+        return sorted((n for n in names if n.startswith("client_")), key=_client_index)
+
+
+# Metrics summed over every round rather than read at the evaluation round.
+TOTALS = ("bytes_sent", "bytes_received", "bytes_total", "eval_bytes", "wall_time")
 
 
 def _client_index(name: str) -> int:
@@ -151,7 +162,11 @@ def split_scope(run: Run, participant: str, metric: str) -> tuple[str, str]:
 
 def measure(run: Run, group: str, metric: str) -> Sample | float | None:
     """A group's ``metric``: a per-example :class:`Sample` when predictions exist, else
-    the logged number (mean over the group's participants); ``None`` when absent."""
+    the logged number (mean over the group's participants); ``None`` when absent.
+    ``bytes_sent``, ``bytes_received``, ``bytes_total`` (their sum), ``eval_bytes`` and
+    ``wall_time`` are summed over the rounds."""
+    if metric in TOTALS:
+        return _measure_total(run, group, metric)
     names = members(run, group)
     tables = []
     for name in names:
@@ -166,9 +181,16 @@ def measure(run: Run, group: str, metric: str) -> Sample | float | None:
         tables.append((table, base))
     if len(tables) == len(names):
         return sample([t for t, _ in tables], tables[0][1])
-    values = [run.row_value(n, metric) if metric not in ("bytes_sent", "bytes_received",
-                                                         "eval_bytes", "wall_time")
-              else run.total(n, metric) for n in names]
+    values = [run.row_value(n, metric) for n in names]
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _measure_total(run: Run, group: str, metric: str) -> float | None:
+    """A summed-over-rounds metric (bytes, wall time): per participant, the group's mean;
+    ``clients`` counts every client that logged rows, evaluated or not."""
+    names = run.logged_clients() if group == "clients" else [group]
+    values = [run.total(n, metric) for n in names]
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else None
 

@@ -22,11 +22,12 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import nn
 
-from fedkt.config import MethodConfig, RunConfig
+from fedkt.config import RunConfig
 from fedkt.data.splits import FederatedData
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.methods.fedkd import (
+    EncoderHead,
     ExchangeSettings,
     SyncedEncoderServer,
     client_global,
@@ -45,7 +46,7 @@ from fedkt.training_classifier import (
 )
 
 
-class _EncoderChoice(MethodConfig):
+class _EncoderChoice(EncoderHead):
     # None: the whole encoder (teacher size); N: its embeddings + first N layers.
     layers: int | None = Field(None, ge=1)
     freeze_embeddings: bool = True
@@ -55,7 +56,8 @@ def _build(cfg: RunConfig, fd: FederatedData, layers: int | None, freeze: bool
            ) -> tuple[nn.Module, Any]:
     labels = check_text_classification(fd, cfg.method.name)
     return build_encoder(teacher_config(cfg), labels, cfg.seed, layers=layers,
-                         freeze_embeddings=freeze, device=cfg.runtime.device)
+                         freeze_embeddings=freeze, pooling=cfg.method.pooling,
+                         device=cfg.runtime.device)
 
 
 def _test_metrics(ctx: ClientContext, model: nn.Module, tokenizer: Any) -> dict[str, float]:

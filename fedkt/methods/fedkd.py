@@ -81,6 +81,8 @@ from fedkt.training_classifier import (
 
 State = dict[str, Tensor]
 VERSION_KEY = "__version__"
+# eta_s / eta_t of the paper's Table 6 (SMM4H: 1e-5 / 2e-6).
+STUDENT_LR_RATIO = 5.0
 
 
 class ExchangeSettings(MethodConfig):
@@ -97,7 +99,16 @@ class ExchangeSettings(MethodConfig):
     freeze_embeddings: bool = True
 
 
-class FedKDConfig(ExchangeSettings):
+class EncoderHead(MethodConfig):
+    """The classification head of every encoder method (FedKD and its baselines)."""
+
+    # attention: attentive pooling + a dense layer (the paper's SMM4H head); mean: masked
+    # mean pooling + a dense layer; cls: the [CLS] state through BERT's pooler (the
+    # *ForSequenceClassification head). The pooling weights train and travel with the model.
+    pooling: Literal["attention", "mean", "cls"] = "attention"
+
+
+class FedKDConfig(ExchangeSettings, EncoderHead):
     name: Literal["fedkd"] = "fedkd"
     # The student: the teacher's embeddings and first N layers (paper: 4 or 2 of 12).
     student_layers: int = Field(2, ge=1)
@@ -107,12 +118,21 @@ class FedKDConfig(ExchangeSettings):
     hidden_loss: bool = True
     attention_loss: bool = True
     temperature: float = Field(1.0, gt=0)
-    # Learning rate of the student (None: training.lr, which teacher and W_h use).
+    # Learning rate of the teacher and W_h (None: training.lr).
+    teacher_lr: float | None = Field(None, gt=0)
+    # Learning rate of the student (None: STUDENT_LR_RATIO x the teacher's, Table 6's
+    # eta_s / eta_t = 1e-5 / 2e-6).
     student_lr: float | None = Field(None, gt=0)
     # 1 / (L_t^t + L_s^t) as a weight (detached) or in the graph (official code).
     detach_denominator: bool = True
-    # Lower bound of L_t^t + L_s^t, so near-perfect fits do not divide by ~0.
-    min_task_loss_sum: float = Field(1e-6, gt=0)
+    # Lower bound of L_t^t + L_s^t: the adaptive weight 1 / (L_t^t + L_s^t) of Eqs. 3-5 is
+    # at most 1 / min_task_loss_sum (10 by default; about 0.72 at initialisation).
+    min_task_loss_sum: float = Field(0.1, gt=0)
+
+    def rates(self, lr: float) -> tuple[float, float]:
+        """(teacher, student) learning rates given ``training.lr``."""
+        teacher = self.teacher_lr or lr
+        return teacher, self.student_lr or STUDENT_LR_RATIO * teacher
 
     @model_validator(mode="after")
     def _layer_map_length(self) -> FedKDConfig:
@@ -317,7 +337,8 @@ class SyncedEncoderServer(Server):
         labels = check_text_classification(self.data(), self.method.name)
         self.model, self.tokenizer = build_encoder(
             teacher_config(self.cfg), labels, self.cfg.seed, layers=self.model_layers(),
-            freeze_embeddings=self.method.freeze_embeddings, device=self.cfg.runtime.device)
+            freeze_embeddings=self.method.freeze_embeddings, pooling=self.method.pooling,
+            device=self.cfg.runtime.device)
         self.sync = GlobalModelSync(trainable_state(self.model))
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
@@ -379,7 +400,7 @@ class FedKDModels:
         m: FedKDConfig = cfg.method
         model_cfg = teacher_config(cfg)
         kw = dict(freeze_embeddings=m.freeze_embeddings, eager_attention=m.attention_loss,
-                  device=cfg.runtime.device)
+                  pooling=m.pooling, device=cfg.runtime.device)
         teacher, tokenizer = build_encoder(model_cfg, labels, cfg.seed, **kw)
         if m.student_layers > num_layers(teacher):
             raise ConfigError(f"method.student_layers: {m.student_layers} is more than the "
@@ -404,17 +425,24 @@ class FedKDModels:
         return [p for mod in (self.teacher, self.student, self.projections)
                 for p in mod.parameters() if p.requires_grad]
 
-    def param_groups(self, lr: float, student_lr: float | None) -> list[dict[str, Any]]:
+    def param_groups(self, lr: float, student_lr: float) -> list[dict[str, Any]]:
         """Optimiser groups: teacher and W_h at ``lr``, the student at ``student_lr``."""
         def trainable(mod: nn.Module) -> list[nn.Parameter]:
             return [p for p in mod.parameters() if p.requires_grad]
 
         return [{"params": trainable(self.teacher) + trainable(self.projections), "lr": lr},
-                {"params": trainable(self.student), "lr": student_lr or lr}]
+                {"params": trainable(self.student), "lr": student_lr}]
 
 
-def _head_mean(a: Tensor, heads: int) -> Tensor:
-    return a if a.shape[1] == heads else a.mean(dim=1, keepdim=True)
+def check_heads(teacher_map: Tensor, student_map: Tensor, pair: tuple[int, int]) -> None:
+    """Eq. 5 compares attention maps head by head: refuse maps of different head counts."""
+    if teacher_map.shape != student_map.shape:
+        s, t = pair
+        raise ConfigError(
+            f"method.attention_loss: student layer {s} has attention maps "
+            f"{tuple(student_map.shape)} (batch, heads, query, key) and teacher layer {t} "
+            f"{tuple(teacher_map.shape)}; Eq. 5 needs the same number of heads "
+            "(set attention_loss: false for such a pair)")
 
 
 def fedkd_losses(models: FedKDModels, method: FedKDConfig, batch: dict[str, Tensor]
@@ -442,13 +470,43 @@ def fedkd_losses(models: FedKDModels, method: FedKDConfig, batch: dict[str, Tens
         if need_a:
             for s, t in models.pairs:
                 at, as_ = out_t.attentions[t - 1], out_s.attentions[s - 1]
-                heads = min(at.shape[1], as_.shape[1])
-                a_t.append(_head_mean(at, heads))
-                a_s.append(_head_mean(as_, heads))
+                check_heads(at, as_, (s, t))
+                a_t.append(at)
+                a_s.append(as_)
         w_h = list(models.projections) if need_h else []
         hidden = fedkd_hidden_loss(h_t, h_s, a_t or None, a_s or None, w_h, denom,  # Eq. 5
                                    mask=mask, detach_denominator=method.detach_denominator)
     return fedkd_objectives(task_t, task_s, kd_t, kd_s, hidden)  # Eqs. 6-7
+
+
+def loss_magnitudes(models: FedKDModels, method: FedKDConfig, batch: dict[str, Tensor]
+                    ) -> dict[str, float]:
+    """The terms of Eqs. 1-5 on one batch, and how hard Eq. 5 and Eq. 3 pull the teacher.
+
+    ``grad_ratio/hidden/layer_i`` and ``grad_ratio/kd/layer_i``: the norm of the gradient
+    of ``L^h`` (Eq. 5) and of ``L_t^d`` (Eq. 3) on the teacher's layer ``i`` (0-based)
+    over the norm of the task loss's (Eq. 1) there. Dropout follows the models' mode.
+    """
+    from fedkt.models.layers import layer_list
+
+    out = fedkd_losses(models, method, batch)
+    terms = {k: float(getattr(out, k).detach()) for k in
+             ("teacher_task", "student_task", "teacher_kd", "student_kd", "hidden")}
+    layers = layer_list(models.teacher)[2]
+    for i, layer in enumerate(layers):
+        params = [p for p in layer.parameters() if p.requires_grad]
+
+        def norm(loss: Tensor | float, params: list[nn.Parameter] = params) -> float:
+            if not isinstance(loss, Tensor) or not loss.requires_grad:
+                return 0.0
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            return float(torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None)
+                                    or torch.tensor(0.0)))
+
+        task = max(norm(out.teacher_task), 1e-30)
+        terms[f"grad_ratio/hidden/layer_{i}"] = norm(out.hidden) / task
+        terms[f"grad_ratio/kd/layer_{i}"] = norm(out.teacher_kd) / task
+    return terms
 
 
 def train_fedkd(cfg: RunConfig, models: FedKDModels, records: list[dict], *, seed: int
@@ -460,7 +518,7 @@ def train_fedkd(cfg: RunConfig, models: FedKDModels, records: list[dict], *, see
     batches = local_steps(cfg.training, models.tokenizer, records, cfg.data.max_length, seed)
     if not batches:
         return {"loss": float("nan"), "steps": 0, "num_examples": 0, "step_seconds": 0.0}
-    groups_lr = models.param_groups(cfg.training.lr, cfg.method.student_lr)
+    groups_lr = models.param_groups(*cfg.method.rates(cfg.training.lr))
     opt, sched = make_optimizer(groups_lr, cfg.training, len(batches))  # type: ignore[arg-type]
     groups = [[p for p in mod.parameters() if p.requires_grad]
               for mod in (models.teacher, models.student, models.projections)]
