@@ -29,7 +29,13 @@ at temperature T on both sides and without a T^2 factor, as the equations are wr
 
 The large model's backbone stays frozen (the paper tunes only the adapter of a
 pretrained model); see :class:`fedkt.training_vision.VisionPretrain` for the
-labelled server split that stands in for its ImageNet pretraining.
+class-disjoint labelled data that stands in for its ImageNet pretraining. The server
+never reads a label of the federated task: its proxy set is the public split's images.
+
+``teacher`` is the paper's Fig. 2 control: ``clients`` (KOALA), ``shuffled`` (the soft
+labels of step 2 permuted across proxy images with a seeded permutation each round:
+same label marginal and confidence, no per-image knowledge) or ``untrained`` (soft
+labels from freshly initialised, untrained small models).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from fedkt.training_vision import (
     DataSpec,
     VisionPretrain,
     build_model,
+    check_pretrain_source,
     data_spec,
     evaluate_classifier,
     extract_features,
@@ -67,6 +74,7 @@ from fedkt.training_vision import (
     pool_features,
     predict_logits,
     pretrained_model,
+    server_pretrain_records,
     split_server_data,
     train_classifier,
 )
@@ -106,6 +114,8 @@ class KoalaConfig(MethodConfig):
     small_feature_layers: int | None = Field(None, ge=0)
     # Both feature maps are average-pooled to this size before W (1: vectors).
     feature_size: int = Field(1, ge=1)
+    # Whose soft labels teach the large model: clients (KOALA) or a random-teacher control.
+    teacher: Literal["clients", "shuffled", "untrained"] = "clients"
     pretrain: VisionPretrain = Field(default_factory=VisionPretrain)
 
 
@@ -183,9 +193,11 @@ class KoalaServer(Server):
         fd = self.data()
         self.spec: DataSpec = data_spec(fd)
         self.device = pick_device(cfg.runtime.device)
-        pre, proxy = split_server_data(fd.public, m.pretrain)
+        check_pretrain_source(cfg.server, cfg.data.dataset, m.pretrain)
+        pre, n_pre = server_pretrain_records(m.pretrain)
+        proxy = split_server_data(fd.public)  # images only: no task label is read
         prec = self.precision = cfg.training.precision
-        large = pretrained_model(cfg.server, self.spec, pre, m.pretrain, cfg.seed, prec)
+        large = pretrained_model(cfg.server, self.spec, pre, m.pretrain, cfg.seed, prec, n_pre)
         self.large = large.to(self.device).eval()
         self.head = head_module(self.large)
         head_params = {id(p) for p in self.head.parameters()}
@@ -239,15 +251,18 @@ class KoalaServer(Server):
         if m.mode == "homo":
             self.small["global"].load_state_dict(fedavg(list(states.values()),
                                                         list(counts.values())))
-            soft = homo_soft_labels(self.small_logits("global"), m.temperature)  # Eq. 2
             updated = ["global"]
+            soft = homo_soft_labels(self.teacher_logits(rnd, "global"), m.temperature)  # Eq. 2
         else:
             for c, state in states.items():
                 self.small[str(c)].load_state_dict(state)
             updated = [str(c) for c in states]
-            soft = hete_soft_labels([self.small_logits(k) for k in updated],
+            soft = hete_soft_labels([self.teacher_logits(rnd, k) for k in updated],
                                     [counts[int(k)] for k in updated],
                                     m.amplification, m.temperature)  # Eqs. 8-10
+        if m.teacher == "shuffled":  # Fig. 2's "random selection": no per-image knowledge
+            gen = torch.Generator().manual_seed(self.seed(rnd, "shuffle-teacher"))
+            soft = soft[torch.randperm(len(soft), generator=gen)]
         # 3. reverse distillation: only the large model's adapter (head) learns
         rev = train_classifier(
             self.head, (self.proxy_features, soft),
@@ -277,6 +292,16 @@ class KoalaServer(Server):
     @torch.no_grad()
     def small_logits(self, key: str) -> Tensor:
         return predict_logits(self.small[key], self.proxy_images, precision=self.precision)
+
+    @torch.no_grad()
+    def teacher_logits(self, rnd: int, key: str) -> Tensor:
+        """Proxy-set logits of the teacher: the small model, or (``teacher: untrained``)
+        the same never-trained small model every round."""
+        if self.method.teacher != "untrained":
+            return self.small_logits(key)
+        mcfg = _small_config(self.cfg, 0 if key == "global" else int(key))
+        fresh = build_model(mcfg, self.spec, derive_seed(self.cfg.seed, "untrained-teacher", key))
+        return predict_logits(fresh.to(self.device), self.proxy_images, precision=self.precision)
 
     def forward_distill(self, rnd: int, key: str, large_probs: Tensor) -> dict[str, float]:
         """Eqs. 12-17 on the proxy set: the small model and its W learn, the large is fixed."""

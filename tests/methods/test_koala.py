@@ -32,10 +32,14 @@ from fedkt.training_vision import (
     pool_features,
     predict_logits,
     pretrained_model,
-    split_server_data,
+    server_pretrain_records,
 )
 
 SMALL = {"name": "mobilenet_v3_small", "tiny": {"width_mult": 0.25}}
+# The server's backbone learns digits 5-9; the federated task is digits 0-4.
+PRETRAIN_DATA = {"name": "digits", "fields": {"classes": "5-9"}, "max_records": 300}
+BASELINE = ("method={name: fedavg_vision, pretrain: {epochs: 3, dataset: {name: digits, "
+            "fields: {classes: '5-9'}, max_records: 300}}}")
 HETE = [
     SMALL,
     {"name": "shufflenet_v2_x0_5_small", "tiny": {"stages_repeats": [1, 1, 1]}},
@@ -52,10 +56,10 @@ def _isolated_cache(tmp_path, monkeypatch):
 def koala_config(tmp_path, *overrides: str, method: str = "koala", name: str = "run"):
     data = {
         "name": name, "seed": 0, "rounds": 2, "output_dir": str(tmp_path / name),
-        "method": {"name": method, "pretrain": {"epochs": 3}},
+        "method": {"name": method, "pretrain": {"epochs": 3, "dataset": PRETRAIN_DATA}},
         "server": {"name": "vgg_small", "tiny": {"width": 4, "depth": 11}},
         "clients": {"num_clients": 3, "models": [SMALL]},
-        "data": {"dataset": {"name": "digits", "max_records": 450},
+        "data": {"dataset": {"name": "digits", "fields": {"classes": "0-4"}, "max_records": 450},
                  "split": {"test_size": 0.2, "public_fraction": 0.3},
                  "partition": {"scheme": "dirichlet", "alpha": 1.0}},
         "training": {"lr": 3e-3, "batch_size": 16, "local_epochs": 1,
@@ -183,7 +187,8 @@ def _fd():
         from fedkt.data.splits import client_splits
 
         cfg = parse_config({"method": "koala", "data": {
-            "dataset": {"name": "digits"}, "split": {"public_fraction": 0.3},
+            "dataset": {"name": "digits", "fields": {"classes": "0-4"}},
+            "split": {"public_fraction": 0.3},
             "partition": {"scheme": "dirichlet", "alpha": 1.0}}})
         _FD["fd"] = client_splits(cfg.data, 3, 0)
     return _FD["fd"]
@@ -328,17 +333,17 @@ def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path, m
 # --------------------------------------------------------------------------- pretraining
 
 
-def test_server_pretraining_is_disjoint_cached_and_resets_the_head(tmp_path, monkeypatch):
+def test_server_pretraining_is_class_disjoint_cached_and_resets_the_head(tmp_path, monkeypatch):
     cfg = koala_config(tmp_path)
     server, _ = server_and_clients(cfg)
     fd = server.data()
-    pre, proxy = split_server_data(fd.public, cfg.method.pretrain)
+    pre, n_pre = server_pretrain_records(cfg.method.pretrain)
+    # The pretraining images are digits 5-9, the task's every split digits 0-4.
+    assert n_pre == 5 and {r["label"] for r in pre} == set(range(5))
     pre_ids = {r["id"] for r in pre}
-    clients_ids = {r["id"] for part in fd.private for r in part}
-    test_ids = {r["id"] for r in fd.test}
-    proxy_ids = {r["id"] for r in fd.public[len(pre):]}
-    assert pre_ids and proxy_ids and not pre_ids & (clients_ids | test_ids | proxy_ids)
-    assert len(proxy) == len(proxy_ids) and proxy.dim() == 4  # images only, no labels
+    task_ids = {r["id"] for part in (fd.public, fd.test, *fd.private) for r in part}
+    assert pre_ids and not pre_ids & task_ids
+    assert len(server.proxy_images) == len(fd.public)  # the whole public split, as images
     files = list((tmp_path / "cache").rglob("*.safetensors"))
     assert len(files) == 1
     # A second build loads the cache: no training happens.
@@ -350,18 +355,73 @@ def test_server_pretraining_is_disjoint_cached_and_resets_the_head(tmp_path, mon
     spec = data_spec(fd)
     with monkeypatch.context() as mp:
         mp.setattr(TV, "train_classifier", no_training)
-        again = pretrained_model(cfg.server, spec, pre, cfg.method.pretrain, cfg.seed)
+        again = pretrained_model(cfg.server, spec, pre, cfg.method.pretrain, cfg.seed,
+                                 num_classes=n_pre)
     for k, v in again.state_dict().items():
         assert torch.equal(v, server.large.state_dict()[k].cpu())
-    # The backbone learnt, the head (adapter) starts untrained: near-chance accuracy.
-    fresh = build_model(cfg.server, spec, 123)
+    # The backbone learnt; the task head is exactly a fresh one of the same seed.
+    from fedkt.methods.base import derive_seed
+
+    fresh = build_model(cfg.server, spec, derive_seed(cfg.seed, "pretrain-init", "vgg_small"))
     assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in again.state_dict().items()
                if not k.startswith("head."))
-    acc = server.evaluate(0)["accuracy"]
-    assert acc < 0.5
+    for k, v in fresh.head.state_dict().items():
+        assert torch.equal(v, again.head.state_dict()[k])
     # Other settings get their own cache entry.
-    pretrained_model(cfg.server, spec, pre, VisionPretrain(epochs=1), cfg.seed)
+    pretrained_model(cfg.server, spec, pre, VisionPretrain(epochs=1, dataset=PRETRAIN_DATA),
+                     cfg.seed, num_classes=n_pre)
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 2
+
+
+def test_server_never_reads_a_task_label(tmp_path, monkeypatch):
+    """Poison the labels of every record the server holds (proxy and test): the large
+    model's pretraining and its server step give bit-identical weights."""
+    import dataclasses
+
+    from fedkt.data.splits import run_data
+
+    def heads_after_round(name, poison):
+        cfg = koala_config(tmp_path, name=name)
+        if poison:
+            def poisoned(*args, **kwargs):
+                fd = run_data(*args, **kwargs)  # shared records: copy, never modify
+                gen = torch.Generator().manual_seed(7)
+
+                def poison(part):
+                    flip = torch.randint(1, 5, (len(part),), generator=gen).tolist()
+                    return [{**r, "label": (r["label"] + f) % 5} for r, f in zip(part, flip, strict=True)]
+
+                return dataclasses.replace(fd, public=poison(fd.public), test=poison(fd.test))
+            monkeypatch.setattr("fedkt.data.splits.run_data", poisoned)
+        server, clients = server_and_clients(cfg)
+        if poison:  # every label the server holds is wrong
+            assert all(a["label"] != b["label"] for a, b in zip(
+                poisoned(cfg.data, 3, cfg.seed).public, run_data(cfg.data, 3, cfg.seed).public, strict=True))
+        pretrained = clone(server.large.state_dict())
+        clients.start_round(1)
+        server.round(1, clients)
+        return pretrained, clone(server.large.state_dict()), clone(server.small["global"]
+                                                                   .state_dict())
+
+    clean = heads_after_round("clean", False)
+    dirty = heads_after_round("dirty", True)
+    for a, b in zip(clean, dirty, strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), "a task label reached the server"
+    assert any(not torch.equal(clean[0][k], clean[1][k]) for k in clean[0]), "no server step"
+
+
+def test_pretraining_that_could_see_the_task_labels_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="enabled: false.*random and frozen"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.enabled=false"))
+    with pytest.raises(ConfigError, match="pretrain.dataset: name the labelled data"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.dataset=null"))
+    with pytest.raises(ConfigError, match="teach the server the federated task's labels"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.dataset.fields.classes=4-9"))
+    with pytest.raises(ConfigError, match="teach the server"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.dataset.fields={}"))
+    with pytest.raises(ConfigError, match="teach the server"):
+        server_and_clients(koala_config(tmp_path, BASELINE, "data.dataset.fields={}"))
 
 
 # --------------------------------------------------------------------------- baseline
@@ -369,8 +429,7 @@ def test_server_pretraining_is_disjoint_cached_and_resets_the_head(tmp_path, mon
 
 def test_fedavg_vision_baseline_trains_only_the_head_of_the_same_large_model(tmp_path):
     koala, _ = server_and_clients(koala_config(tmp_path, name="k"))
-    cfg = koala_config(tmp_path, "method={name: fedavg_vision, pretrain: {epochs: 3}}",
-                       name="base")
+    cfg = koala_config(tmp_path, BASELINE, name="base")
     server, clients = server_and_clients(cfg)
     # The same pretrained backbone as KOALA's server (shared cache).
     kstate = koala.large.state_dict()
