@@ -82,6 +82,7 @@ from fedkt.training_vision import (
 __all__ = [
     "KoalaConfig",
     "KoalaServer",
+    "client_reductions",
     "forward_distillation_loss",
     "hete_soft_labels",
     "homo_soft_labels",
@@ -167,6 +168,40 @@ def forward_distillation_loss(
     return kd + feature_weight * feat, kd, feat
 
 
+# --------------------------------------------------------------------------- Table 2
+
+
+def client_reductions(cfg, spec: DataSpec) -> dict[str, float]:
+    """Table 2's arithmetic on counted parameters and FLOPs, as the paper states it.
+
+    Storage: ``1 - mean_k params(small_k) / params(large)``; FLOPs: ``1 - mean_k
+    FLOPs(small_k) / FLOPs(large)`` (the mean over the clients' models: one model in
+    homo, each client's own in hete), at the run's input (``*_flops_reduction``) and at
+    the paper's 3x64x64 counting input (``*_flops_reduction_64``), with the models built
+    as configured. Logged with every server evaluation, so suite claims can test them.
+    """
+    from fedkt.models.vision import count_flops, count_params
+
+    def counts(mcfg: ModelConfig, s: DataSpec) -> tuple[int, int]:
+        model = build_model(mcfg, s, 0)
+        return count_params(model), count_flops(model, (s.in_channels, s.image_size,
+                                                        s.image_size))
+
+    paper = DataSpec(spec.num_classes, 3, 64)
+    smalls = [_small_config(cfg, c) for c in cfg.client_ids()]
+    out: dict[str, float] = {}
+    for tag, s in (("", spec), ("_64", paper)):
+        lp, lf = counts(cfg.server, s)
+        got = [counts(m, s) for m in smalls]
+        out["large_params"] = float(lp) if not tag else out["large_params"]
+        out[f"client_storage_reduction{tag}"] = 1 - sum(p for p, _ in got) / len(got) / lp
+        out[f"client_flops_reduction{tag}"] = 1 - sum(f for _, f in got) / len(got) / lf
+        if not tag:
+            out["client_params_mean"] = sum(p for p, _ in got) / len(got)
+            out["client_storage_reduction_min"] = 1 - max(p for p, _ in got) / lp
+    return out
+
+
 # --------------------------------------------------------------------------- server
 
 
@@ -226,6 +261,8 @@ class KoalaServer(Server):
                 self.large.feature_dim(m.large_feature_layers)).to(self.device)
         # Clients that hold their current small model (none yet in this process).
         self.synced: set[int] = set()
+        self.sizes = client_reductions(cfg, self.spec)
+
 
     def key(self, cid: int) -> str:
         return "global" if self.method.mode == "homo" else str(cid)
@@ -323,8 +360,9 @@ class KoalaServer(Server):
             precision=self.precision)
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_classifier(self.head, self.test_features, self.test_labels,
-                                   ids=self.test_ids, precision=self.precision)
+        scores = evaluate_classifier(self.head, self.test_features, self.test_labels,
+                                     ids=self.test_ids, precision=self.precision)
+        return {**scores, **self.sizes}
 
     # ------------------------------------------------------------------ state
 
