@@ -47,7 +47,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkt.aggregation import fedavg
-from fedkt.config import ConfigError, MethodConfig, ModelConfig
+from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
 from fedkt.losses import (
     BridgingMatrix,
     koala_feature_loss,
@@ -171,7 +171,7 @@ def forward_distillation_loss(
 # --------------------------------------------------------------------------- Table 2
 
 
-def client_reductions(cfg, spec: DataSpec) -> dict[str, float]:
+def client_reductions(cfg: RunConfig, spec: DataSpec) -> dict[str, float]:
     """Table 2's arithmetic on counted parameters and FLOPs, as the paper states it.
 
     Storage: ``1 - mean_k params(small_k) / params(large)``; FLOPs: ``1 - mean_k
@@ -193,12 +193,12 @@ def client_reductions(cfg, spec: DataSpec) -> dict[str, float]:
     for tag, s in (("", spec), ("_64", paper)):
         lp, lf = counts(cfg.server, s)
         got = [counts(m, s) for m in smalls]
-        out["large_params"] = float(lp) if not tag else out["large_params"]
-        out[f"client_storage_reduction{tag}"] = 1 - sum(p for p, _ in got) / len(got) / lp
+        mean_p = sum(p for p, _ in got) / len(got)
+        out[f"client_storage_reduction{tag}"] = 1 - mean_p / lp
         out[f"client_flops_reduction{tag}"] = 1 - sum(f for _, f in got) / len(got) / lf
         if not tag:
-            out["client_params_mean"] = sum(p for p, _ in got) / len(got)
-            out["client_storage_reduction_min"] = 1 - max(p for p, _ in got) / lp
+            out.update(large_params=float(lp), client_params_mean=mean_p,
+                       client_storage_reduction_min=1 - max(p for p, _ in got) / lp)
     return out
 
 
@@ -263,7 +263,6 @@ class KoalaServer(Server):
         self.synced: set[int] = set()
         self.sizes = client_reductions(cfg, self.spec)
 
-
     def key(self, cid: int) -> str:
         return "global" if self.method.mode == "homo" else str(cid)
 
@@ -289,12 +288,12 @@ class KoalaServer(Server):
             self.small["global"].load_state_dict(fedavg(list(states.values()),
                                                         list(counts.values())))
             updated = ["global"]
-            soft = homo_soft_labels(self.teacher_logits(rnd, "global"), m.temperature)  # Eq. 2
+            soft = homo_soft_labels(self.teacher_logits("global"), m.temperature)  # Eq. 2
         else:
             for c, state in states.items():
                 self.small[str(c)].load_state_dict(state)
             updated = [str(c) for c in states]
-            soft = hete_soft_labels([self.teacher_logits(rnd, k) for k in updated],
+            soft = hete_soft_labels([self.teacher_logits(k) for k in updated],
                                     [counts[int(k)] for k in updated],
                                     m.amplification, m.temperature)  # Eqs. 8-10
         if m.teacher == "shuffled":  # Fig. 2's "random selection": no per-image knowledge
@@ -331,7 +330,7 @@ class KoalaServer(Server):
         return predict_logits(self.small[key], self.proxy_images, precision=self.precision)
 
     @torch.no_grad()
-    def teacher_logits(self, rnd: int, key: str) -> Tensor:
+    def teacher_logits(self, key: str) -> Tensor:
         """Proxy-set logits of the teacher: the small model, or (``teacher: untrained``)
         the same never-trained small model every round."""
         if self.method.teacher != "untrained":
