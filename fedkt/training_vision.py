@@ -9,9 +9,11 @@
   loss (cross-entropy), a replacement ``loss_fn`` or an ``extra_loss`` term;
   :func:`evaluate_classifier` gives accuracy and loss; :func:`predict_logits` and
   :func:`features_and_logits` run a model without / with intermediate features;
-* :func:`split_server_data` and :func:`pretrained_model` give a server model a
-  backbone trained on a labelled server split (a stand-in for ImageNet pretraining,
-  disjoint from clients' and test data), cached on disk.
+* :func:`server_pretrain_records` and :func:`pretrained_model` give a server model a
+  backbone trained on labelled data disjoint from the federated task's classes (a
+  stand-in for ImageNet pretraining; :func:`check_pretrain_source` refuses an overlap),
+  cached on disk; :func:`split_server_data` turns the public split into unlabelled
+  proxy images.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from fedkt.config import ModelConfig, _Strict
+from fedkt.config import ConfigError, DatasetConfig, ModelConfig, _Strict
 from fedkt.eval import predictions
 from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
 from fedkt.training import optimizer_step
@@ -40,6 +42,7 @@ __all__ = [
     "ExternalClassifier",
     "VisionPretrain",
     "build_model",
+    "check_pretrain_source",
     "data_spec",
     "evaluate_classifier",
     "features_and_logits",
@@ -48,9 +51,14 @@ __all__ = [
     "pool_features",
     "predict_logits",
     "pretrained_model",
+    "server_pretrain_records",
     "split_server_data",
     "train_classifier",
 ]
+
+# ImageNet's per-channel input statistics (torchvision's and timm's pretrained weights).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 LossFn = Callable[[nn.Module, list[Tensor]], Tensor]
 ExtraLoss = Callable[[nn.Module, list[Tensor], Tensor, int], Tensor]
@@ -95,10 +103,13 @@ class ExternalClassifier(nn.Module):
 
     Offers the :class:`~fedkt.models.vision.VisionClassifier` calls KOALA uses, for the
     whole backbone only: ``features(x)`` ``[B, D]``, ``feature_dim()``, ``head``.
-    Grey images are repeated to 3 channels; ``input_size`` resizes inputs first.
+    Grey images are repeated to 3 channels; ``input_size`` resizes inputs first;
+    ``normalize`` (on for ImageNet-pretrained weights) then applies ImageNet's mean/std,
+    the input statistics those weights were trained on.
     """
 
-    def __init__(self, model: nn.Module, in_channels: int, input_size: int | None = None) -> None:
+    def __init__(self, model: nn.Module, in_channels: int, input_size: int | None = None,
+                 normalize: bool = False) -> None:
         super().__init__()
         last = None
         for name, module in model.named_modules():
@@ -113,6 +124,11 @@ class ExternalClassifier(nn.Module):
         self.backbone = model
         self.in_channels = in_channels
         self.input_size = input_size
+        self.normalize = normalize
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1),
+                             persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1),
+                             persistent=False)
         self.num_blocks = 0
 
     def _prep(self, x: Tensor) -> Tensor:
@@ -121,6 +137,8 @@ class ExternalClassifier(nn.Module):
         if self.input_size:
             x = F.interpolate(x, size=(self.input_size, self.input_size), mode="bilinear",
                               align_corners=False)
+        if self.normalize:
+            x = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
         return x
 
     def features(self, x: Tensor, upto: int | None = None) -> Tensor:
@@ -158,7 +176,7 @@ def build_model(model_cfg: ModelConfig, spec: DataSpec, seed: int) -> nn.Module:
                 raise ValueError(f"{model_cfg.name}: unknown options {sorted(kwargs)}")
             loader = load_torchvision_backbone if lib == "torchvision" else load_timm_model
             return ExternalClassifier(loader(name, spec.num_classes, pretrained),
-                                      spec.in_channels, input_size)
+                                      spec.in_channels, input_size, normalize=pretrained)
         return build_vision_model(model_cfg.name, spec.num_classes, spec.in_channels,
                                   spec.image_size, **kwargs)
 
@@ -345,39 +363,86 @@ def evaluate_classifier(model: nn.Module, inputs: Tensor, labels: Tensor,
 
 
 class VisionPretrain(_Strict):
-    """A server model's backbone, trained on a labelled server split before round 1.
+    """A server model's backbone, trained before round 1 on data the federation never labels.
 
-    Stands in for the ImageNet pretraining the papers start from. The split is the
-    first ``fraction`` of the public (server-side) records, so it never overlaps
-    client or test data; the rest of the public records, labels removed, is the
-    unlabelled proxy set. After pretraining the head is re-initialised: the head
-    (the adapter) is what federated training then has to learn.
+    Stands in for the ImageNet pretraining the papers start from, and must not learn
+    from the federated task's labels: ``dataset`` is a labelled image dataset whose
+    classes are disjoint from the task's (another dataset, or other classes of the same
+    one, e.g. ``{name: digits, fields: {classes: "5-9"}}`` for a task on digits 0-4;
+    :func:`check_pretrain_source` refuses a class overlap with ``data.dataset``). The
+    backbone trains with a temporary linear head for the pretraining classes; the task
+    head (the adapter) is then freshly initialised, so federated training starts from
+    chance. The server's whole public split, labels removed, is the proxy set.
+
+    ``enabled: false`` is refused for the plain-torch models: a random frozen backbone's
+    eval-mode features collapse (about 1e-9) and every method on it lands at chance. It
+    is accepted for ``torchvision:``/``timm:`` models with ``pretrained: true``.
     """
 
     enabled: bool = True
-    fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    dataset: DatasetConfig | None = None
     epochs: float = Field(30.0, gt=0)
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(1e-6, ge=0)
     batch_size: int = Field(64, ge=1)
-    reset_head: bool = True
     # Cache the pretrained weights on disk ($FEDKT_CACHE or ~/.cache/fedkt).
     cache: bool = True
 
 
-def split_server_data(public: list[dict[str, Any]], pretrain: VisionPretrain
-                      ) -> tuple[list[dict[str, Any]], Tensor]:
-    """Public records -> (labelled pretraining records, unlabelled proxy images)."""
-    n_pre = int(round(pretrain.fraction * len(public))) if pretrain.enabled else 0
-    if pretrain.enabled and not 0 < n_pre < len(public):
-        raise ValueError(
-            f"pretrain.fraction={pretrain.fraction} of {len(public)} public records leaves no "
-            "pretraining or no proxy data; raise data.split.public_fraction"
-        )
-    if not public[n_pre:]:
+def _classes_of(ds: DatasetConfig) -> set[int] | None:
+    from fedkt.data.image_records import parse_classes
+
+    text = ds.fields.get("classes")
+    return None if text is None else set(parse_classes(text, 10**6))
+
+
+def check_pretrain_source(model_cfg: ModelConfig, task: DatasetConfig,
+                          pretrain: VisionPretrain, where: str = "method.pretrain") -> None:
+    """Refuse a pretraining set-up that is missing or would see the task's labels."""
+    external = model_cfg.name.partition(":")[0] in ("torchvision", "timm")
+    if not pretrain.enabled:
+        if external and model_cfg.tiny.get("pretrained"):
+            return
+        raise ConfigError(
+            f"{where}.enabled: false leaves {model_cfg.name}'s backbone random and frozen; "
+            "its eval-mode features collapse (about 1e-9) and the adapter lands at chance. "
+            f"Name labelled data disjoint from the task in {where}.dataset, or use a "
+            "torchvision:/timm: model with tiny: {pretrained: true}")
+    if pretrain.dataset is None:
+        raise ConfigError(
+            f"{where}.dataset: name the labelled data that pretrains the server's backbone, "
+            "disjoint from the federated task's labels (e.g. {name: digits, fields: "
+            "{classes: '5-9'}} with data.dataset {name: digits, fields: {classes: '0-4'}})")
+    pre = pretrain.dataset
+    same_source = (pre.name or "").partition(":")[0] == (task.name or "").partition(":")[0] \
+        and pre.path == task.path and pre.hf_name == task.hf_name
+    if same_source:
+        a, b = _classes_of(pre), _classes_of(task)
+        if a is None or b is None or a & b:
+            raise ConfigError(
+                f"{where}.dataset: pretraining on {pre.name or pre.path} classes "
+                f"{sorted(a) if a else 'all'} would teach the server the federated task's "
+                f"labels (data.dataset classes {sorted(b) if b else 'all'}); give both "
+                "fields.classes, disjoint")
+
+
+def server_pretrain_records(pretrain: VisionPretrain) -> tuple[list[dict[str, Any]], int]:
+    """The labelled pretraining records and their number of classes (none: ``[], 0``)."""
+    if not pretrain.enabled or pretrain.dataset is None:
+        return [], 0
+    from fedkt.data import load_dataset_records
+
+    ds = load_dataset_records(pretrain.dataset)
+    if ds.task != "image_classification":
+        raise ConfigError(f"method.pretrain.dataset: {ds.name!r} is not an image dataset")
+    return ds.records, len(ds.label_names)
+
+
+def split_server_data(public: list[dict[str, Any]]) -> Tensor:
+    """The server's public records -> the unlabelled proxy images (labels are dropped)."""
+    if not public:
         raise ValueError("no proxy data: set data.split.public_fraction > 0")
-    proxy, _labels_dropped = image_tensors(public[n_pre:])
-    return public[:n_pre], proxy
+    return torch.stack([r["image"] for r in public]).float()
 
 
 def _fingerprint(*tensors: Tensor) -> str:
@@ -395,13 +460,16 @@ def pretrained_model(
     pretrain: VisionPretrain,
     seed: int,
     precision: str = "auto",
+    num_classes: int | None = None,
 ) -> nn.Module:
     """``model_cfg``'s model with its backbone trained on ``records`` (CE, Adam), cached.
 
-    The cache key covers the model config, data shape, pretraining settings, seed
-    and the exact pixels and labels of ``records``, so a different split never
-    reuses stale weights. Without ``records`` (pretraining disabled) the model is
-    returned as initialised.
+    ``records`` are the pretraining set's (:func:`server_pretrain_records`, ``num_classes``
+    its classes): the backbone trains under a temporary linear head of that many classes,
+    and the returned model carries a fresh task head (``spec.num_classes``), initialised
+    from ``seed`` alone. The cache key covers the model config, data shape, pretraining
+    settings, seed and the exact pixels and labels of ``records``. Without ``records``
+    (``enabled: false`` on a pretrained external model) the model is returned as built.
     """
     from fedkt.cache import cache_dir, cached
     from fedkt.methods.base import derive_seed
@@ -410,29 +478,34 @@ def pretrained_model(
     if not pretrain.enabled or not records:
         return model
     images, labels = image_tensors(records)
+    if tuple(images.shape[1:]) != (spec.in_channels, spec.image_size, spec.image_size):
+        raise ConfigError(
+            f"method.pretrain.dataset: images {tuple(images.shape[1:])} differ from the "
+            f"task's {(spec.in_channels, spec.image_size, spec.image_size)}")
+    n_pre = int(num_classes or int(labels.max()) + 1)
     fields = {
         "model": model_cfg.model_dump(mode="json"), "spec": spec.__dict__,
         "pretrain": pretrain.model_dump(mode="json", exclude={"cache"}), "seed": seed,
-        "data": _fingerprint(images, labels), "version": 1,
+        "data": _fingerprint(images, labels), "classes": n_pre, "version": 2,
     }
     dtype = resolve_precision(precision, model)
     if dtype is not None:  # fp32 keeps the keys of weights cached before precision existed
         fields["precision"] = str(dtype)
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
     path = cache_dir("vision-pretrained") / f"{model_cfg.name.replace(':', '_')}-{key}.safetensors"
+    task_head = head_module(model)
 
     def pretrain_model(tmp: Path | None = None) -> None:
-        train_classifier(model, (images, labels), epochs=pretrain.epochs,
-                         batch_size=pretrain.batch_size, lr=pretrain.lr,
-                         weight_decay=pretrain.weight_decay, seed=derive_seed(seed, "pretrain"),
-                         precision=precision)
-        if pretrain.reset_head:
-            head = head_module(model)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(seed, "pretrain-head", model_cfg.name))
-                for m in head.modules():
-                    if hasattr(m, "reset_parameters"):
-                        m.reset_parameters()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "pretrain-probe", model_cfg.name))
+            model.head = nn.Linear(model.feature_dim(), n_pre).to(_device_of(model))
+        try:
+            train_classifier(model, (images, labels), epochs=pretrain.epochs,
+                             batch_size=pretrain.batch_size, lr=pretrain.lr,
+                             weight_decay=pretrain.weight_decay,
+                             seed=derive_seed(seed, "pretrain"), precision=precision)
+        finally:
+            model.head = task_head  # the adapter never saw the pretraining classes
         if tmp is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                       str(tmp))

@@ -27,6 +27,7 @@ from tests.conftest import small_config
 from tests.methods.test_fedkd import fedkd_config
 from tests.methods.test_fedmkt import LLM
 from tests.methods.test_fedsp import fedsp_config
+from tests.methods.test_koala import BASELINE as KOALA_BASELINE
 from tests.methods.test_koala import koala_config
 
 NUM_CLIENTS = 3
@@ -163,7 +164,7 @@ def method_config(method: str, root: Path, *overrides: str, name: str = "run") -
     if method == "koala":
         return koala_config(root, "rounds=1", *overrides, name=name)
     if method == "fedavg_vision":
-        return koala_config(root, "rounds=1", "method={name: fedavg_vision, pretrain: {epochs: 3}}",
+        return koala_config(root, "rounds=1", KOALA_BASELINE,
                             *overrides, name=name)
     raise KeyError(f"no tiny config for method {method!r}")
 

@@ -14,12 +14,19 @@ text classification records (Dirichlet partitions group by ``"label"``). Sources
   named. Other ``fields`` keys: ``image_size`` (resize image files), ``grayscale``
   (``"true"``), ``crop_roi`` (GTSRB, ``"false"`` to keep the whole photo).
 
+``fields: {classes: "0-4"}`` (also for the built-in ``digits``; ``"5,6,7,8,9"``,
+``"0-2,7"``) keeps only those classes, relabelled ``0..k-1`` in the order given, with
+their original names; ids keep the original index, so two class-disjoint views of one
+dataset never share an id. KOALA uses it to pretrain the server's backbone on other
+classes than the federated task's (``method.pretrain.dataset``).
+
 Images are float32 in [0, 1] and every record's ``image`` is a view into one array,
 which is never modified, so copies of the record list share the pixels.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +54,7 @@ IMAGE_BUILTINS: dict[str, tuple[str, Callable[[], I.ImageData]]] = {
     ),
 }
 IMAGE_FORMATS = ("image_folder", "cifar10", "mnist", "fashion_mnist", "usps", "gtsrb")
-_OPTIONS = ("format", "image_size", "grayscale", "crop_roi")
+_OPTIONS = ("format", "image_size", "grayscale", "crop_roi", "classes")
 
 
 def list_image_builtin() -> dict[str, str]:
@@ -113,8 +120,8 @@ def _read(cfg: DatasetConfig) -> tuple[I.ImageData, str]:
             raise DataError(
                 f"built-in dataset {name!r} is an {TASK} task; task {cfg.task!r} was given"
             )
-        if cfg.fields:
-            raise DataError(f"built-in dataset {name!r} takes no 'fields'")
+        if set(cfg.fields) - {"classes"}:
+            raise DataError(f"built-in dataset {name!r} takes no 'fields' but 'classes'")
         return IMAGE_BUILTINS[name][1](), name
     unknown = sorted(set(cfg.fields) - set(_OPTIONS))
     if unknown:
@@ -156,11 +163,32 @@ def _read(cfg: DatasetConfig) -> tuple[I.ImageData, str]:
     return data, f"{root.name or fmt}"
 
 
+def parse_classes(text: str, num_classes: int) -> list[int]:
+    """``fields.classes`` (``"0-4"``, ``"5,6,7"``, ``"0-2,7"``) -> class indices, in order."""
+    out: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
+        try:
+            got = list(range(int(m[1]), int(m[2]) + 1)) if m else [int(part)]
+        except ValueError:
+            raise DataError(f"fields.classes: expected class indices like '0-4' or '5,6,7', "
+                            f"got {text!r}") from None
+        out += got
+    bad = [c for c in out if not 0 <= c < num_classes]
+    if not out or bad or len(set(out)) != len(out):
+        raise DataError(f"fields.classes: {text!r} must name distinct classes in "
+                        f"0..{num_classes - 1}")
+    return out
+
+
 def load_image_records(cfg: DatasetConfig) -> Dataset:
     """Load an image dataset into records (the ``image_classification`` task)."""
     data, name = _read(cfg)
-    n_classes = data.num_classes
-    label_names = list(data.class_names)
+    keep = parse_classes(cfg.fields["classes"], data.num_classes) if "classes" in cfg.fields \
+        else None
+    n_classes = data.num_classes if keep is None else len(keep)
+    label_names = list(data.class_names) if keep is None else [data.class_names[c] for c in keep]
     if cfg.label_names is not None:
         if len(cfg.label_names) != n_classes:
             raise DataError(
@@ -169,13 +197,18 @@ def load_image_records(cfg: DatasetConfig) -> Dataset:
             )
         label_names = list(cfg.label_names)
     labels = data.labels.tolist()
-    bad = [y for y in labels if not 0 <= y < n_classes]
+    bad = [y for y in labels if not 0 <= y < data.num_classes]
     if bad:
-        raise DataError(f"dataset {name!r}: label {bad[0]} outside 0..{n_classes - 1}")
-    count = len(labels) if cfg.max_records is None else min(cfg.max_records, len(labels))
+        raise DataError(f"dataset {name!r}: label {bad[0]} outside 0..{data.num_classes - 1}")
+    index = list(range(len(labels)))
+    if keep is not None:
+        new = {c: i for i, c in enumerate(keep)}
+        index = [i for i in index if labels[i] in new]
+        labels = [new.get(y, -1) for y in labels]
+    count = len(index) if cfg.max_records is None else min(cfg.max_records, len(index))
     if count == 0:
         raise DataError(f"dataset {name!r}: no images found")
     split = cfg.hf_split if cfg.path else "all"
     records = [{"id": f"{name}:{split}:{i}", "image": data.images[i], "label": int(labels[i])}
-               for i in range(count)]
+               for i in index[:count]]
     return Dataset(name=name, task=TASK, records=records, label_names=label_names)

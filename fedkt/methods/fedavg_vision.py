@@ -4,8 +4,8 @@ KOALA (Chen et al., arXiv:2407.05268) compares against the conventional approach
 every client runs the server's large pretrained model and FedAvg trains its adapter
 (classifier head) on the clients' private labelled images. That is this method with
 ``model: server`` and ``trainable: head`` (the defaults); the large model's backbone
-is pretrained exactly as KOALA's server does it (same split, same cache), so both
-start from the same weights. ``model: client`` / ``trainable: full`` give ordinary
+is pretrained exactly as KOALA's server does it (same class-disjoint pretraining data,
+same cache), so both start from the same weights. ``model: client`` / ``trainable: full`` give ordinary
 FedAvg of a whole (small) model. Each round:
 
 1. the server sends the global trainable weights theta (and, to a client that does
@@ -30,13 +30,14 @@ from fedkt.training import pick_device
 from fedkt.training_vision import (
     VisionPretrain,
     build_model,
+    check_pretrain_source,
     data_spec,
     evaluate_classifier,
     extract_features,
     head_module,
     image_tensors,
     pretrained_model,
-    split_server_data,
+    server_pretrain_records,
     train_classifier,
 )
 
@@ -79,9 +80,10 @@ class FedAvgVisionServer(Server):
         spec = data_spec(fd)
         mcfg = _model_config(cfg)
         if m.model == "server":
-            pre, _proxy = split_server_data(fd.public, m.pretrain)
+            check_pretrain_source(mcfg, cfg.data.dataset, m.pretrain)
+            pre, n_pre = server_pretrain_records(m.pretrain)
             model = pretrained_model(mcfg, spec, pre, m.pretrain, cfg.seed,
-                                     cfg.training.precision)
+                                     cfg.training.precision, n_pre)
         else:
             model = build_model(mcfg, spec, derive_seed(cfg.seed, "model-init"))
         self.model = model.to(pick_device(cfg.runtime.device)).eval()

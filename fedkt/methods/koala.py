@@ -29,7 +29,13 @@ at temperature T on both sides and without a T^2 factor, as the equations are wr
 
 The large model's backbone stays frozen (the paper tunes only the adapter of a
 pretrained model); see :class:`fedkt.training_vision.VisionPretrain` for the
-labelled server split that stands in for its ImageNet pretraining.
+class-disjoint labelled data that stands in for its ImageNet pretraining. The server
+never reads a label of the federated task: its proxy set is the public split's images.
+
+``teacher`` is the paper's Fig. 2 control: ``clients`` (KOALA), ``shuffled`` (the soft
+labels of step 2 permuted across proxy images with a seeded permutation each round:
+same label marginal and confidence, no per-image knowledge) or ``untrained`` (soft
+labels from freshly initialised, untrained small models).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkt.aggregation import fedavg
-from fedkt.config import ConfigError, MethodConfig, ModelConfig
+from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
 from fedkt.losses import (
     BridgingMatrix,
     koala_feature_loss,
@@ -58,6 +64,7 @@ from fedkt.training_vision import (
     DataSpec,
     VisionPretrain,
     build_model,
+    check_pretrain_source,
     data_spec,
     evaluate_classifier,
     extract_features,
@@ -67,6 +74,7 @@ from fedkt.training_vision import (
     pool_features,
     predict_logits,
     pretrained_model,
+    server_pretrain_records,
     split_server_data,
     train_classifier,
 )
@@ -74,6 +82,7 @@ from fedkt.training_vision import (
 __all__ = [
     "KoalaConfig",
     "KoalaServer",
+    "client_reductions",
     "forward_distillation_loss",
     "hete_soft_labels",
     "homo_soft_labels",
@@ -106,6 +115,8 @@ class KoalaConfig(MethodConfig):
     small_feature_layers: int | None = Field(None, ge=0)
     # Both feature maps are average-pooled to this size before W (1: vectors).
     feature_size: int = Field(1, ge=1)
+    # Whose soft labels teach the large model: clients (KOALA) or a random-teacher control.
+    teacher: Literal["clients", "shuffled", "untrained"] = "clients"
     pretrain: VisionPretrain = Field(default_factory=VisionPretrain)
 
 
@@ -157,6 +168,40 @@ def forward_distillation_loss(
     return kd + feature_weight * feat, kd, feat
 
 
+# --------------------------------------------------------------------------- Table 2
+
+
+def client_reductions(cfg: RunConfig, spec: DataSpec) -> dict[str, float]:
+    """Table 2's arithmetic on counted parameters and FLOPs, as the paper states it.
+
+    Storage: ``1 - mean_k params(small_k) / params(large)``; FLOPs: ``1 - mean_k
+    FLOPs(small_k) / FLOPs(large)`` (the mean over the clients' models: one model in
+    homo, each client's own in hete), at the run's input (``*_flops_reduction``) and at
+    the paper's 3x64x64 counting input (``*_flops_reduction_64``), with the models built
+    as configured. Logged with every server evaluation, so suite claims can test them.
+    """
+    from fedkt.models.vision import count_flops, count_params
+
+    def counts(mcfg: ModelConfig, s: DataSpec) -> tuple[int, int]:
+        model = build_model(mcfg, s, 0)
+        return count_params(model), count_flops(model, (s.in_channels, s.image_size,
+                                                        s.image_size))
+
+    paper = DataSpec(spec.num_classes, 3, 64)
+    smalls = [_small_config(cfg, c) for c in cfg.client_ids()]
+    out: dict[str, float] = {}
+    for tag, s in (("", spec), ("_64", paper)):
+        lp, lf = counts(cfg.server, s)
+        got = [counts(m, s) for m in smalls]
+        mean_p = sum(p for p, _ in got) / len(got)
+        out[f"client_storage_reduction{tag}"] = 1 - mean_p / lp
+        out[f"client_flops_reduction{tag}"] = 1 - sum(f for _, f in got) / len(got) / lf
+        if not tag:
+            out.update(large_params=float(lp), client_params_mean=mean_p,
+                       client_storage_reduction_min=1 - max(p for p, _ in got) / lp)
+    return out
+
+
 # --------------------------------------------------------------------------- server
 
 
@@ -183,9 +228,11 @@ class KoalaServer(Server):
         fd = self.data()
         self.spec: DataSpec = data_spec(fd)
         self.device = pick_device(cfg.runtime.device)
-        pre, proxy = split_server_data(fd.public, m.pretrain)
+        check_pretrain_source(cfg.server, cfg.data.dataset, m.pretrain)
+        pre, n_pre = server_pretrain_records(m.pretrain)
+        proxy = split_server_data(fd.public)  # images only: no task label is read
         prec = self.precision = cfg.training.precision
-        large = pretrained_model(cfg.server, self.spec, pre, m.pretrain, cfg.seed, prec)
+        large = pretrained_model(cfg.server, self.spec, pre, m.pretrain, cfg.seed, prec, n_pre)
         self.large = large.to(self.device).eval()
         self.head = head_module(self.large)
         head_params = {id(p) for p in self.head.parameters()}
@@ -214,6 +261,7 @@ class KoalaServer(Server):
                 self.large.feature_dim(m.large_feature_layers)).to(self.device)
         # Clients that hold their current small model (none yet in this process).
         self.synced: set[int] = set()
+        self.sizes = client_reductions(cfg, self.spec)
 
     def key(self, cid: int) -> str:
         return "global" if self.method.mode == "homo" else str(cid)
@@ -239,15 +287,18 @@ class KoalaServer(Server):
         if m.mode == "homo":
             self.small["global"].load_state_dict(fedavg(list(states.values()),
                                                         list(counts.values())))
-            soft = homo_soft_labels(self.small_logits("global"), m.temperature)  # Eq. 2
             updated = ["global"]
+            soft = homo_soft_labels(self.teacher_logits("global"), m.temperature)  # Eq. 2
         else:
             for c, state in states.items():
                 self.small[str(c)].load_state_dict(state)
             updated = [str(c) for c in states]
-            soft = hete_soft_labels([self.small_logits(k) for k in updated],
+            soft = hete_soft_labels([self.teacher_logits(k) for k in updated],
                                     [counts[int(k)] for k in updated],
                                     m.amplification, m.temperature)  # Eqs. 8-10
+        if m.teacher == "shuffled":  # Fig. 2's "random selection": no per-image knowledge
+            gen = torch.Generator().manual_seed(self.seed(rnd, "shuffle-teacher"))
+            soft = soft[torch.randperm(len(soft), generator=gen)]
         # 3. reverse distillation: only the large model's adapter (head) learns
         rev = train_classifier(
             self.head, (self.proxy_features, soft),
@@ -278,6 +329,16 @@ class KoalaServer(Server):
     def small_logits(self, key: str) -> Tensor:
         return predict_logits(self.small[key], self.proxy_images, precision=self.precision)
 
+    @torch.no_grad()
+    def teacher_logits(self, key: str) -> Tensor:
+        """Proxy-set logits of the teacher: the small model, or (``teacher: untrained``)
+        the same never-trained small model every round."""
+        if self.method.teacher != "untrained":
+            return self.small_logits(key)
+        mcfg = _small_config(self.cfg, 0 if key == "global" else int(key))
+        fresh = build_model(mcfg, self.spec, derive_seed(self.cfg.seed, "untrained-teacher", key))
+        return predict_logits(fresh.to(self.device), self.proxy_images, precision=self.precision)
+
     def forward_distill(self, rnd: int, key: str, large_probs: Tensor) -> dict[str, float]:
         """Eqs. 12-17 on the proxy set: the small model and its W learn, the large is fixed."""
         m = self.method
@@ -298,8 +359,9 @@ class KoalaServer(Server):
             precision=self.precision)
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_classifier(self.head, self.test_features, self.test_labels,
-                                   ids=self.test_ids, precision=self.precision)
+        scores = evaluate_classifier(self.head, self.test_features, self.test_labels,
+                                     ids=self.test_ids, precision=self.precision)
+        return {**scores, **self.sizes}
 
     # ------------------------------------------------------------------ state
 

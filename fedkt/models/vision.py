@@ -188,16 +188,21 @@ def vgg_small(
     width: int = 32,
     depth: int = 19,
     dropout: float = 0.0,
+    head: str = "linear",
 ) -> VisionClassifier:
     """VGG-style stacks of 3x3 conv + BN + ReLU (VGG19 layout by default).
 
     Five stages with ``(1, 2, 4, 8, 8) * width`` channels and ``depth``'s conv counts
     (11/13/16/19); each stage ends in a 2x2 max-pool while the map is >= 4 px.
-    Blocks are the five stages; the stem is the identity. Head: the VGG classifier
-    shape (two hidden linear layers of ``2 * last`` units), ``dropout`` between.
+    Blocks are the five stages; the stem is the identity. ``head``: ``linear`` (one
+    Linear layer on the pooled features: KOALA's adapter, "the classifier" appended to
+    the backbone) or ``mlp`` (the VGG classifier shape, two hidden linear layers of
+    ``2 * last`` units, ``dropout`` between).
     """
     if depth not in _VGG_DEPTHS:
         raise ValueError(f"depth must be one of {sorted(_VGG_DEPTHS)}, got {depth}")
+    if head not in ("linear", "mlp"):
+        raise ValueError(f"vgg_small head must be 'linear' or 'mlp', got {head!r}")
     plan = _StridePlanner(image_size)
     widths = [width * m for m in (1, 2, 4, 8, 8)]
     blocks: list[nn.Module] = []
@@ -212,8 +217,11 @@ def vgg_small(
         blocks.append(nn.Sequential(*layers))
         channels.append(c_out)
         c_in = c_out
+    if head == "linear":
+        return VisionClassifier(nn.Identity(), blocks, channels, nn.Linear(c_in, num_classes),
+                                num_classes)
     hidden = 2 * c_in
-    head = nn.Sequential(
+    mlp = nn.Sequential(
         nn.Linear(c_in, hidden),
         nn.ReLU(inplace=True),
         nn.Dropout(dropout),
@@ -222,7 +230,7 @@ def vgg_small(
         nn.Dropout(dropout),
         nn.Linear(hidden, num_classes),
     )
-    return VisionClassifier(nn.Identity(), blocks, channels, head, num_classes)
+    return VisionClassifier(nn.Identity(), blocks, channels, mlp, num_classes)
 
 
 # ---------------------------------------------------------------------------

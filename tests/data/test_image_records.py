@@ -121,3 +121,25 @@ def test_cifar10_and_fashion_mnist_files_are_detected_and_read(tmp_path):
     with pytest.raises(DataError, match="not one of"):
         load_dataset_records(DatasetConfig(path=str(fm), task="image_classification",
                                            fields={"format": "svhn"}))
+
+
+def test_digits_class_filter_relabels_and_keeps_original_ids():
+    low = load_dataset_records(DatasetConfig(name="digits", fields={"classes": "0-4"}))
+    high = load_dataset_records(DatasetConfig(name="digits", fields={"classes": "9,5-8"}))
+    full = load_dataset_records(DatasetConfig(name="digits"))
+    assert low.label_names == ["0", "1", "2", "3", "4"]
+    assert high.label_names == ["9", "5", "6", "7", "8"]  # the order given
+    assert len(low.records) + len(high.records) == len(full.records) == 1797
+    assert not {r["id"] for r in low.records} & {r["id"] for r in high.records}
+    by_id = {r["id"]: r["label"] for r in full.records}
+    assert all(by_id[r["id"]] == r["label"] for r in low.records)
+    assert {by_id[r["id"]] for r in high.records if r["label"] == 0} == {9}
+    assert {r["label"] for r in high.records} == set(range(5))
+    capped = load_dataset_records(DatasetConfig(name="digits", fields={"classes": "0-4"},
+                                                max_records=10))
+    assert [r["id"] for r in capped.records] == [r["id"] for r in low.records[:10]]
+    for bad in ("3-12", "1,1", "x"):
+        with pytest.raises(DataError, match="fields.classes"):
+            load_dataset_records(DatasetConfig(name="digits", fields={"classes": bad}))
+    with pytest.raises(DataError, match="takes no 'fields' but 'classes'"):
+        load_dataset_records(DatasetConfig(name="digits", fields={"format": "mnist"}))

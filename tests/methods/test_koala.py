@@ -7,13 +7,19 @@ the real local runtime (payloads serialised, client state on disk).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fedkt.config import ConfigError, ModelConfig, apply_overrides, parse_config
-from fedkt.losses import BridgingMatrix, koala_integrate_logits, koala_refine_logits
+from fedkt.losses import (
+    BridgingMatrix,
+    koala_integrate_logits,
+    koala_kd_loss,
+    koala_refine_logits,
+)
 from fedkt.methods import get_method
 from fedkt.methods.koala import (
     forward_distillation_loss,
@@ -32,10 +38,15 @@ from fedkt.training_vision import (
     pool_features,
     predict_logits,
     pretrained_model,
-    split_server_data,
+    server_pretrain_records,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"name": "mobilenet_v3_small", "tiny": {"width_mult": 0.25}}
+# The server's backbone learns digits 5-9; the federated task is digits 0-4.
+PRETRAIN_DATA = {"name": "digits", "fields": {"classes": "5-9"}, "max_records": 300}
+BASELINE = ("method={name: fedavg_vision, pretrain: {epochs: 3, dataset: {name: digits, "
+            "fields: {classes: '5-9'}, max_records: 300}}}")
 HETE = [
     SMALL,
     {"name": "shufflenet_v2_x0_5_small", "tiny": {"stages_repeats": [1, 1, 1]}},
@@ -43,19 +54,26 @@ HETE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def _module_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("koala-cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FEDKT_CACHE", str(tmp_path / "cache"))
+def _isolated_cache(_module_cache, monkeypatch):
+    # One cache per module: its keys cover model, data, settings and seed, so tests share
+    # the pretrained backbones safely (a test that counts cache files sets its own).
+    monkeypatch.setenv("FEDKT_CACHE", str(_module_cache))
     torch.set_num_threads(1)
 
 
 def koala_config(tmp_path, *overrides: str, method: str = "koala", name: str = "run"):
     data = {
         "name": name, "seed": 0, "rounds": 2, "output_dir": str(tmp_path / name),
-        "method": {"name": method, "pretrain": {"epochs": 3}},
+        "method": {"name": method, "pretrain": {"epochs": 3, "dataset": PRETRAIN_DATA}},
         "server": {"name": "vgg_small", "tiny": {"width": 4, "depth": 11}},
         "clients": {"num_clients": 3, "models": [SMALL]},
-        "data": {"dataset": {"name": "digits", "max_records": 450},
+        "data": {"dataset": {"name": "digits", "fields": {"classes": "0-4"}, "max_records": 450},
                  "split": {"test_size": 0.2, "public_fraction": 0.3},
                  "partition": {"scheme": "dirichlet", "alpha": 1.0}},
         "training": {"lr": 3e-3, "batch_size": 16, "local_epochs": 1,
@@ -143,7 +161,22 @@ def test_reverse_kl_direction_and_temperature_as_written():
     p_large = F.softmax(large / 7.0, -1)
     assert not torch.isclose(loss, _kl(p_large, soft.log()))        # the other direction
     assert not torch.isclose(loss, _kl(soft, F.log_softmax(large, -1)))  # T = 1
-    assert not torch.isclose(loss, 49 * loss)                        # no hidden T^2
+
+
+def test_kd_loss_has_no_t_squared_factor_hand_computed():
+    """Logits [0, 7 ln 3] at T=7 give q = [1/4, 3/4]; soft labels p = [1/2, 1/2]:
+    KL(p || q) = 0.5 ln 2 + 0.5 ln(2/3) = 0.5 ln(4/3), and d KL / d z = (q - p) / T =
+    [-1/28, +1/28]. A T^2 factor would give 49 times both (7.05 and -/+1.75)."""
+    large = torch.tensor([[0.0, 7 * math.log(3)]], requires_grad=True)
+    soft = torch.tensor([[0.5, 0.5]])
+    loss = reverse_distillation_loss(large, soft, 7.0)
+    assert loss.item() == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(large.grad, torch.tensor([[-1 / 28, 1 / 28]]))
+    # The forward loss is the same function with the large model as the target.
+    small = torch.tensor([[0.0, 7 * math.log(3)]])
+    assert koala_kd_loss(small, soft, 7.0).item() == pytest.approx(0.5 * math.log(4 / 3),
+                                                                   rel=1e-6)
 
 
 def test_forward_loss_direction_temperature_and_feature_term():
@@ -183,7 +216,8 @@ def _fd():
         from fedkt.data.splits import client_splits
 
         cfg = parse_config({"method": "koala", "data": {
-            "dataset": {"name": "digits"}, "split": {"public_fraction": 0.3},
+            "dataset": {"name": "digits", "fields": {"classes": "0-4"}},
+            "split": {"public_fraction": 0.3},
             "partition": {"scheme": "dirichlet", "alpha": 1.0}}})
         _FD["fd"] = client_splits(cfg.data, 3, 0)
     return _FD["fd"]
@@ -328,17 +362,18 @@ def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path, m
 # --------------------------------------------------------------------------- pretraining
 
 
-def test_server_pretraining_is_disjoint_cached_and_resets_the_head(tmp_path, monkeypatch):
+def test_server_pretraining_is_class_disjoint_cached_and_resets_the_head(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDKT_CACHE", str(tmp_path / "cache"))
     cfg = koala_config(tmp_path)
     server, _ = server_and_clients(cfg)
     fd = server.data()
-    pre, proxy = split_server_data(fd.public, cfg.method.pretrain)
+    pre, n_pre = server_pretrain_records(cfg.method.pretrain)
+    # The pretraining images are digits 5-9, the task's every split digits 0-4.
+    assert n_pre == 5 and {r["label"] for r in pre} == set(range(5))
     pre_ids = {r["id"] for r in pre}
-    clients_ids = {r["id"] for part in fd.private for r in part}
-    test_ids = {r["id"] for r in fd.test}
-    proxy_ids = {r["id"] for r in fd.public[len(pre):]}
-    assert pre_ids and proxy_ids and not pre_ids & (clients_ids | test_ids | proxy_ids)
-    assert len(proxy) == len(proxy_ids) and proxy.dim() == 4  # images only, no labels
+    task_ids = {r["id"] for part in (fd.public, fd.test, *fd.private) for r in part}
+    assert pre_ids and not pre_ids & task_ids
+    assert len(server.proxy_images) == len(fd.public)  # the whole public split, as images
     files = list((tmp_path / "cache").rglob("*.safetensors"))
     assert len(files) == 1
     # A second build loads the cache: no training happens.
@@ -350,18 +385,73 @@ def test_server_pretraining_is_disjoint_cached_and_resets_the_head(tmp_path, mon
     spec = data_spec(fd)
     with monkeypatch.context() as mp:
         mp.setattr(TV, "train_classifier", no_training)
-        again = pretrained_model(cfg.server, spec, pre, cfg.method.pretrain, cfg.seed)
+        again = pretrained_model(cfg.server, spec, pre, cfg.method.pretrain, cfg.seed,
+                                 num_classes=n_pre)
     for k, v in again.state_dict().items():
         assert torch.equal(v, server.large.state_dict()[k].cpu())
-    # The backbone learnt, the head (adapter) starts untrained: near-chance accuracy.
-    fresh = build_model(cfg.server, spec, 123)
+    # The backbone learnt; the task head is exactly a fresh one of the same seed.
+    from fedkt.methods.base import derive_seed
+
+    fresh = build_model(cfg.server, spec, derive_seed(cfg.seed, "pretrain-init", "vgg_small"))
     assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in again.state_dict().items()
                if not k.startswith("head."))
-    acc = server.evaluate(0)["accuracy"]
-    assert acc < 0.5
+    for k, v in fresh.head.state_dict().items():
+        assert torch.equal(v, again.head.state_dict()[k])
     # Other settings get their own cache entry.
-    pretrained_model(cfg.server, spec, pre, VisionPretrain(epochs=1), cfg.seed)
+    pretrained_model(cfg.server, spec, pre, VisionPretrain(epochs=1, dataset=PRETRAIN_DATA),
+                     cfg.seed, num_classes=n_pre)
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 2
+
+
+def test_server_never_reads_a_task_label(tmp_path, monkeypatch):
+    """Poison the labels of every record the server holds (proxy and test): the large
+    model's pretraining and its server step give bit-identical weights."""
+    import dataclasses
+
+    from fedkt.data.splits import run_data
+
+    def heads_after_round(name, poison):
+        cfg = koala_config(tmp_path, "data.max_private_per_client=16", name=name)
+        if poison:
+            def poisoned(*args, **kwargs):
+                fd = run_data(*args, **kwargs)  # shared records: copy, never modify
+                gen = torch.Generator().manual_seed(7)
+
+                def poison(part):
+                    flip = torch.randint(1, 5, (len(part),), generator=gen).tolist()
+                    return [{**r, "label": (r["label"] + f) % 5} for r, f in zip(part, flip, strict=True)]
+
+                return dataclasses.replace(fd, public=poison(fd.public), test=poison(fd.test))
+            monkeypatch.setattr("fedkt.data.splits.run_data", poisoned)
+        server, clients = server_and_clients(cfg)
+        if poison:  # every label the server holds is wrong
+            assert all(a["label"] != b["label"] for a, b in zip(
+                poisoned(cfg.data, 3, cfg.seed).public, run_data(cfg.data, 3, cfg.seed).public, strict=True))
+        pretrained = clone(server.large.state_dict())
+        clients.start_round(1)
+        server.round(1, clients)
+        return pretrained, clone(server.large.state_dict()), clone(server.small["global"]
+                                                                   .state_dict())
+
+    clean = heads_after_round("clean", False)
+    dirty = heads_after_round("dirty", True)
+    for a, b in zip(clean, dirty, strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), "a task label reached the server"
+    assert any(not torch.equal(clean[0][k], clean[1][k]) for k in clean[0]), "no server step"
+
+
+def test_pretraining_that_could_see_the_task_labels_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="enabled: false.*random and frozen"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.enabled=false"))
+    with pytest.raises(ConfigError, match="pretrain.dataset: name the labelled data"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.dataset=null"))
+    with pytest.raises(ConfigError, match="teach the server the federated task's labels"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.dataset.fields.classes=4-9"))
+    with pytest.raises(ConfigError, match="teach the server"):
+        server_and_clients(koala_config(tmp_path, "method.pretrain.dataset.fields={}"))
+    with pytest.raises(ConfigError, match="teach the server"):
+        server_and_clients(koala_config(tmp_path, BASELINE, "data.dataset.fields={}"))
 
 
 # --------------------------------------------------------------------------- baseline
@@ -369,8 +459,7 @@ def test_server_pretraining_is_disjoint_cached_and_resets_the_head(tmp_path, mon
 
 def test_fedavg_vision_baseline_trains_only_the_head_of_the_same_large_model(tmp_path):
     koala, _ = server_and_clients(koala_config(tmp_path, name="k"))
-    cfg = koala_config(tmp_path, "method={name: fedavg_vision, pretrain: {epochs: 3}}",
-                       name="base")
+    cfg = koala_config(tmp_path, BASELINE, name="base")
     server, clients = server_and_clients(cfg)
     # The same pretrained backbone as KOALA's server (shared cache).
     kstate = koala.large.state_dict()
@@ -419,3 +508,134 @@ def test_external_backbones_expose_head_and_features_and_fail_clearly():
             build_model(ModelConfig(name="torchvision:vgg19"), spec, 0)
     with pytest.raises(ValueError, match="unknown vision model"):
         build_model(ModelConfig(name="resnet_tiny"), spec, 0)
+
+
+# --------------------------------------------------------------------------- paper set-up
+
+
+def test_large_models_adapter_is_one_linear_layer_by_default_mlp_optional(tmp_path):
+    from torch import nn
+
+    from fedkt.models.vision import count_params, vgg_small
+
+    vgg = vgg_small(5, 1, 8, width=4, depth=11)
+    assert isinstance(vgg.head, nn.Linear)
+    assert (vgg.head.in_features, vgg.head.out_features) == (vgg.feature_dim(), 5)
+    mlp = vgg_small(5, 1, 8, width=4, depth=11, head="mlp")
+    assert sum(isinstance(m, nn.Linear) for m in mlp.head.modules()) == 3
+    # Same backbone, only the adapter differs.
+    assert count_params(vgg) - count_params(vgg.head) == count_params(mlp) - count_params(mlp.head)
+    with pytest.raises(ValueError, match="head must be 'linear' or 'mlp'"):
+        vgg_small(5, head="conv")
+    # KOALA's server distils into exactly that Linear layer.
+    server, _ = server_and_clients(koala_config(tmp_path))
+    assert isinstance(server.head, nn.Linear) and server.head.out_features == 5
+
+
+def test_shipped_configs_homo_is_mobilenet_v2_and_reductions_are_counted(tmp_path):
+    from fedkt.config import load_config
+    from fedkt.methods.koala import client_reductions
+    from fedkt.models.vision import count_flops, count_params
+
+    homo = load_config(ROOT / "configs" / "koala" / "homo.yaml")
+    assert [m.name for m in homo.clients.models] == ["mobilenet_v2_small"]
+    hete = load_config(ROOT / "configs" / "koala" / "hete.yaml")
+    assert "mobilenet_v2_small" in [m.name for m in hete.clients.models]
+    # The reductions a KOALA server logs are 1 - mean(small) / large, counted.
+    cfg = koala_config(tmp_path, "method.mode=hete", f"clients.models={HETE}")
+    spec = data_spec(_fd())
+    got = client_reductions(cfg, spec)
+    large = build_model(cfg.server, spec, 0)
+    smalls = [build_model(m, spec, 0) for m in cfg.clients.models]
+    shape = (1, 8, 8)
+    assert got["large_params"] == count_params(large)
+    assert got["client_storage_reduction"] == pytest.approx(
+        1 - sum(map(count_params, smalls)) / 3 / count_params(large))
+    assert got["client_flops_reduction"] == pytest.approx(
+        1 - sum(count_flops(m, shape) for m in smalls) / 3 / count_flops(large, shape))
+    assert got["client_storage_reduction_min"] == pytest.approx(
+        1 - max(map(count_params, smalls)) / count_params(large))
+    assert got["client_flops_reduction_64"] != got["client_flops_reduction"]
+    # The benchmark compares like with like: its homo row is the homo config's model.
+    bench = _bench()
+    assert homo.clients.models[0].name == bench.HOMO_MODEL
+    assert bench.paper_reductions()["homo"] == pytest.approx((1 - 3.51 / 143.68,
+                                                               1 - 55.84e6 / 3.43e9))
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("koala_tables",
+                                                  ROOT / "benchmarks" / "koala_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pretrained_external_models_get_imagenet_normalisation():
+    from torch import nn
+
+    from fedkt.training_vision import IMAGENET_MEAN, IMAGENET_STD, ExternalClassifier
+
+    seen = []
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            seen.append(x)
+            return x.mean((2, 3))
+
+    x = torch.full((1, 1, 4, 4), 0.5)
+    ExternalClassifier(Probe(), in_channels=1, normalize=True)(x)
+    mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+    torch.testing.assert_close(seen[-1][0, :, 0, 0], (0.5 - mean) / std)
+    ExternalClassifier(Probe(), in_channels=1)(x)  # random weights: inputs as they are
+    torch.testing.assert_close(seen[-1], x.repeat(1, 3, 1, 1))
+
+
+def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
+    import fedkt.methods.koala as K
+
+    real_train = K.train_classifier
+
+    def round_of(teacher):
+        """(the clients' soft labels, the targets reverse distillation used, server)."""
+        cfg = koala_config(tmp_path, f"method.teacher={teacher}",
+                           "method.forward_distillation=false", name=teacher)
+        server, clients = server_and_clients(cfg)
+        clients.start_round(1)
+        targets = []
+
+        def spy(model, tensors, **kw):
+            if model is server.head:
+                targets.append(tensors[1])
+            return real_train(model, tensors, **kw)
+
+        K.train_classifier = spy
+        try:
+            server.round(1, clients)
+        finally:
+            K.train_classifier = real_train
+        own = K.homo_soft_labels(server.small_logits("global"), 7.0)
+        return own, targets[0], server
+
+    own, used, _ = round_of("clients")
+    assert len({tuple(r.tolist()) for r in own}) > 1, "the soft labels differ per image"
+    torch.testing.assert_close(used, own)
+    own_s, used_s, server = round_of("shuffled")
+    torch.testing.assert_close(own_s, own)  # same clients, same global small model
+    perm = torch.randperm(len(own), generator=torch.Generator().manual_seed(
+        server.seed(1, "shuffle-teacher")))
+    assert not torch.equal(perm, torch.arange(len(perm)))
+    torch.testing.assert_close(used_s, own[perm], rtol=0, atol=0)  # another image's label
+    assert not torch.equal(used_s, own)
+    _, used_u, server = round_of("untrained")
+    fresh = build_model(server.cfg.clients.models[0], server.spec,
+                        K.derive_seed(0, "untrained-teacher", "global"))
+    torch.testing.assert_close(used_u, K.homo_soft_labels(
+        predict_logits(fresh, server.proxy_images), 7.0))
+    assert not torch.equal(used_u, own)
