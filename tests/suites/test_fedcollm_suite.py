@@ -74,5 +74,6 @@ def test_fedcollm_suite_smoke(tmp_path):
         # The LLM and the global SLM are two participants, each with its own table.
         files = prediction_files(run)
         assert {(1, "server", ""), (1, "global_slm", "")} <= set(files)
-        if arm == "fedcollm":  # round 0: every model zero-shot, in the FedCoLLM arm only
-            assert (0, "global_slm", "") in files and (0, "client_1", "") in files
+        if arm == "fedcollm":  # round 0: both server-side models zero-shot (this arm only)
+            assert {(0, "server", ""), (0, "global_slm", "")} <= set(files)
+        assert not any(p.startswith("client_") for _, p, _ in files)  # eval.clients: false
