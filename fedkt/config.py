@@ -374,9 +374,10 @@ class RunConfig(_Strict):
         keys += [f"clients.models[{i}].lr" for i, m in enumerate(self.clients.models)
                  if m.lr is not None]
         if keys and not get_method(self.method.name).model_lr:
-            raise ValueError(f"{', '.join(keys)}: method {self.method.name!r} does not read "
-                             "per-model learning rates; use training.lr (or the method's own "
-                             "lr keys)")
+            first = keys[0].replace("[", ".").replace("]", "")  # a key path the error names
+            raise ValueError(f"{first}: method {self.method.name!r} does not read per-model "
+                             f"learning rates (set: {', '.join(keys)}); use training.lr (or "
+                             "the method's own lr keys)")
         return self
 
     @field_validator("output_dir")

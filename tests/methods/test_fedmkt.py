@@ -355,7 +355,8 @@ def test_config_checks(make_config):
         mkt_config(make_config, "method.server_lr=0.1", name="moved")
     with pytest.raises(ConfigError, match=r"server\.lr"):
         mkt_config(make_config, "server.lr=0", name="zero")
-    with pytest.raises(ConfigError, match=r"clients\.models\[1\]\.lr.*fedcollm"):
+    with pytest.raises(ConfigError, match=r"clients\.models\.1\.lr: method 'fedcollm'.*"
+                                          r"\(set: clients\.models\[1\]\.lr\)"):
         make_config(LLM, "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2, lr: 0.1}]",
                     method="fedcollm", name="ignored")
 
