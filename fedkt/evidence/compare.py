@@ -21,10 +21,12 @@ __all__ = ["baseline_report", "groups_report", "round0_summary"]
 
 
 def _parts(group: Group) -> list[str]:
+    """``server``, other server-side participants (FedCoLLM's ``global_slm``), each client
+    and the clients' mean."""
     run = group.runs[0]
     clients = run.clients()
-    return (["server"] if "server" in run.participants() else []) + \
-        (clients + ["clients"] if clients else [])
+    others = [p for p in run.participants() if p not in clients]
+    return others + (clients + ["clients"] if clients else [])
 
 
 def _metrics(group: Group, metric: str | None) -> list[str]:

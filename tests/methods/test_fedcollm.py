@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fedkt.evidence.compare import baseline_report
 from fedkt.losses import kl_div, mutual_kl
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters
@@ -340,6 +341,9 @@ def test_run_ships_only_lora_adapters_and_both_models_learn(make_config):
     assert again["server"]["loss"] == pytest.approx(tests[-1]["loss"], rel=1e-5)
     assert again["global_slm"]["loss"] == pytest.approx(slm_tests[-1]["loss"], rel=1e-5)
     assert again["global_slm"]["accuracy"] == slm_tests[-1]["accuracy"]
+    # fedkt report pairs each participant with its own round 0, the global SLM included.
+    text = baseline_report([str(cfg.run_dir)], f"{cfg.run_dir}@0", "accuracy")
+    assert "| global_slm | accuracy |" in text and "| server | accuracy |" in text
 
 
 def test_config_errors_name_the_fix(make_config):
