@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
 from fedkt.precision import autocast, grad_scaler, upcast
+from fedkt.privacy import update_norm
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any, int], torch.Tensor]
 
@@ -123,6 +124,15 @@ def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any,
     if sched is not None:
         sched.step()
     return float(loss.detach())
+
+
+def grad_norm(loss: torch.Tensor | float, params: list[torch.nn.Parameter]) -> float:
+    """L2 norm of ``d loss / d params`` on the retained graph (the graph stays usable for
+    the update that follows); 0 when ``loss`` does not reach ``params``."""
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        return 0.0
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return update_norm({str(i): g for i, g in enumerate(grads) if g is not None})
 
 
 def lm_pairs(cfg: RunConfig, records: list[dict]) -> list[tuple[str, str]]:

@@ -391,10 +391,6 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     return out
 
 
-def _has_round0(group: Group) -> bool:
-    return all(any(r.get("round") == 0 for r in run.info.rows) for run in group.runs)
-
-
 def _round0_group(suite: Suite, arms: list[str]) -> tuple[str, Group] | None:
     """The zero-shot row: round 0 of the first of ``arms`` (baseline first) that has it."""
     for arm in arms:
@@ -402,7 +398,7 @@ def _round0_group(suite: Suite, arms: list[str]) -> tuple[str, Group] | None:
             group = _arm_group(suite, arm, 0)
         except ValueError:  # this arm does not evaluate round 0 (eval.round0: false)
             continue
-        if group.runs and _has_round0(group):
+        if group.runs:  # open_run(..., 0) refused every run without a round-0 evaluation
             return arm, group
     return None
 

@@ -54,11 +54,13 @@ from fedkt.methods.fedavg import (
     client_train,
 )
 from fedkt.precision import autocast, grad_scaler
+from fedkt.privacy import update_norm
 from fedkt.training import (
     LM,
     client_evaluate,
     client_lm,
     evaluate_records,
+    grad_norm,
     lm_batches,
     make_optimizer,
     server_lm,
@@ -271,13 +273,14 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     llm.model.train()
     slm.model.train()
     sums: dict[str, float] = {}
+    ratios: dict[str, float] = {}
     for step in range(total):
         f_batch = {k: v.to(f_dev) for k, v in f_batches[step].items()}
         g_batch = {k: v.to(g_dev) for k, v in g_batches[step].items()}
         with autocast(cfg, f_dev):  # the KL terms cast logits to fp32
             parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, method, bridge)
         if step == 0:  # diagnostics on the round's first batch (no effect on training)
-            sums.update(kd_gradient_ratios(parts, f_params, g_params))
+            ratios = kd_gradient_ratios(parts, f_params, g_params)
         opt_f.zero_grad(set_to_none=True)
         opt_g.zero_grad(set_to_none=True)
         scaler.scale(parts.total).backward()  # Eq. 6
@@ -296,7 +299,6 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     llm.model.eval()
     slm.model.eval()
     # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
-    ratios = {k: sums.pop(k) for k in list(sums) if k.startswith("kd_grad_ratio")}
     return ({f"cotune_{k}": v / total for k, v in sums.items()} | {"cotune_steps": total}
             | {f"cotune_{k}": v for k, v in ratios.items()})
 
@@ -312,23 +314,9 @@ def kd_gradient_ratios(parts: CoTuneLosses, f_params: list[Tensor], g_params: li
     """
     out = {}
     for name, ft, params in (("llm", parts.ft_llm, f_params), ("slm", parts.ft_slm, g_params)):
-        kd = parts.total - ft
-        if not kd.requires_grad:  # lambda = 0 and nothing else reaches these parameters
-            out[f"kd_grad_ratio_{name}"] = 0.0
-            continue
-        g_ft = torch.autograd.grad(ft, params, retain_graph=True, allow_unused=True,
-                                   materialize_grads=True)
-        g_kd = torch.autograd.grad(kd, params, retain_graph=True, allow_unused=True,
-                                   materialize_grads=True)
-        norm_ft = torch.sqrt(sum((g.float() ** 2).sum() for g in g_ft))
-        norm_kd = torch.sqrt(sum((g.float() ** 2).sum() for g in g_kd))
-        out[f"kd_grad_ratio_{name}"] = float(norm_kd / norm_ft.clamp_min(1e-30))
+        kd = grad_norm(parts.total - ft, params)  # 0 with lambda = 0: nothing else reaches them
+        out[f"kd_grad_ratio_{name}"] = kd / max(grad_norm(ft, params), 1e-30)
     return out
-
-
-def adapter_distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    """L2 norm of ``a - b`` over every tensor of two adapters with the same keys."""
-    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a)))
 
 
 def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict]) -> bool:
@@ -381,8 +369,9 @@ class FedCoLLMServer(Server):
                        self.data().public, seed=self.seed(rnd, "cotune"), bridge=self.bridge)
         self.omega, self.theta = self.llm.trainable(), self.slm.trainable()
         # How far co-tuning moved theta, against how far the clients' round moved it.
-        stats["theta_shift_local"] = adapter_distance(averaged, sent)
-        stats["theta_shift_cotune"] = adapter_distance(self.theta, averaged)
+        stats["theta_shift_local"] = update_norm({k: averaged[k] - sent[k] for k in sent})
+        stats["theta_shift_cotune"] = update_norm({k: self.theta[k] - averaged[k]
+                                                   for k in averaged})
         # 5. theta goes back to the clients at the start of the next round
         return {**metrics, **{f"train/{k}": v for k, v in stats.items()}}
 

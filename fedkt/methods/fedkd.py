@@ -67,7 +67,7 @@ from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError
 from fedkt.precision import autocast, grad_scaler
-from fedkt.training import make_optimizer
+from fedkt.training import grad_norm, make_optimizer
 from fedkt.training_classifier import (
     build_encoder,
     check_text_classification,
@@ -496,16 +496,9 @@ def loss_magnitudes(models: FedKDModels, method: FedKDConfig, batch: dict[str, T
     for i, layer in enumerate(layers):
         params = [p for p in layer.parameters() if p.requires_grad]
 
-        def norm(loss: Tensor | float, params: list[nn.Parameter] = params) -> float:
-            if not isinstance(loss, Tensor) or not loss.requires_grad:
-                return 0.0
-            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-            return float(torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None)
-                                    or torch.tensor(0.0)))
-
-        task = max(norm(out.teacher_task), 1e-30)
-        terms[f"grad_ratio/hidden/layer_{i}"] = norm(out.hidden) / task
-        terms[f"grad_ratio/kd/layer_{i}"] = norm(out.teacher_kd) / task
+        task = max(grad_norm(out.teacher_task, params), 1e-30)
+        terms[f"grad_ratio/hidden/layer_{i}"] = grad_norm(out.hidden, params) / task
+        terms[f"grad_ratio/kd/layer_{i}"] = grad_norm(out.teacher_kd, params) / task
     return terms
 
 
