@@ -49,6 +49,24 @@ def test_auto_follows_the_hardware(monkeypatch):
     assert resolve_precision("auto", "cuda") is None
 
 
+def test_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, caplog):
+    precision._warn_emulated_bf16.cache_clear()
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: False)
+    with caplog.at_level("WARNING", logger="fedkt.precision"):
+        assert resolve_precision("bf16", "cpu") is torch.bfloat16  # still what was asked
+        resolve_precision("bf16", "cpu")
+        resolve_precision("auto", "cpu")
+    assert [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()] == [
+        caplog.records[0].getMessage()]
+    assert "'auto' picks fp32 here" in caplog.records[0].getMessage()
+    caplog.clear()
+    precision._warn_emulated_bf16.cache_clear()
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)
+    with caplog.at_level("WARNING", logger="fedkt.precision"):
+        resolve_precision("bf16", "cpu")
+    assert not caplog.records  # native bf16: nothing to say
+
+
 def test_fp16_on_a_cpu_run_is_a_config_error(make_config):
     with pytest.raises(ConfigError, match=r"training\.precision: fp16 needs a CUDA GPU"):
         make_config("training.precision=fp16", "runtime.device=cpu")
