@@ -36,13 +36,23 @@ Variants (one server, one set of flags; all registered):
 
 ``fedsp``             the method above;
 ``fedprompt``         clients hold the whole LLM and only exchange prompts (Zhao et al.);
-``fedprompt_single``  clients hold FedSP's 1-layer shared cut, without distillation
-                      and without alternating training.
+``fedprompt_single``  clients hold a 1-layer model (no sharing, no distillation, no
+                      alternating training); its one-layer prompts are repeated across
+                      the LLM's L layers on upload and the LLM's are averaged over the
+                      layers on download (the reference's ``merge_param_dict``).
 
 Ablations: ``distill: false`` (w/o KD), ``cross_layer_sharing: false`` (the N layers
-run once, depth N; only the prefixes of the LLM layers they were cut from travel and
-the others are trained on the server only), ``alternating: false`` (clients train
-prompts only); ``layer_position: bot|mid|top`` and ``aux_layers: 1..4``.
+run once, depth N; prompts repeated up / averaged down as FedPrompt-Single's, or with
+``prompt_transfer: slots`` only the prefixes of the layers the cut came from),
+``alternating: false`` (clients train prompts only); ``layer_position: bot|mid|top`` and
+``aux_layers: 1..4``.  Control: ``server_only: true`` (the server trains the prompts on
+its own data, the clients take no part).
+
+Protocol (issue #18; defaults are the paper's and the reference scripts'): the server's
+own prompt steps after each aggregation (Sec. 3.2), AdamW with betas (0.9, 0.999), weight
+decay 0.01, warm-up 0.1 then linear decay, one optimiser per client and stage kept across
+rounds (Sec. 4.3), a learning rate per method (FedSP 5e-4, FedPrompt-Single 5e-3,
+FedPrompt 5e-2), 40 prompt tokens, 5,000 KD steps at 5e-4.
 
 ``prompt_init: text`` (not in the paper, which starts from peft's random prefix; the
 shared ``training.prefix_init: text`` does the same) initialises P with the LLM's own
@@ -106,7 +116,8 @@ _TOK = "__fedsp_tok__/"
 
 
 class PromptMessengerConfig(MethodConfig):
-    """Settings shared by FedSP, FedPrompt and FedPrompt-Single (defaults: the paper's).
+    """Settings shared by FedSP, FedPrompt and FedPrompt-Single (defaults: the paper's and,
+    where the paper is silent, the reference scripts').
 
     Local and server training use ``training.batch_size``; ``training.prefix_tokens``
     is the prompt length (40 in the paper); ``training.peft`` is ignored (always
@@ -803,5 +814,5 @@ register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggr
 register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
                 summary="FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)"))
 register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
-                summary="prompts trained on a 1-layer shared cut without KD or alignment "
-                        "(FedSP baseline)"))
+                summary="prompts trained on a 1-layer model without sharing, KD or alignment, "
+                        "repeated up / averaged down (FedSP baseline)"))
