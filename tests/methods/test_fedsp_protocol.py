@@ -243,3 +243,23 @@ def test_every_shipped_prompt_config_uses_server_steps_and_the_k_plus_1_split():
         split = yaml.safe_load(path.read_text())["data"]["split"]
         if cfg.server.name == "smollm2-135m":  # the server's share = one client's
             assert split["scheme"] == "fedmkt", path.name
+
+
+def test_shipped_suite_decides_on_accuracy_with_the_controls():
+    from fedkt.evidence.suite import load_suite
+
+    suite = load_suite(ROOT / "fedkt" / "configs" / "suites" / "fedsp.yaml")
+    assert suite.cfg.metrics == ["accuracy", "loss"]  # loss beside, accuracy decides
+    assert all(".accuracy" in c and ".loss" not in c for c in suite.cfg.claims)
+    arms = {arm for arm, _ in suite.runs}
+    assert arms == {"zero_shot", "prefix", "fedprompt", "fedprompt_single", "fedsp",
+                    "fedsp_no_kd", "fedsp_no_cs", "fedsp_no_alt", "server_only"}
+    fedsp, ctrl = suite.runs[("fedsp", 0)], suite.runs[("server_only", 0)]
+    assert fedsp.clients.num_clients == 10 and fedsp.data.split.scheme == "fedmkt"
+    assert ctrl.method.server_only and ctrl.method.server_prompt_steps == \
+        fedsp.method.server_prompt_steps
+    assert (ctrl.method.server_lr or ctrl.method.prompt_lr) == (
+        fedsp.method.server_lr or fedsp.method.prompt_lr)  # FedSP's server stage exactly
+    assert suite.runs[("fedprompt_single", 0)].method.cross_layer_sharing is False
+    assert suite.runs[("fedsp_no_cs", 0)].method.prompt_transfer == "repeat"
+    assert all(cfg.training.precision != "bf16" for cfg in suite.runs.values())
