@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="POSITION:KD_STEPS,... (default: bot:0,150,600 mid:0,150 top:0,150)")
     ap.add_argument("--lr", default="3e-3,1e-2,3e-2", help="sign-step sizes, comma-separated")
     ap.add_argument("--kd-lr", type=float, default=None, help="default: the config's kd_lr")
-    ap.add_argument("--kd-batch", type=int, default=4)
+    ap.add_argument("--kd-batch", type=int, default=2, help="KD batch (small: cheap)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
