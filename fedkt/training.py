@@ -90,12 +90,22 @@ def clear_cache() -> None:
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig, total_steps: int,
-                   lr: float | None = None) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW with linear warm-up over ``warmup_ratio`` of the steps, then constant."""
+                   lr: float | None = None, *, decay: bool = False,
+                   done_steps: int = 0) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW with linear warm-up over ``warmup_ratio`` of the steps, then constant, or with
+    ``decay`` linearly down to 0 at ``total_steps``.  ``done_steps``: where in the schedule
+    to start (an optimiser resumed across rounds; its moments are loaded by the caller)."""
     opt = torch.optim.AdamW(params, lr=lr or cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     warmup = max(1, math.ceil(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio else 0
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup)) if decay else 1.0
+
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor, last_epoch=done_steps - 1)
     return opt, sched
 
 
@@ -168,12 +178,15 @@ def train_lm(
     task_weight: float = 1.0,
     lr: float | None = None,
     desc: str = "train",
+    optimizer: tuple[torch.optim.Optimizer, Any] | None = None,
 ) -> dict[str, float]:
     """Local training on ``records``: loss = task_weight * CE (+ extra_loss).
 
     ``extra_loss(model, batch, outputs, step)`` adds e.g. a distillation term.
     ``lr``: None takes the model's own (``lm.lr``: ``server.lr`` /
-    ``clients.models[i].lr``), else ``training.lr``.
+    ``clients.models[i].lr``), else ``training.lr``.  ``optimizer``: an (optimiser,
+    schedule) over the trainable weights to continue (e.g. kept across rounds) instead of a
+    fresh :func:`make_optimizer`.
     Returns the mean loss, the number of steps and of examples.
     """
     tcfg = cfg.training
@@ -189,7 +202,8 @@ def train_lm(
     if total == 0:
         return {"loss": float("nan"), "steps": 0, "num_examples": 0}
     params = [p for p in model.parameters() if p.requires_grad]
-    opt, sched = make_optimizer(params, tcfg, total, lr=lr if lr is not None else lm.lr)
+    opt, sched = optimizer or make_optimizer(params, tcfg, total,
+                                             lr=lr if lr is not None else lm.lr)
     scaler = grad_scaler(tcfg, device)
     torch.manual_seed(seed)
     model.train()

@@ -36,13 +36,23 @@ Variants (one server, one set of flags; all registered):
 
 ``fedsp``             the method above;
 ``fedprompt``         clients hold the whole LLM and only exchange prompts (Zhao et al.);
-``fedprompt_single``  clients hold FedSP's 1-layer shared cut, without distillation
-                      and without alternating training.
+``fedprompt_single``  clients hold a 1-layer model (no sharing, no distillation, no
+                      alternating training); its one-layer prompts are repeated across
+                      the LLM's L layers on upload and the LLM's are averaged over the
+                      layers on download (the reference's ``merge_param_dict``).
 
 Ablations: ``distill: false`` (w/o KD), ``cross_layer_sharing: false`` (the N layers
-run once, depth N; only the prefixes of the LLM layers they were cut from travel and
-the others are trained on the server only), ``alternating: false`` (clients train
-prompts only); ``layer_position: bot|mid|top`` and ``aux_layers: 1..4``.
+run once, depth N; prompts repeated up / averaged down as FedPrompt-Single's, or with
+``prompt_transfer: slots`` only the prefixes of the layers the cut came from),
+``alternating: false`` (clients train prompts only); ``layer_position: bot|mid|top`` and
+``aux_layers: 1..4``.  Control: ``server_only: true`` (the server trains the prompts on
+its own data, the clients take no part).
+
+Protocol (issue #18; defaults are the paper's and the reference scripts'): the server's
+own prompt steps after each aggregation (Sec. 3.2), AdamW with betas (0.9, 0.999), weight
+decay 0.01, warm-up 0.1 then linear decay, one optimiser per client and stage kept across
+rounds (Sec. 4.3), a learning rate per method (FedSP 5e-4, FedPrompt-Single 5e-3,
+FedPrompt 5e-2), 40 prompt tokens, 5,000 KD steps at 5e-4.
 
 ``prompt_init: text`` (not in the paper, which starts from peft's random prefix; the
 shared ``training.prefix_init: text`` does the same) initialises P with the LLM's own
@@ -79,8 +89,10 @@ from fedkt.models.auxiliary import (
     config_dict,
     cut_state,
     make_spec,
+    prompts_averaged,
     prompts_for_aux,
     prompts_into_llm,
+    prompts_repeated,
     unwrap,
 )
 from fedkt.payload import Payload, PayloadError
@@ -104,7 +116,8 @@ _TOK = "__fedsp_tok__/"
 
 
 class PromptMessengerConfig(MethodConfig):
-    """Settings shared by FedSP, FedPrompt and FedPrompt-Single (defaults: the paper's).
+    """Settings shared by FedSP, FedPrompt and FedPrompt-Single (defaults: the paper's and,
+    where the paper is silent, the reference scripts').
 
     Local and server training use ``training.batch_size``; ``training.prefix_tokens``
     is the prompt length (40 in the paper); ``training.peft`` is ignored (always
@@ -133,12 +146,26 @@ class PromptMessengerConfig(MethodConfig):
     alternating: bool = True
     align_steps: int = Field(10, ge=1)
     prompt_steps: int = Field(10, ge=1)
-    # Learning rates (None: training.lr); the reference uses 5e-4 for both phases.
-    align_lr: float | None = Field(None, gt=0)
-    prompt_lr: float | None = Field(None, gt=0)
-    # Server: further optimisation of the aggregated prompts in the LLM on its own data.
+    # Learning rates (None: training.lr); each method's own default is the reference
+    # scripts' (FedSP 5e-4 for both phases, FedPrompt-Single 5e-3, FedPrompt 5e-2).
+    align_lr: float | None = Field(5e-4, gt=0)
+    prompt_lr: float | None = Field(5e-4, gt=0)
+    # Server: further optimisation of the aggregated prompts in the LLM on its own data
+    # (Sec. 3.2; the reference's MAKE_GLOBAL_TRAIN).  server_lr None: prompt_lr.
     server_prompt_steps: int = Field(10, ge=0)
     server_lr: float | None = Field(None, gt=0)
+    # Optimiser of every stage (client align, client prompts, server prompts): "paper"
+    # (Sec. 4.3: AdamW, betas (0.9, 0.999), weight decay 0.01, warm-up over 0.1 of the
+    # run's steps then linear decay; one optimiser per client and stage, its state kept
+    # across rounds, the clients' on their disk); "training": training.betas /
+    # weight_decay / warmup_ratio, a fresh AdamW for every phase.
+    optimizer: Literal["paper", "training"] = "paper"
+    # Prompts of a cut without sharing (depth N < L) to and from the LLM's: "repeat" (the
+    # reference's merge_param_dict: upload tiled across the L layers, download the mean of
+    # the L/N blocks) or "slots" (only the prefixes of the layers the cut came from).
+    prompt_transfer: Literal["repeat", "slots"] = "repeat"
+    # Control: the server trains the prompts on its own data alone, the clients take no part.
+    server_only: bool = False
     # Auxiliary weights that KD and phase (i) update: the N layers + final norm, or also
     # the embeddings/head (the reference trains everything; costly for a 49k vocabulary).
     trainable: Literal["layers", "all"] = "layers"
@@ -154,6 +181,9 @@ class PromptMessengerConfig(MethodConfig):
         if self.client_model == "llm" and (self.distill or self.alternating):
             raise ValueError("client_model 'llm' (FedPrompt): the clients' model is the LLM "
                              "itself, so set distill: false and alternating: false")
+        if self.server_only and not self.server_prompt_steps:
+            raise ValueError("server_only: the server trains the prompts alone, so "
+                             "server_prompt_steps must be > 0")
         return self
 
 
@@ -166,13 +196,21 @@ class FedPromptConfig(PromptMessengerConfig):
     client_model: Literal["auxiliary", "llm"] = "llm"
     distill: bool = False
     alternating: bool = False
+    align_lr: float | None = Field(None, gt=0)
+    prompt_lr: float | None = Field(5e-2, gt=0)
 
 
 class FedPromptSingleConfig(PromptMessengerConfig):
+    """A 1-layer model (no sharing, no KD, no alternation); its one-layer prompts are
+    repeated across the LLM's layers on upload and averaged on download (the reference)."""
+
     name: Literal["fedprompt_single"] = "fedprompt_single"
     aux_layers: int = Field(1, ge=1)
+    cross_layer_sharing: bool = False
     distill: bool = False
     alternating: bool = False
+    align_lr: float | None = Field(None, gt=0)
+    prompt_lr: float | None = Field(5e-3, gt=0)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -226,6 +264,55 @@ def steps_config(cfg: RunConfig, records: list[dict], steps: int,
     return cfg.model_copy(update={"training": training})
 
 
+PAPER_ADAMW = {"betas": (0.9, 0.999), "weight_decay": 0.01, "warmup_ratio": 0.1}  # Sec. 4.3
+
+
+def stage_optimizer(cfg: RunConfig, params: list[nn.Parameter], *, lr: float | None,
+                    steps_per_round: int, saved: dict[str, Tensor] | None
+                    ) -> tuple[torch.optim.Optimizer, Any] | None:
+    """The paper's optimiser of one stage, resumed from ``saved`` (its last round's
+    :func:`optimizer_tensors`): warm-up and linear decay span ``rounds * steps_per_round``
+    steps.  ``None`` with ``method.optimizer: training`` (a fresh one per phase)."""
+    if cfg.method.optimizer != "paper":
+        return None
+    tcfg = cfg.training.model_copy(update=PAPER_ADAMW)
+    done = int(saved["schedule"][0]) if saved else 0
+    opt, sched = make_optimizer(params, tcfg, max(1, cfg.rounds * steps_per_round), lr=lr,
+                                decay=True, done_steps=done)
+    if saved:
+        state: dict[int, dict[str, Tensor]] = {}
+        for i, p in enumerate(params):
+            moments = {k: saved[f"{i}.{k}"] for k in ("exp_avg", "exp_avg_sq", "step")
+                       if f"{i}.{k}" in saved}
+            if moments and tuple(moments["exp_avg"].shape) != tuple(p.shape):
+                raise PayloadError(f"saved optimiser state {i} has shape "
+                                   f"{tuple(moments['exp_avg'].shape)}, the weight {tuple(p.shape)}")
+            if moments:
+                state[i] = {k: v.to(p.device) for k, v in moments.items()}
+        opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
+    return opt, sched
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer, sched: Any) -> dict[str, Tensor]:
+    """An AdamW's moments and its position in the schedule, as tensors to keep on disk."""
+    out = {"schedule": torch.tensor([int(sched.last_epoch)], dtype=torch.int64)}
+    for i, moments in opt.state_dict()["state"].items():
+        for key, value in moments.items():
+            out[f"{i}.{key}"] = torch.as_tensor(value).detach().to("cpu").clone()
+    return out
+
+
+def run_stage(train: Any, cfg: RunConfig, trained: list[nn.Parameter], *, lr: float | None,
+              steps: int, saved: dict[str, Tensor] | None, **kwargs: Any
+              ) -> tuple[dict[str, float], dict[str, Tensor] | None]:
+    """Run a training phase (:func:`align_auxiliary` / :func:`capture_local_knowledge`) that
+    updates ``trained`` with the stage's resumed optimiser; its stats and the optimiser
+    state to keep."""
+    opt = stage_optimizer(cfg, trained, lr=lr, steps_per_round=steps, saved=saved)
+    stats = train(cfg, steps=steps, lr=lr, optimizer=opt, **kwargs)
+    return stats, None if opt is None else optimizer_tensors(*opt)
+
+
 def align_params(model: nn.Module, trainable: str) -> list[nn.Parameter]:
     """What KD and phase (i) update: the N real layers + final norm (+ embeddings/head)."""
     groups = aux_param_groups(model)
@@ -250,19 +337,23 @@ def _bytes_tensor(data: bytes) -> Tensor:
 
 
 def align_auxiliary(cfg: RunConfig, lm: LM, records: list[dict], *, steps: int, seed: int,
-                    params: list[nn.Parameter], lr: float | None = None) -> dict[str, float]:
+                    params: list[nn.Parameter], lr: float | None = None,
+                    optimizer: tuple[torch.optim.Optimizer, Any] | None = None
+                    ) -> dict[str, float]:
     """Phase (i), global model alignment: prompts frozen, ``params`` trained (task loss)."""
     with only_trainable(lm.model, params):
         return train_lm(steps_config(cfg, records, steps), lm, records, seed=seed, lr=lr,
-                        desc="fedsp align")
+                        desc="fedsp align", optimizer=optimizer)
 
 
 def capture_local_knowledge(cfg: RunConfig, lm: LM, records: list[dict], *, steps: int,
-                            seed: int, lr: float | None = None) -> dict[str, float]:
+                            seed: int, lr: float | None = None,
+                            optimizer: tuple[torch.optim.Optimizer, Any] | None = None
+                            ) -> dict[str, float]:
     """Phase (ii), local knowledge capturing: the model frozen, only the prompts trained."""
     with only_trainable(lm.model, [prompt_param(lm.model)]):
         return train_lm(steps_config(cfg, records, steps), lm, records, seed=seed, lr=lr,
-                        desc="fedsp prompts")
+                        desc="fedsp prompts", optimizer=optimizer)
 
 
 def _body(model: nn.Module) -> nn.Module:
@@ -370,12 +461,52 @@ class FedSPServer(Server):
             with torch.no_grad():
                 self.w_s.weight.copy_(torch.eye(hidden))
             self.w_s.to(next(aux.parameters()).device)
+            if self.repeats and depth % self.spec.depth:
+                raise ValueError(f"method.aux_layers = {method.aux_layers}: prompt_transfer "
+                                 f"'repeat' tiles the cut's prompts over the LLM's {depth} "
+                                 "layers, so aux_layers must divide it")
+        self.opt_state: dict[str, Tensor] | None = None  # the server stage's optimiser
+
+    @property
+    def repeats(self) -> bool:
+        """Whether the clients' prompts are repeated up / averaged down (the reference's
+        merge_param_dict for a cut without sharing) rather than mapped slot by slot."""
+        return (self.spec is not None and not self.spec.shared
+                and self.method.prompt_transfer == "repeat")
 
     # ----------------------------------------------------------------- payloads
 
     def client_prompts(self) -> Tensor:
-        """The prompts as the clients' model takes them (the LLM's, or its slots)."""
-        return self.prompts.clone() if self.spec is None else prompts_for_aux(self.prompts, self.spec)
+        """Download: the prompts as the clients' model takes them (the LLM's, its slots, or
+        the mean of its layer blocks)."""
+        if self.spec is None:
+            return self.prompts.clone()
+        if self.repeats:
+            return prompts_averaged(self.prompts, self.prompts.shape[1] // self.spec.llm_depth
+                                    * self.spec.depth)
+        return prompts_for_aux(self.prompts, self.spec)
+
+    def merged_prompts(self, avg: Tensor) -> Tensor:
+        """Upload: the clients' averaged prompts as the LLM's (Eq. 1's P)."""
+        if self.spec is None:
+            return avg.clone()
+        if self.repeats:
+            return prompts_repeated(avg, self.prompts.shape[1]).to(self.prompts.dtype)
+        return prompts_into_llm(self.prompts, avg, self.spec)
+
+    def kd_key(self) -> str:
+        """Cache key of the distilled auxiliary model: the whole teacher (every LLM weight),
+        the cut's config and spec, KD and optimiser settings, data and seed."""
+        m, t = self.method, self.cfg.training
+        assert self.spec is not None
+        teacher = unwrap(self.llm.model).state_dict()
+        return state_id(teacher, self.aux_config, self.spec.to_json(),
+                        m.model_dump(include={"kd_steps", "kd_lr", "kd_batch_size", "kd_map",
+                                              "trainable"}),
+                        [t.batch_size, t.betas, t.weight_decay, t.warmup_ratio,
+                         t.max_grad_norm, *_precision_key(self.cfg, self.aux.model)],
+                        self.cfg.data.max_length, self.data().template,
+                        self.data().public, self.seed(1, "kd"))
 
     def aux_payload(self) -> Payload:
         """What a client receives once: the cut model, the LLM's config, the spec, the tokenizer."""
@@ -438,16 +569,9 @@ class FedSPServer(Server):
             return {**stats, "kd_cached": 1}
 
         if m.kd_cache:
-            t = self.cfg.training
-            key = state_id(aux_state(self.aux.model), self.aux_config, self.spec.to_json(),
-                           m.model_dump(include={"kd_steps", "kd_lr", "kd_batch_size", "kd_map",
-                                                 "trainable"}),
-                           [t.batch_size, t.betas, t.weight_decay, t.warmup_ratio,
-                            t.max_grad_norm, *_precision_key(self.cfg, self.aux.model)],
-                           self.cfg.data.max_length, self.data().template,
-                           public, seed)
             from fedkt.cache import cache_dir, cached
 
+            key = self.kd_key()
             stats = cached(cache_dir("fedsp-kd") / f"{key[:40]}.safetensors", distill, load)
         else:
             stats = distill()
@@ -476,6 +600,24 @@ class FedSPServer(Server):
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         m = self.method
         metrics: dict[str, float] = {}
+        if not m.server_only:
+            metrics.update(self.federated_round(rnd, clients))
+        # ... then the server optimises P in the LLM on its own data
+        if m.server_prompt_steps:
+            lr = m.server_lr or m.prompt_lr
+            lm = self.llm.reset({PROMPT_KEY: self.prompts})
+            stats, self.opt_state = run_stage(
+                capture_local_knowledge, self.cfg, [prompt_param(lm.model)], lr=lr,
+                steps=m.server_prompt_steps, saved=self.opt_state, lm=lm,
+                records=self.data().public, seed=self.seed(rnd, "server"))
+            self.prompts = get_prompts(self.llm.model)
+            metrics["server_loss"] = stats["loss"]
+        return {f"train/{k}": v for k, v in metrics.items()}
+
+    def federated_round(self, rnd: int, clients: Clients) -> dict[str, float]:
+        """Steps 1-3: ship the auxiliary model if needed, send P, aggregate the P_k."""
+        m = self.method
+        metrics: dict[str, float] = {}
         aux_id = ""
         if self.spec is not None:
             if m.distill and not self.kd_done:
@@ -489,23 +631,13 @@ class FedSPServer(Server):
                                          field="prompts", like=sent, weighted=m.weighted)
         counts = {c: r.number("num_examples", source=f"client {c}", low=0)
                   for c, r in replies.items()}
-        self.prompts = avg.clone() if self.spec is None else prompts_into_llm(self.prompts, avg,
-                                                                            self.spec)
+        self.prompts = self.merged_prompts(avg)
         for key in ("loss", "align_loss"):
             value = mean_number(replies, key, [c for c, r in replies.items()
                                                if key in r and counts[c] > 0])
             if value is not None:
                 metrics[key] = value
-        # ... then the server optimises P in the LLM on its own data
-        if m.server_prompt_steps:
-            public = self.data().public
-            stats = capture_local_knowledge(
-                self.cfg, self.llm.reset({PROMPT_KEY: self.prompts}), public,
-                steps=m.server_prompt_steps, seed=self.seed(rnd, "server"),
-                lr=m.server_lr or m.prompt_lr)
-            self.prompts = get_prompts(self.llm.model)
-            metrics["server_loss"] = stats["loss"]
-        return {f"train/{k}": v for k, v in metrics.items()}
+        return metrics
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         """The LLM with the current prompts (and the auxiliary model's, ``aux_*``)."""
@@ -531,6 +663,8 @@ class FedSPServer(Server):
             for p in align_params(self.aux.model, self.method.trainable):
                 state[f"aux.{names[id(p)]}"] = p.detach().to("cpu").clone()
             state["w_s.weight"] = self.w_s.weight.detach().to("cpu").clone()
+        for key, value in (self.opt_state or {}).items():
+            state[f"opt.{key}"] = value.clone()
         return state
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
@@ -538,6 +672,8 @@ class FedSPServer(Server):
         self.kd_done = bool(state["flags"][0])
         self.shipped_to = {int(c) for c in state["shipped_to"].tolist()}
         self._aux_id = None
+        self.opt_state = {k[4:]: v.clone() for k, v in state.items() if k.startswith("opt.")
+                          } or None
         if self.spec is not None:
             params = dict(unwrap(self.aux.model).named_parameters())
             with torch.no_grad():
@@ -644,15 +780,23 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     records = ctx.private
     reply = Payload(num_examples=len(records))
     metrics: dict[str, float] = {}
+    # One optimiser per stage, its state on this client's disk across rounds (Sec. 4.3).
     if m.alternating and records:
-        stats = align_auxiliary(cfg, lm, records, steps=m.align_steps, seed=ctx.seed("align"),
-                                params=params, lr=m.align_lr)
+        stats, opt = run_stage(align_auxiliary, cfg, params, lr=m.align_lr, steps=m.align_steps,
+                               saved=ctx.load_state("opt_align"), lm=lm, records=records,
+                               seed=ctx.seed("align"), params=params)
         names = {id(p): n for n, p in unwrap(lm.model).named_parameters()}
         ctx.save_state("aux_local", {names[id(p)]: p.detach() for p in params})
+        if opt is not None:
+            ctx.save_state("opt_align", opt)
         reply["align_loss"] = metrics["train/align_loss"] = stats["loss"]
     if records:
-        stats = capture_local_knowledge(cfg, lm, records, steps=m.prompt_steps,
-                                        seed=ctx.seed("prompts"), lr=m.prompt_lr)
+        stats, opt = run_stage(capture_local_knowledge, cfg, [prompt_param(lm.model)],
+                               lr=m.prompt_lr, steps=m.prompt_steps,
+                               saved=ctx.load_state("opt_prompts"), lm=lm, records=records,
+                               seed=ctx.seed("prompts"))
+        if opt is not None:
+            ctx.save_state("opt_prompts", opt)
         reply["loss"] = metrics["train/loss"] = stats["loss"]
         metrics["train/steps"] = stats["steps"]
     reply["prompts"] = ctx.privatize({"p": get_prompts(lm.model)}, {"p": received})["p"]
@@ -670,5 +814,5 @@ register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggr
 register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
                 summary="FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)"))
 register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
-                summary="prompts trained on a 1-layer shared cut without KD or alignment "
-                        "(FedSP baseline)"))
+                summary="prompts trained on a 1-layer model without sharing, KD or alignment, "
+                        "repeated up / averaged down (FedSP baseline)"))

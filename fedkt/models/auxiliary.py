@@ -54,6 +54,8 @@ __all__ = [
     "make_spec",
     "prompts_for_aux",
     "prompts_into_llm",
+    "prompts_repeated",
+    "prompts_averaged",
     "unwrap",
 ]
 
@@ -338,3 +340,28 @@ def prompts_into_llm(llm_prompts: torch.Tensor, aux_prompts: torch.Tensor, spec:
     out[:, list(spec.slots)] = aux_prompts.detach().reshape(aux_prompts.shape[0], spec.depth, per
                                                             ).to(out.dtype)
     return out.reshape(llm_prompts.shape)
+
+
+# The reference implementation's rule for prompts of different widths (FederatedScope
+# ``fedsp`` branch, ``trainer/utils.py: merge_param_dict``): a client model with fewer
+# layers than the LLM holds prompts ``[T, n * 2 * kv_dim]``; on upload the server tiles
+# them along the width until they cover its L layers, on download it averages the L / n
+# blocks of its own prompts.
+
+
+def _blocks(wide: int, narrow: int) -> int:
+    if narrow <= 0 or wide % narrow:
+        raise ModelError(f"prompt widths {wide} and {narrow}: the LLM's must be a multiple of "
+                         "the client model's (its depth must divide the LLM's)")
+    return wide // narrow
+
+
+def prompts_repeated(client_prompts: torch.Tensor, llm_width: int) -> torch.Tensor:
+    """Upload: the client model's prompts repeated along the width to the LLM's."""
+    return client_prompts.detach().repeat(1, _blocks(llm_width, client_prompts.shape[1])).clone()
+
+
+def prompts_averaged(llm_prompts: torch.Tensor, client_width: int) -> torch.Tensor:
+    """Download: the mean of the LLM prompts' ``client_width``-wide blocks."""
+    _blocks(llm_prompts.shape[1], client_width)
+    return torch.stack(llm_prompts.detach().split(client_width, dim=-1)).mean(0)

@@ -306,7 +306,7 @@ def test_baselines_and_ablations_run(tmp_path, method, overrides):
         assert len([r for r in sent if "aux_model" in r]) == 2
         assert not any(k.startswith("kd_") for r in rows for k in r)  # no distillation
         assert not any("align_loss" in r for r in rows)  # no alignment
-    else:  # without sharing: depth 2, only the prefixes of LLM layers 0-1 travel
+    else:  # without sharing: depth 2, the mean of the LLM prompts' 2-layer blocks travels
         assert trains[0]["prompts"].shape == (4, 2 * kv2)
     assert any(r["participant"] == "server" and r["split"] == "test" for r in rows)
 

