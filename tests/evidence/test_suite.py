@@ -105,6 +105,7 @@ def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
     assert "accuracy_clients_rounds.png" in plots and "accuracy_clients_final.png" in plots
 
 
+@pytest.mark.slow  # 45 s: a real suite killed mid-way and resumed (keeps the default run < 10 min)
 def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
     folder = tmp_path / "quick"
     suite = load_suite(QUICK, folder)

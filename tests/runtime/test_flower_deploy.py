@@ -116,6 +116,7 @@ def test_deployed_round_failure_then_resume_matches_clean_run(federation, tmp_pa
     _sim.assert_same_rows(resumed, clean)
 
 
+@pytest.mark.slow  # 58 s; deployment = local is checked by default in the test above
 def test_fedavg_job_on_superlink_matches_local_run(federation, tmp_path):
     """The platform's real FedAvg (tiny-llama, LoRA, vendored data): 2 clients, 2 rounds."""
     from fedkt.runtime.base import default_state_root
