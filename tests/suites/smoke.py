@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from fedkt.evidence.claims import parse_claim
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Real SmolLM2 runs: slow, and skipped without the offline checkpoint.
@@ -23,9 +25,21 @@ SMOLLM2 = [
 ]
 
 
-def shipped_suite(name: str) -> dict[str, Any]:
-    """``fedkt/configs/suites/NAME.yaml`` as a mapping to cut down."""
-    return yaml.safe_load((ROOT / "fedkt" / "configs" / "suites" / f"{name}.yaml").read_text())
+def shipped_suite(name: str, arms: tuple[str, ...]) -> dict[str, Any]:
+    """``fedkt/configs/suites/NAME.yaml`` cut down to ``arms`` (and the claims between
+    them), one seed, one round, two clients and a few dozen examples."""
+    suite = yaml.safe_load((ROOT / "fedkt" / "configs" / "suites" / f"{name}.yaml").read_text())
+    base = suite["base"]
+    base["rounds"] = 1
+    base["clients"]["num_clients"] = 2
+    base["data"]["split"]["test_size"] = 24
+    base["data"]["max_private_per_client"] = 8
+    base["data"]["max_public"] = 8
+    base["eval"]["every"] = 1
+    suite["seeds"] = [0]
+    suite["arms"] = {k: suite["arms"][k] for k in arms}
+    suite["claims"] = [c for c in suite["claims"] if parse_claim(c).arms() <= set(arms)]
+    return suite
 
 
 def run_suite(suite: dict[str, Any], tmp_path: Path) -> tuple[Path, dict[str, Any]]:
@@ -37,4 +51,9 @@ def run_suite(suite: dict[str, Any], tmp_path: Path) -> tuple[Path, dict[str, An
                            "--output-dir", str(folder), "-q"],
                           cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return folder, json.loads((folder / "suite.json").read_text())
+    result = json.loads((folder / "suite.json").read_text())
+    # every claim decided, in order, with one of the three verdicts
+    assert [c["claim"] for c in result["claims"]] == suite["claims"]
+    assert {c["verdict"] for c in result["claims"]} <= {
+        "reproduced", "not resolved", "contradicted"}, result["claims"]
+    return folder, result

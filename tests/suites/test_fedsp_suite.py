@@ -17,20 +17,9 @@ pytestmark = SMOLLM2
 
 def _smoke_suite() -> dict[str, Any]:
     """The shipped suite with two arms, one round, two clients and a few dozen examples."""
-    suite = shipped_suite("fedsp")
-    base = suite["base"]
-    base["rounds"] = 1
-    base["clients"]["num_clients"] = 2
-    base["data"]["split"]["test_size"] = 24
-    base["data"]["max_private_per_client"] = 8
-    base["data"]["max_public"] = 8
-    base["eval"]["every"] = 1
-    base["training"]["prefix_tokens"] = 8
-    suite["arms"] = {k: suite["arms"][k] for k in ("fedsp", "server_only")}
+    suite = shipped_suite("fedsp", ("fedsp", "server_only"))
+    suite["base"]["training"]["prefix_tokens"] = 8
     suite["arms"]["fedsp"]["method"].update(kd_steps=2, kd_cache=False)
-    suite["claims"] = [c for c in suite["claims"]
-                       if {w.split(".")[0].split("@")[0] for w in c.split() if "." in w
-                           and not w[0].isdigit()} <= {"fedsp", "server_only"}]
     return suite
 
 
@@ -38,10 +27,7 @@ def test_fedsp_suite_smoke(tmp_path):
     smoke = _smoke_suite()
     claims = smoke["claims"]
     folder, result = run_suite(smoke, tmp_path)
-    assert [c["claim"] for c in result["claims"]] == claims
     assert claims == ["fedsp.server.accuracy > server_only.server.accuracy"]
-    assert {c["verdict"] for c in result["claims"]} <= {
-        "reproduced", "not resolved", "contradicted"}, result["claims"]
     assert {row["arm"] for row in result["table"]} == {
         "round 0 (fedsp@0)", "fedsp", "server_only"}
     rows = {arm: [json.loads(line) for line in
