@@ -14,8 +14,10 @@ Layout of ``run_dir``::
 
 A metrics row is a flat dict such as ``{"round": 3, "participant": "client_0",
 "split": "train", "loss": 1.2, "bytes_sent": 1024, "bytes_received": 2048,
-"wall_time": 3.5}``; any other numeric key is a metric.  ``wall_time`` is the
-seconds the participant spent on that row's work; bytes are counted per row.
+"wall_time": 3.5, "compute_time": 3.1}``; any other numeric key is a metric.
+``wall_time`` is the seconds the participant spent on that row's work; ``compute_time``
+is that without evaluation (and, for the server, without waiting for clients); bytes
+are counted per row.
 MB means 10**6 bytes.
 """
 
@@ -35,7 +37,7 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "RunRecorder", "best_round", "fmt_mb", "fmt_seconds", "format_table", "is_eval", "lower_is_better", "main_metric",
+    "TIMING_KEYS", "RunRecorder", "best_round", "fmt_mb", "fmt_seconds", "format_table", "is_eval", "lower_is_better", "main_metric",
     "metric_keys", "participant_order", "read_rows", "run_wall_time",
 ]
 
@@ -45,10 +47,12 @@ CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.md"
 LATEST_FILE = "latest.json"
 
+# Keys that measure time: they differ between two runs of the same seed and config.
+TIMING_KEYS = frozenset({"wall_time", "compute_time"})
 # Numeric keys that are bookkeeping, not metrics.
 NON_METRIC_KEYS = frozenset({
     "round", "participant", "split", "loss", "bytes_sent", "bytes_received", "wall_time",
-    "clients_replied", "excluded", "time", "step", "steps", "epoch", "num_examples",
+    "compute_time", "clients_replied", "excluded", "time", "step", "steps", "epoch", "num_examples",
     "eval_bytes",
 })
 # Metrics shown first (and chosen as "main" metric) in this order; higher is better.

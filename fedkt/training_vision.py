@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from fedkt.config import ConfigError, DatasetConfig, ModelConfig, _Strict
 from fedkt.eval import predictions
+from fedkt.eval.timing import timed_evaluation
 from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
 from fedkt.training import optimizer_step
 
@@ -342,6 +343,7 @@ def train_classifier(
     return {"loss": sum(losses) / len(losses), "steps": step, "num_examples": n}
 
 
+@timed_evaluation
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, inputs: Tensor, labels: Tensor,
                         batch_size: int = 256, ids: Sequence[str] | None = None,

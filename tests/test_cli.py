@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from fedkt.cli import main
+from fedkt.tracking import TIMING_KEYS
 from tests.conftest import small_config
 
 
@@ -19,7 +20,7 @@ def write_config(tmp_path, *overrides, name="run"):
 
 
 def rows(run_dir):
-    return [{k: v for k, v in json.loads(line).items() if k != "wall_time"}
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

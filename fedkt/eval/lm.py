@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from fedkt.eval import predictions
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
+from fedkt.eval.timing import timed_evaluation
 
 __all__ = [
     "eval_classifier",
@@ -471,6 +472,7 @@ def generate(
 # --------------------------------------------------------------------------- classifiers
 
 
+@timed_evaluation
 def eval_classifier(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -540,6 +542,7 @@ def evaluate_classifier(
 # --------------------------------------------------------------------------- dispatcher
 
 
+@timed_evaluation
 def evaluate_lm(
     model: torch.nn.Module,
     tokenizer: Any,

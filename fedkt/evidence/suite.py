@@ -14,13 +14,18 @@ A suite YAML::
     metrics: [accuracy]              # table columns (default: each group's per-example metrics)
     groups: [server, clients]        # participant groups in the table
     bootstrap: 2000                  # resamples; level: 0.95; bootstrap_seed: 0
+    comparison:                      # optional: accuracy, bytes, compute per arm
+      server_baseline: zero_shot
+      clients_baseline: standalone
+      read: {fedavg: {server: null, clients: server}}
 
 Each (arm, seed) is an ordinary run folder, ``<suite>/<arm>/seed_<seed>``.  A run
 whose last round is checkpointed is skipped; a started one is resumed; so after
 a crash or Ctrl-C the same command finishes only what is missing.  ``--jobs N``
 runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).  The
 suite ends with ``suite.md`` (the table and the claims' verdicts), ``suite.json``
-and ``plots/``.
+and ``plots/``; a ``comparison`` section adds the cross-method table
+(:mod:`fedkt.evidence.comparison`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from fedkt.config import (
 from fedkt.config_catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
+from fedkt.evidence.comparison import ComparisonConfig, check_comparison, comparison_report
 from fedkt.evidence.plots import suite_plots
 from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean_std, open_run
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
@@ -75,6 +81,8 @@ class SuiteConfig(_Strict):
     bootstrap: int = Field(DEFAULT_BOOTSTRAP, ge=100)
     level: float = Field(DEFAULT_LEVEL, gt=0.5, lt=1.0)
     bootstrap_seed: int = 0
+    # The cross-method table (fedkt.evidence.comparison): accuracy, bytes, compute, exposure.
+    comparison: ComparisonConfig | None = None
 
     @field_validator("arms")
     @classmethod
@@ -162,6 +170,11 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
     if cfg.baseline is not None and cfg.baseline not in cfg.arms:
         raise ConfigError(f"suite {path}: baseline {cfg.baseline!r} is not an arm "
                           f"({sorted(cfg.arms)})")
+    if cfg.comparison is not None:
+        try:
+            check_comparison(cfg.comparison, list(cfg.arms))
+        except ValueError as exc:
+            raise ConfigError(f"suite {path}: {exc}") from None
     folder = Path(output_dir or cfg.output_dir.format(name=cfg.name))
     runs = {}
     for arm, overrides in cfg.arms.items():
@@ -382,6 +395,9 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
             ["claim", "estimate", f"{int(cfg.level * 100)}% CI", "verdict"],
             [[v["claim"], v["estimate"], v["ci"], v["verdict"]] for v in verdicts],
             markdown=True), ""]
+    if cfg.comparison is not None:
+        text += [comparison_report(folder, cfg.comparison, present, reps=cfg.bootstrap,
+                                   level=cfg.level, seed=cfg.bootstrap_seed)]
     out = "\n".join(text)
     (folder / SUITE_TABLE).write_text(out)
     (folder / SUITE_JSON).write_text(json.dumps(

@@ -281,6 +281,10 @@ class Method:
     handlers: dict[str, Handler]
     summary: str = ""
     paper: str = ""
+    # What crosses the wire besides metrics, in a few words (docs/security.md's table):
+    # what the server sees from each client, and what the clients see from the server.
+    server_sees: str = "nothing"
+    clients_see: str = "nothing"
     # The server only needs the (weighted) mean of one upload per client, which it gets
     # through ``Clients.aggregate``: secure aggregation and client-side DP apply.
     aggregates: bool = False

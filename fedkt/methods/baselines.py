@@ -122,11 +122,14 @@ class CentralizedServer(Server):
 
 
 register(Method("zero_shot", ZeroShotConfig, ZeroShotServer, {"evaluate": client_evaluate},
+                server_sees="nothing", clients_see="nothing",
                 summary="evaluate models without training", client_model=untouched_client_model,
                 model_lr=True))
 register(Method("standalone", StandaloneConfig, StandaloneServer, {"train": client_train_alone,
                                                                 "evaluate": client_evaluate},
+                server_sees="nothing", clients_see="nothing",
                 summary="each client trains alone on its private data",
                 client_model=saved_client_lm, model_lr=True))
 register(Method("centralized", CentralizedConfig, CentralizedServer, {},
+                server_sees="all raw data", clients_see="-",
                 summary="one model trained on all data pooled (upper bound)", model_lr=True))

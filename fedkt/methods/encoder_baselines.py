@@ -173,7 +173,7 @@ class CentralizedEncoderServer(Server):
 register(Method(
     "fedavg_encoder", FedAvgEncoderConfig, FedAvgEncoderServer,
     {"train": fedavg_client_train, "sync": client_sync, "evaluate": client_evaluate},
-    aggregates=True,
+    aggregates=True, server_sees="model update", clients_see="global model",
     summary="FedAvg of an encoder classifier, teacher or student size (FedKD's baselines)",
     paper="McMahan et al. 2017; as the 'UniLM (Fed)' / 'UniLM_N' rows of Wu et al. 2022"))
 register(Method(
@@ -182,4 +182,5 @@ register(Method(
     summary="each client fine-tunes its own encoder classifier alone"))
 register(Method(
     "centralized_encoder", CentralizedEncoderConfig, CentralizedEncoderServer, {},
+    server_sees="all raw data", clients_see="-",
     summary="one encoder classifier on all data pooled (upper bound)"))

@@ -123,7 +123,8 @@ class FedAvgServer(Server):
 METHOD = register(Method(
     name="fedavg", config=FedAvgConfig, server=FedAvgServer,
     handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
-    model_lr=True, summary="FedAvg of LoRA/prefix adapters on a shared client model",
+    model_lr=True, server_sees="adapter", clients_see="global adapter",
+    summary="FedAvg of LoRA/prefix adapters on a shared client model",
     paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
           "Decentralized Data, AISTATS 2017",
 ))

@@ -164,6 +164,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
 METHOD = register(Method(
     name="fedavg_vision", config=FedAvgVisionConfig, server=FedAvgVisionServer,
     handlers={"train": client_train}, aggregates=True,
+    server_sees="trainable weights", clients_see="global weights",
     summary="FedAvg of an image classifier's head or whole model (KOALA's baseline)",
     paper="McMahan et al. 2017; the baseline of Chen et al. (KOALA), arXiv:2407.05268",
 ))

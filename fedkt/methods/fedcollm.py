@@ -400,6 +400,7 @@ class FedCoLLMServer(Server):
 METHOD = register(Method(
     name="fedcollm", config=FedCoLLMConfig, server=FedCoLLMServer,
     handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
+    server_sees="SLM adapter", clients_see="global SLM adapter",
     summary="FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
     paper="Fan et al., FedCoLLM: A Parameter-Efficient Federated Co-tuning Framework for "
           "Large and Small Language Models, arXiv:2411.11707",

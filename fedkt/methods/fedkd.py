@@ -594,6 +594,7 @@ class FedKDServer(SyncedEncoderServer):
 METHOD = register(Method(
     name="fedkd", config=FedKDConfig, server=FedKDServer,
     handlers={"train": client_train, "sync": client_sync}, aggregates=True,
+    server_sees="SVD-compressed student update", clients_see="compressed global student update",
     summary="local teachers + shared student by adaptive mutual distillation; "
             "SVD-compressed student updates",
     paper="Wu et al., Communication-efficient federated learning via knowledge "

@@ -913,6 +913,7 @@ _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and
 METHOD = register(Method(
     name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
     client_model=saved_client_lm, model_lr=True,
+    server_sees="SLM top-K logits on public data", clients_see="LLM top-K logits on public data",
     summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
             "SLMs (token alignment, DualMinCE)",
     paper=_PAPER,
@@ -920,6 +921,7 @@ METHOD = register(Method(
 LLM2SLM = register(Method(
     name="llm2slm", config=LLM2SLMConfig, server=FedMKTServer, handlers=_HANDLERS,
     client_model=saved_client_lm, model_lr=True,
+    server_sees="nothing", clients_see="LLM top-K logits on public data",
     summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
     paper=_PAPER,
 ))

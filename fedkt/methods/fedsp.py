@@ -809,10 +809,13 @@ _PAPER = ("Dong, Xie, Ding, Shen, Li, Tunable Soft Prompts are Messengers in Fed
 _HANDLERS = {"setup": client_setup, "train": client_train}
 
 register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
+                server_sees="soft prompts", clients_see="auxiliary model (once), prompts",
                 summary="soft prompts between the server LLM and clients' KD-initialised "
                         "cut-and-shared auxiliary models"))
 register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
+                server_sees="soft prompts", clients_see="the whole LLM (once), prompts",
                 summary="FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)"))
 register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
+                server_sees="soft prompts", clients_see="a 1-layer cut of the LLM (once), prompts",
                 summary="prompts trained on a 1-layer model without sharing, KD or alignment, "
                         "repeated up / averaged down (FedSP baseline)"))

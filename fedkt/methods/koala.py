@@ -443,6 +443,7 @@ def client_update(ctx: ClientContext, msg: Payload) -> Payload:
 METHOD = register(Method(
     name="koala", config=KoalaConfig, server=KoalaServer,
     handlers={"train": client_train, "update": client_update},
+    server_sees="whole small model", clients_see="updated small model",
     summary="small models -> large model's adapter (reverse KD) -> small models (forward "
             "KD); homo or hete",
     paper="Chen et al., Federated Knowledge Transfer Fine-tuning Large Server Model with "

@@ -18,7 +18,8 @@ import random
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +32,7 @@ from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
+from fedkt.eval.timing import eval_seconds
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
@@ -64,6 +66,12 @@ class Traffic:
     sent: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # server -> client
     received: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # client -> server
     seconds: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    # The handlers' seconds without their evaluation (the method's compute on the client).
+    compute: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    # Server side: wall seconds spent waiting for clients, and the evaluation seconds that
+    # ran in this process meanwhile (clients that share it), for the server's compute.
+    wait: float = 0.0
+    wait_eval: float = 0.0
     metrics: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     excluded: dict[int, str] = field(default_factory=dict)
     # Per-example predictions each client sent back (scope -> table), and their bytes,
@@ -150,6 +158,7 @@ class RuntimeClients:
                 raise ClientFailure(reply[ERROR])
             meta = reply.pop(ENVELOPE, {})
             self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
+            self.traffic.compute[cid] += float(meta.get("compute", 0.0))
             self._take_predictions(cid, reply.pop(PREDICTIONS, None))
             for k, v in (reply.pop("metrics", None) or {}).items():
                 self.traffic.metrics[cid][k] = v
@@ -174,6 +183,16 @@ class RuntimeClients:
         except ValueError as exc:
             log.warning("ignoring client %d's predictions: %s", cid, exc)
 
+    @contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """Count the block as time the server waits for its clients."""
+        start, evaluated = time.perf_counter(), eval_seconds()
+        try:
+            yield
+        finally:
+            self.traffic.wait += time.perf_counter() - start
+            self.traffic.wait_eval += eval_seconds() - evaluated
+
     def _excluded_text(self) -> str:
         return "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
 
@@ -191,7 +210,8 @@ class RuntimeClients:
         requests = self._requests(handler, messages, evaluate)
         for cid, data in requests.items():
             self.traffic.sent[cid] += len(data)
-        raw = self.transport.exchange(requests, self.cfg.runtime.timeout)
+        with self._waiting():
+            raw = self.transport.exchange(requests, self.cfg.runtime.timeout)
         replies: dict[int, Payload] = {}
         for cid in requests:
             got = raw.get(cid, TimeoutError(f"no reply within {self.cfg.runtime.timeout:.0f} s"))
@@ -269,8 +289,10 @@ class RuntimeClients:
             self._exclude(cid, handler, "no node for this client")
             del requests[cid]
         try:
-            result = secure_mean(grid, node_of, requests, shapes, self.cfg.secure_aggregation,
-                                 self.rnd, self.cfg.runtime.timeout)
+            with self._waiting():
+                result = secure_mean(grid, node_of, requests, shapes,
+                                     self.cfg.secure_aggregation, self.rnd,
+                                     self.cfg.runtime.timeout)
         except SecAggError as exc:
             raise RoundError(str(exc)) from exc
         for cid in requests:
@@ -334,7 +356,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
     state (``client_<cid>/`` below it); ``cid`` (from the transport) must match
     the envelope's when given.
     """
-    start = time.perf_counter()
+    start, evaluated = time.perf_counter(), eval_seconds()
     try:
         msg = loads(data, source="server")
         env = msg.pop(ENVELOPE)
@@ -358,7 +380,9 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
             blob = bytearray(predictions.pack(tables))
             reply[PREDICTIONS] = torch.frombuffer(blob, dtype=torch.uint8).clone()
         # Fixed-width text: reply sizes must not depend on how long the work took.
-        reply[ENVELOPE] = {"seconds": f"{time.perf_counter() - start:015.6f}"}
+        seconds = time.perf_counter() - start
+        compute = seconds - (eval_seconds() - evaluated)
+        reply[ENVELOPE] = {"seconds": f"{seconds:015.6f}", "compute": f"{compute:015.6f}"}
         return dumps(reply)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         where = traceback.extract_tb(exc.__traceback__)[-1]

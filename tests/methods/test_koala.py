@@ -31,6 +31,7 @@ from fedkt.methods.koala import (
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import TIMING_KEYS
 from fedkt.training_vision import (
     VisionPretrain,
     build_model,
@@ -336,7 +337,7 @@ def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path, m
         return koala_config(tmp_path, "method.mode=hete", f"clients.models={HETE}", name=name)
 
     def numbers(rows):
-        return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
+        return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 
     cfg_a = config("a")
     a = numbers(run_job(cfg_a, LocalTransport(default_state_root(cfg_a)), quiet=True))

@@ -20,6 +20,7 @@ from fedkt.payload import Payload
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import TIMING_KEYS
 
 NAME = "flower_probe_sim"
 
@@ -90,7 +91,7 @@ def assert_same_rows(got, want):
     """Equal rows except timings.  A reply carries its handler's seconds as a JSON float,
     so byte counts of replies may differ by a few bytes between any two runs."""
     def strip(rows):
-        return [{k: v for k, v in r.items() if k != "wall_time" and k not in BYTES}
+        return [{k: v for k, v in r.items() if k not in TIMING_KEYS and k not in BYTES}
                 for r in rows]
 
     assert strip(got) == strip(want)

@@ -9,6 +9,7 @@ import pytest
 from fedkt.runner import client_state_root, final_metrics, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import TIMING_KEYS
 
 
 def local(cfg):
@@ -20,7 +21,7 @@ def _run(cfg, **kw):
 
 
 def _numbers(rows):
-    return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 
 
 def test_fedavg_run_writes_metrics_bytes_and_checkpoints(make_config):
@@ -75,3 +76,20 @@ def test_min_replies_lets_round_proceed_without_failed_client(make_config, monke
     assert "injected fault" in excluded[0]["excluded"]
     server = [r for r in rows if r["participant"] == "server" and r["split"] == "train"][0]
     assert server["clients_replied"] == 1
+
+
+def test_compute_time_leaves_out_evaluation_and_waiting_for_clients(make_config):
+    cfg = make_config("eval.every=2")  # round 1 trains only, round 2 also evaluates
+    rows = _run(cfg, quiet=True)
+    train = [r for r in rows if r["split"] == "train"]
+    clients = {rnd: [r for r in train if r["round"] == rnd and r["participant"] != "server"]
+               for rnd in (1, 2)}
+    for r in train:
+        assert 0 < r["compute_time"] <= r["wall_time"] + 1e-6, r
+    # Without evaluation a client's compute is its whole handler time; with it, less.
+    assert all(r["wall_time"] - r["compute_time"] < 1e-5 for r in clients[1])
+    assert all(r["wall_time"] - r["compute_time"] > 1e-3 for r in clients[2])
+    for rnd in (1, 2):  # the server's compute leaves out the clients (who share its process)
+        (server,) = [r for r in train if r["round"] == rnd and r["participant"] == "server"]
+        assert server["compute_time"] < server["wall_time"] - sum(
+            r["wall_time"] for r in clients[rnd])
