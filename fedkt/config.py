@@ -367,13 +367,17 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _model_lr_applies(self) -> RunConfig:
-        """A per-model ``lr`` needs a method that reads it (see ``Method.model_lr``)."""
+        """A per-model ``lr`` needs a method that reads it (see ``Method.model_lr``); the
+        method's own ``check`` of the whole config."""
         from fedkt.methods import get_method  # local: methods import this module
 
         keys = (["server.lr"] if self.server is not None and self.server.lr is not None else [])
         keys += [f"clients.models[{i}].lr" for i, m in enumerate(self.clients.models)
                  if m.lr is not None]
-        if keys and not get_method(self.method.name).model_lr:
+        method = get_method(self.method.name)
+        if method.check is not None:
+            method.check(self)
+        if keys and not method.model_lr:
             first = keys[0].replace("[", ".").replace("]", "")  # a key path the error names
             raise ValueError(f"{first}: method {self.method.name!r} does not read per-model "
                              f"learning rates (set: {', '.join(keys)}); use training.lr (or "

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from fedkt.config import RunConfig
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
-from fedkt.eval.timing import eval_seconds
+from fedkt.eval.timing import eval_clock, now
 from fedkt.evidence.compare import round0_summary
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, seed_everything
@@ -86,12 +86,12 @@ def run_job(
         evaluate = rnd % cfg.eval.every == 0 or rnd == cfg.rounds
         clients.start_round(rnd, evaluate)
         seed_everything(server.seed(rnd))
-        started, evaluated = time.perf_counter(), eval_seconds()
+        started, evaluated = now(), eval_clock()
         server_metrics = _split_metrics(server.round(rnd, clients) or {})
         traffic = clients.traffic
         # The server's own work: the round without waiting for clients or evaluating.
-        compute = (time.perf_counter() - started - traffic.wait
-                   - (eval_seconds() - evaluated - traffic.wait_eval))
+        compute = (now() - started) - traffic.wait - (
+            eval_clock() - evaluated - traffic.wait_eval)
         dp = cfg.differential_privacy
         if dp.enabled:  # the privacy budget each client has spent so far
             server_metrics.setdefault("train", {}).update(
@@ -105,7 +105,8 @@ def run_job(
                       "bytes_sent": sum(traffic.sent.values()),
                       "bytes_received": sum(traffic.received.values()),
                       "clients_replied": len(clients.ids) - len(traffic.excluded),
-                      "wall_time": wall, "compute_time": max(0.0, compute)})
+                      "wall_time": wall, "compute_time": max(0.0, compute.wall),
+                      "compute_cpu": max(0.0, compute.cpu)})
         if "test" in server_metrics:
             recorder.log({"round": rnd, "participant": "server", "split": "test",
                           **server_metrics["test"]})
@@ -120,7 +121,8 @@ def run_job(
                    "bytes_sent": traffic.received.get(cid, 0),
                    "bytes_received": traffic.sent.get(cid, 0),
                    "wall_time": traffic.seconds.get(cid, 0.0),
-                   "compute_time": traffic.compute.get(cid, 0.0)}
+                   "compute_time": traffic.compute[cid].wall,
+                   "compute_cpu": traffic.compute[cid].cpu}
             if cid in traffic.excluded:
                 row["excluded"] = traffic.excluded[cid]
             if traffic.eval_bytes.get(cid):

@@ -14,10 +14,11 @@ Layout of ``run_dir``::
 
 A metrics row is a flat dict such as ``{"round": 3, "participant": "client_0",
 "split": "train", "loss": 1.2, "bytes_sent": 1024, "bytes_received": 2048,
-"wall_time": 3.5, "compute_time": 3.1}``; any other numeric key is a metric.
-``wall_time`` is the seconds the participant spent on that row's work; ``compute_time``
-is that without evaluation (and, for the server, without waiting for clients); bytes
-are counted per row.
+"wall_time": 3.5, "compute_time": 3.1, "compute_cpu": 3.0}``; any other numeric key is
+a metric.  ``wall_time`` is the seconds the participant spent on that row's work;
+``compute_time`` is that without evaluation (and, for the server, without waiting for
+clients), ``compute_cpu`` the same in CPU seconds of its process (fedkt.eval.timing);
+bytes are counted per row.
 MB means 10**6 bytes.
 """
 
@@ -48,11 +49,12 @@ SUMMARY_FILE = "summary.md"
 LATEST_FILE = "latest.json"
 
 # Keys that measure time: they differ between two runs of the same seed and config.
-TIMING_KEYS = frozenset({"wall_time", "compute_time"})
+TIMING_KEYS = frozenset({"wall_time", "compute_time", "compute_cpu"})
 # Numeric keys that are bookkeeping, not metrics.
 NON_METRIC_KEYS = frozenset({
     "round", "participant", "split", "loss", "bytes_sent", "bytes_received", "wall_time",
-    "compute_time", "clients_replied", "excluded", "time", "step", "steps", "epoch", "num_examples",
+    "compute_time", "compute_cpu", "clients_replied", "excluded", "time", "step", "steps",
+    "epoch", "num_examples",
     "eval_bytes",
 })
 # Metrics shown first (and chosen as "main" metric) in this order; higher is better.

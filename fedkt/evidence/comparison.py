@@ -7,8 +7,10 @@ one row per arm in ``suite.md`` and ``comparison.json``, and two figures in ``pl
   arm (``server_baseline``: zero-shot; ``clients_baseline``: standalone);
 * bytes each client sends and receives per round, as measured by the runtime (the
   envelope included, the evaluation's predictions not);
-* compute per round, in seconds: each client's handlers without their evaluation, and
-  the server's round without waiting for clients or evaluating (``compute_time``);
+* compute per round: each client's handlers without their evaluation, and the server's
+  round without waiting for clients or evaluating, in CPU seconds (``compute_cpu``,
+  the default: what a method costs whatever else shares the cores) or wall seconds
+  (``compute: compute_time``, e.g. on a GPU);
 * what the server sees of each client and the clients of the server (the registered
   method's ``server_sees`` / ``clients_see``, as in docs/security.md).
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -46,6 +48,7 @@ class ComparisonConfig(_Strict):
     # arm -> {"server": GROUP | None, "clients": GROUP | None}; default: the column's name
     read: dict[str, dict[str, str | None]] = Field(default_factory=dict)
     metric: str = "accuracy"
+    compute: Literal["compute_cpu", "compute_time"] = "compute_cpu"
 
 
 def check_comparison(cfg: ComparisonConfig, arms: list[str]) -> None:
@@ -156,8 +159,8 @@ def comparison_rows(cfg: ComparisonConfig, groups: dict[str, Group], *, reps: in
             row[f"{col}_group"] = part
         row["bytes_up"] = _cost(group, "bytes_sent", "clients")
         row["bytes_down"] = _cost(group, "bytes_received", "clients")
-        row["client_compute"] = _cost(group, "compute_time", "clients")
-        row["server_compute"] = _cost(group, "compute_time", "server")
+        row["client_compute"] = _cost(group, cfg.compute, "clients")
+        row["server_compute"] = _cost(group, cfg.compute, "server")
         row["server_sees"], row["clients_see"] = method.server_sees, method.clients_see
         rows.append(row)
     return rows
@@ -169,10 +172,11 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
     rows = comparison_rows(cfg, groups, reps=reps, level=level, seed=seed)
     pct = int(round(level * 100))
     metric = cfg.metric
+    unit = "CPU s" if cfg.compute == "compute_cpu" else "s"
     header = ["arm", f"server {metric}", f"Δ vs {cfg.server_baseline} [{pct}% CI]",
               f"clients {metric}", f"Δ vs {cfg.clients_baseline} [{pct}% CI]",
-              "up / client / round", "down / client / round", "client s / round",
-              "server s / round", "server sees", "clients see"]
+              "up / client / round", "down / client / round", f"client {unit} / round",
+              f"server {unit} / round", "server sees", "clients see"]
     table = []
     for r in rows:
         table.append([r["arm"], *_fmt_acc(r["server"]), *_fmt_acc(r["clients"]),
@@ -180,7 +184,7 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
                       _fmt_s(r["client_compute"]), _fmt_s(r["server_compute"]),
                       r["server_sees"], r["clients_see"]])
     (folder / COMPARISON_JSON).write_text(json.dumps(rows, indent=2, default=float) + "\n")
-    comparison_plots(folder / "plots", rows, metric, level)
+    comparison_plots(folder / "plots", rows, metric, level, unit)
     read = "; ".join(f"{arm}: " + ", ".join(f"{c} = {g or '-'}" for c, g in cols.items())
                      for arm, cols in cfg.read.items())
     notes = [
@@ -188,8 +192,9 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
         f"resamples over test examples and seeds) against {cfg.server_baseline} (server) "
         f"and {cfg.clients_baseline} (clients)",
         "- bytes: measured per client and round (up: client -> server), envelopes "
-        "included, evaluation predictions not; s: compute seconds per round without "
-        "evaluation (the server's also without waiting for its clients)",
+        f"included, evaluation predictions not; {unit}: compute per round "
+        f"({cfg.compute}) without evaluation, the server's also without waiting for its "
+        "clients",
     ]
     if read:
         notes.append(f"- columns read from other participants: {read}")
@@ -197,8 +202,8 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
                       format_table(header, table, markdown=True), ""])
 
 
-def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, level: float
-                     ) -> list[Path]:
+def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, level: float,
+                     unit: str = "CPU s") -> list[Path]:
     """``comparison_bytes.png`` and ``comparison_compute.png``: the server's and the
     clients' accuracy against bytes / client compute per round, one point per arm with
     its own CI as whiskers."""
@@ -209,7 +214,7 @@ def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, lev
     axes_spec = [("bytes", "bytes per client per round (up + down, log)",
                   lambda r: None if r["bytes_up"] is None or r["bytes_down"] is None
                   else r["bytes_up"] + r["bytes_down"], True),
-                 ("compute", "client compute per round (s, log)",
+                 ("compute", f"client compute per round ({unit}, log)",
                   lambda r: r["client_compute"], True)]
     for name, xlabel, xof, log_x in axes_spec:
         fig = Figure(figsize=(11, 4.5))

@@ -295,3 +295,6 @@ class Method:
     # Trains through :func:`fedkt.training.train_lm` on ``client_lm`` / ``server_lm``: a
     # per-model ``lr`` (``server.lr``, ``clients.models[i].lr``) applies.
     model_lr: bool = False
+    # (cfg) -> None: raises ValueError naming the key when the run config does not suit
+    # the method (checked when the config is parsed, before any work).
+    check: Callable[[Any], None] | None = None

@@ -415,16 +415,22 @@ def _precision_key(cfg: RunConfig, model: nn.Module) -> list[str]:
 # --------------------------------------------------------------------------- server
 
 
+def check_config(cfg: RunConfig) -> None:
+    """The server holds the LLM; the clients' model derives from it."""
+    name = cfg.method.name
+    if cfg.server is None:
+        raise ValueError(f"server: {name} needs the server's LLM (server: {{name: ...}})")
+    if cfg.clients.models:
+        raise ValueError(f"clients.models: {name} derives the clients' model from the "
+                         "server's LLM; leave clients.models empty")
+
+
 class FedSPServer(Server):
     """Sec. 3: KD-initialised auxiliary model sent once; prompts back and forth (Eq. 1)."""
 
     def setup(self) -> None:
         cfg, method = self.cfg, self.method
-        if cfg.server is None:
-            raise ValueError(f"server: {method.name} needs the server's LLM (server: {{name: ...}})")
-        if cfg.clients.models:
-            raise ValueError(f"clients.models: {method.name} derives the clients' model from the "
-                             "server's LLM; leave clients.models empty")
+        check_config(cfg)
         public = self.data().public
         needs = [what for what, on in (
             ("distillation (Eq. 2)", method.client_model == "auxiliary" and method.distill
@@ -809,13 +815,13 @@ _PAPER = ("Dong, Xie, Ding, Shen, Li, Tunable Soft Prompts are Messengers in Fed
 _HANDLERS = {"setup": client_setup, "train": client_train}
 
 register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
-                server_sees="soft prompts", clients_see="auxiliary model (once), prompts",
+                check=check_config, server_sees="soft prompts", clients_see="auxiliary model (once), prompts",
                 summary="soft prompts between the server LLM and clients' KD-initialised "
                         "cut-and-shared auxiliary models"))
 register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
-                server_sees="soft prompts", clients_see="the whole LLM (once), prompts",
+                check=check_config, server_sees="soft prompts", clients_see="the whole LLM (once), prompts",
                 summary="FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)"))
 register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
-                server_sees="soft prompts", clients_see="a 1-layer cut of the LLM (once), prompts",
+                check=check_config, server_sees="soft prompts", clients_see="a 1-layer cut of the LLM (once), prompts",
                 summary="prompts trained on a 1-layer model without sharing, KD or alignment, "
                         "repeated up / averaged down (FedSP baseline)"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
-from fedkt.eval.timing import eval_seconds
+from fedkt.eval.timing import Clock, eval_clock, now
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
@@ -66,12 +65,12 @@ class Traffic:
     sent: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # server -> client
     received: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # client -> server
     seconds: dict[int, float] = field(default_factory=lambda: defaultdict(float))
-    # The handlers' seconds without their evaluation (the method's compute on the client).
-    compute: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    # The handlers' time without their evaluation (the method's compute on the client).
+    compute: dict[int, Clock] = field(default_factory=lambda: defaultdict(Clock))
     # Server side: wall seconds spent waiting for clients, and the evaluation seconds that
     # ran in this process meanwhile (clients that share it), for the server's compute.
-    wait: float = 0.0
-    wait_eval: float = 0.0
+    wait: Clock = Clock()
+    wait_eval: Clock = Clock()
     metrics: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     excluded: dict[int, str] = field(default_factory=dict)
     # Per-example predictions each client sent back (scope -> table), and their bytes,
@@ -158,7 +157,8 @@ class RuntimeClients:
                 raise ClientFailure(reply[ERROR])
             meta = reply.pop(ENVELOPE, {})
             self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
-            self.traffic.compute[cid] += float(meta.get("compute", 0.0))
+            self.traffic.compute[cid] += Clock(float(meta.get("compute", 0.0)),
+                                               float(meta.get("cpu", 0.0)))
             self._take_predictions(cid, reply.pop(PREDICTIONS, None))
             for k, v in (reply.pop("metrics", None) or {}).items():
                 self.traffic.metrics[cid][k] = v
@@ -186,12 +186,12 @@ class RuntimeClients:
     @contextmanager
     def _waiting(self) -> Iterator[None]:
         """Count the block as time the server waits for its clients."""
-        start, evaluated = time.perf_counter(), eval_seconds()
+        start, evaluated = now(), eval_clock()
         try:
             yield
         finally:
-            self.traffic.wait += time.perf_counter() - start
-            self.traffic.wait_eval += eval_seconds() - evaluated
+            self.traffic.wait += now() - start
+            self.traffic.wait_eval += eval_clock() - evaluated
 
     def _excluded_text(self) -> str:
         return "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
@@ -356,7 +356,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
     state (``client_<cid>/`` below it); ``cid`` (from the transport) must match
     the envelope's when given.
     """
-    start, evaluated = time.perf_counter(), eval_seconds()
+    start, evaluated = now(), eval_clock()
     try:
         msg = loads(data, source="server")
         env = msg.pop(ENVELOPE)
@@ -380,9 +380,10 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
             blob = bytearray(predictions.pack(tables))
             reply[PREDICTIONS] = torch.frombuffer(blob, dtype=torch.uint8).clone()
         # Fixed-width text: reply sizes must not depend on how long the work took.
-        seconds = time.perf_counter() - start
-        compute = seconds - (eval_seconds() - evaluated)
-        reply[ENVELOPE] = {"seconds": f"{seconds:015.6f}", "compute": f"{compute:015.6f}"}
+        took = now() - start
+        compute = took - (eval_clock() - evaluated)
+        reply[ENVELOPE] = {"seconds": f"{took.wall:015.6f}", "compute": f"{compute.wall:015.6f}",
+                           "cpu": f"{compute.cpu:015.6f}"}
         return dumps(reply)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         where = traceback.extract_tb(exc.__traceback__)[-1]

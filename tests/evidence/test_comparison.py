@@ -22,11 +22,11 @@ def _run(folder: Path, method: str, server_acc: float | None, client_acc: float 
     rows = []
     for rnd in (1, 2):
         rows.append({"round": rnd, "participant": "server", "split": "train",
-                     "compute_time": server_s, "wall_time": 99.0})
+                     "compute_cpu": server_s, "wall_time": 99.0})
         for c in range(2):
             rows.append({"round": rnd, "participant": f"client_{c}", "split": "train",
                          "bytes_sent": up * (c + 1), "bytes_received": down,
-                         "compute_time": client_s * (c + 1), "wall_time": 99.0})
+                         "compute_cpu": client_s * (c + 1), "wall_time": 99.0})
     if server_acc is not None:
         rows.append({"round": 2, "participant": "server", "split": "test",
                      "accuracy": server_acc})

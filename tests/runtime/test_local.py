@@ -86,6 +86,7 @@ def test_compute_time_leaves_out_evaluation_and_waiting_for_clients(make_config)
                for rnd in (1, 2)}
     for r in train:
         assert 0 < r["compute_time"] <= r["wall_time"] + 1e-6, r
+        assert r["compute_cpu"] > 0, r
     # Without evaluation a client's compute is its whole handler time; with it, less.
     assert all(r["wall_time"] - r["compute_time"] < 1e-5 for r in clients[1])
     assert all(r["wall_time"] - r["compute_time"] > 1e-3 for r in clients[2])
@@ -93,3 +94,4 @@ def test_compute_time_leaves_out_evaluation_and_waiting_for_clients(make_config)
         (server,) = [r for r in train if r["round"] == rnd and r["participant"] == "server"]
         assert server["compute_time"] < server["wall_time"] - sum(
             r["wall_time"] for r in clients[rnd])
+        assert server["compute_cpu"] < sum(r["compute_cpu"] for r in clients[rnd])
