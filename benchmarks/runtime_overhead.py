@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import fedkt.aggregation
-import fedkt.methods.fedavg as fedavg_module
+import fedkt.methods.fedavg.algorithm as fedavg_module
 import fedkt.payload
 import fedkt.runtime.base as runtime_base
 import fedkt.training

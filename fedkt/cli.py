@@ -81,8 +81,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from safetensors.torch import load_file
 
     from fedkt.methods import get_method
-    from fedkt.runner import SERVER_STATE, server_participants
-    from fedkt.tracking import RunRecorder
+    from fedkt.runner import server_participants
+    from fedkt.tracking import SERVER_STATE, RunRecorder
 
     run_dir = Path(args.run_dir)
     cfg = _run_config(run_dir, [*args.set, f"output_dir={json.dumps(str(run_dir))}"])

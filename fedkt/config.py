@@ -24,9 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing or not allowed; the message names the key."""
+from fedkt.errors import ConfigError
+from fedkt.methods.registry import available, get_method, method_config_class
 
 
 class _Strict(BaseModel):
@@ -350,8 +349,6 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _privacy_applies(self) -> RunConfig:
         """Secure aggregation and DP need a method whose server only sums client uploads."""
-        from fedkt.methods import get_method  # local: methods import this module
-
         sampled = max(1, round(self.clients.fraction * len(self.client_ids())))
         if self.secure_aggregation.enabled and sampled < 2:
             raise ValueError("secure_aggregation.enabled: SecAgg+ needs at least 2 clients per "
@@ -369,8 +366,6 @@ class RunConfig(_Strict):
     def _model_lr_applies(self) -> RunConfig:
         """A per-model ``lr`` needs a method that reads it (see ``Method.model_lr``); the
         method's own ``check`` of the whole config."""
-        from fedkt.methods import get_method  # local: methods import this module
-
         keys = (["server.lr"] if self.server is not None and self.server.lr is not None else [])
         keys += [f"clients.models[{i}].lr" for i, m in enumerate(self.clients.models)
                  if m.lr is not None]
@@ -417,8 +412,6 @@ class _MethodErrors(ValueError):
 
 
 def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
-    from fedkt.methods import method_config_class  # local: methods import this module
-
     if isinstance(method, str):
         method = {"name": method}
     if not isinstance(method, dict):
@@ -578,8 +571,6 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 def config_reference() -> str:
     """Markdown tables of every config key, and of each method's keys (docs/configuration.md)."""
-    from fedkt.methods import available, get_method
-
     out = ["| key | type | default |", "|---|---|---|", *_rows(RunConfig, "")]
     for name in available():
         method = get_method(name)

@@ -29,12 +29,12 @@ from fedkt.methods.base import RoundError, broadcast, seed_everything
 from fedkt.precision import resolve_precision, set_threads
 from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
-from fedkt.runtime.base import default_state_root as client_state_root
-from fedkt.tracking import RunRecorder
+from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
+from fedkt.runtime.registry import get_runtime
+from fedkt.tracking import SERVER_STATE, RunRecorder
 
 log = logging.getLogger("fedkt")
 
-SERVER_STATE = "server.safetensors"
 
 
 def _split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -250,21 +250,8 @@ def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor], rnd: int)
 
 
 def run(cfg: RunConfig, *, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
-    """Run a job on the runtime its config names."""
-    name = cfg.runtime.name
-    if name == "local":
-        from fedkt.runtime.local import LocalTransport
-
-        return run_job(cfg, LocalTransport(client_state_root(cfg)), resume=resume, quiet=quiet)
-    if name == "flower-sim":
-        from fedkt.runtime.flower_sim import run_simulation_job
-
-        return run_simulation_job(cfg, resume=resume, quiet=quiet)
-    if name == "flower":
-        from fedkt.runtime.flower_deploy import submit_job
-
-        return submit_job(cfg, resume=resume, quiet=quiet)
-    raise ValueError(f"runtime.name: unknown runtime {name!r}")
+    """Run a job on the runtime its config names (:mod:`fedkt.runtime.registry`)."""
+    return get_runtime(cfg.runtime.name)(cfg, run_job, resume=resume, quiet=quiet)
 
 
 def final_metrics(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

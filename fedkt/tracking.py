@@ -47,6 +47,7 @@ PREDICTIONS_DIR = "predictions"  # per-example tables (fedkt.eval.predictions)
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.md"
 LATEST_FILE = "latest.json"
+SERVER_STATE = "server.safetensors"  # the server's state in each checkpoint folder
 
 # Keys that measure time: they differ between two runs of the same seed and config.
 TIMING_KEYS = frozenset({"wall_time", "compute_time", "compute_cpu"})

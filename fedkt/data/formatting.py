@@ -16,7 +16,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
-from fedkt.data.records import DataError
+from fedkt.data.dataset import DataError
 
 _LETTERS = string.ascii_uppercase
 

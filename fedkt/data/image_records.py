@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fedkt.config import DatasetConfig
 from fedkt.data import images as I
-from fedkt.data.records import DataError, Dataset
+from fedkt.data.dataset import DataError, Dataset
 
 __all__ = [
     "IMAGE_BUILTINS",

@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedkt.config import DatasetConfig
+from fedkt.data.dataset import DataError, Dataset
+from fedkt.data.formatting import check_template
+from fedkt.data.image_records import is_image_source, load_image_records
 
 Task = Literal["multiple_choice", "classification", "generation", "image_classification"]
 TASKS: tuple[str, ...] = ("multiple_choice", "classification", "generation",
@@ -44,25 +47,6 @@ _LIST_FIELDS = ("choices", "references")
 _TEXT_FIELDS = ("prompt", "text", "target")
 # Without label_names, classes are "0".."max label": refuse absurd maxima (a typo, an id).
 _MAX_UNNAMED_CLASSES = 10_000
-
-
-class DataError(ValueError):
-    """Data cannot be loaded or is invalid; the message names the file, record and field."""
-
-
-@dataclass
-class Dataset:
-    """Normalised records of one task, with class names for classification."""
-
-    name: str
-    task: str
-    records: list[dict[str, Any]]
-    label_names: list[str] | None = None
-    # Default prompt template (``{field}`` placeholders); None: the task's default prompt.
-    template: str | None = None
-
-    def __len__(self) -> int:
-        return len(self.records)
 
 
 # --------------------------------------------------------------------------- built-ins
@@ -542,10 +526,8 @@ def _load_cached(cfg_json: str, stamp: tuple[Any, ...]) -> Dataset:
 
 
 def _load(cfg: DatasetConfig) -> Dataset:
-    from fedkt.data import image_records  # local: image_records imports this module
-
-    if image_records.is_image_source(cfg):
-        return image_records.load_image_records(cfg)
+    if is_image_source(cfg):
+        return load_image_records(cfg)
     label_names = list(cfg.label_names) if cfg.label_names is not None else None
     template = cfg.template
     convert = None
@@ -617,8 +599,6 @@ def _load(cfg: DatasetConfig) -> Dataset:
                 f"(labels are class indices 0..N-1)")
         label_names = [str(i) for i in range(max(r["label"] for r in records) + 1)]
     if template:
-        from fedkt.data.formatting import check_template  # local: formatting imports us
-
         check_template(template, records, task, label_names, cfg.path or ds_name)
     return Dataset(
         name=ds_name, task=task, records=records, label_names=label_names, template=template

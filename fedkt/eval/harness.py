@@ -157,8 +157,7 @@ def restore_server(cfg: RunConfig, run_dir: Path) -> tuple[Server, int]:
     from safetensors.torch import load_file
 
     from fedkt.methods import get_method
-    from fedkt.runner import SERVER_STATE
-    from fedkt.tracking import RunRecorder
+    from fedkt.tracking import SERVER_STATE, RunRecorder
 
     recorder = RunRecorder(run_dir, resume=True)
     done = recorder.last_complete_round()

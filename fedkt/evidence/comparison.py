@@ -76,27 +76,29 @@ def _has(group: Group, part: str) -> bool:
         return False
 
 
-def _per_round(run: Run, participants: list[str], key: str) -> float | None:
-    """Mean over ``participants`` and training rounds of ``key`` (train rows only)."""
+def _per_round(run: Run, participants: list[str], key: str, first: bool) -> float | None:
+    """Mean over ``participants`` and training rounds (``first``: round 1 only) of ``key``
+    (train rows only)."""
     values = []
     for name in participants:
         per_round: dict[int, float] = {}
         for row in run.info.rows:
+            rnd = row.get("round")
             if row.get("participant") == name and row.get("split") == "train" \
-                    and isinstance(row.get(key), int | float) and isinstance(row.get("round"),
-                                                                              int):
-                per_round[row["round"]] = per_round.get(row["round"], 0.0) + float(row[key])
+                    and isinstance(row.get(key), int | float) and isinstance(rnd, int) \
+                    and (rnd == 1 or not first):
+                per_round[rnd] = per_round.get(rnd, 0.0) + float(row[key])
         values += list(per_round.values())
     return float(np.mean(values)) if values else None
 
 
-def _cost(group: Group, key: str, side: str) -> float | None:
+def _cost(group: Group, key: str, side: str, first: bool = False) -> float | None:
     """Mean over seeds of a per-round cost: ``side`` ``clients`` (every client that
-    logged rows) or ``server``."""
+    logged rows) or ``server``; ``first``: round 1's (e.g. a model shipped once)."""
     vals = []
     for run in group.runs:
         names = run.logged_clients() if side == "clients" else ["server"]
-        v = _per_round(run, names, key)
+        v = _per_round(run, names, key, first)
         if v is not None:
             vals.append(v)
     return float(np.mean(vals)) if vals else None
@@ -159,6 +161,7 @@ def comparison_rows(cfg: ComparisonConfig, groups: dict[str, Group], *, reps: in
             row[f"{col}_group"] = part
         row["bytes_up"] = _cost(group, "bytes_sent", "clients")
         row["bytes_down"] = _cost(group, "bytes_received", "clients")
+        row["bytes_down_round1"] = _cost(group, "bytes_received", "clients", first=True)
         row["client_compute"] = _cost(group, cfg.compute, "clients")
         row["server_compute"] = _cost(group, cfg.compute, "server")
         row["server_sees"], row["clients_see"] = method.server_sees, method.clients_see
@@ -175,12 +178,14 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
     unit = "CPU s" if cfg.compute == "compute_cpu" else "s"
     header = ["arm", f"server {metric}", f"Δ vs {cfg.server_baseline} [{pct}% CI]",
               f"clients {metric}", f"Δ vs {cfg.clients_baseline} [{pct}% CI]",
-              "up / client / round", "down / client / round", f"client {unit} / round",
+              "up / client / round", "down / client / round", "down in round 1",
+              f"client {unit} / round",
               f"server {unit} / round", "server sees", "clients see"]
     table = []
     for r in rows:
         table.append([r["arm"], *_fmt_acc(r["server"]), *_fmt_acc(r["clients"]),
                       _fmt_bytes(r["bytes_up"]), _fmt_bytes(r["bytes_down"]),
+                      _fmt_bytes(r["bytes_down_round1"]),
                       _fmt_s(r["client_compute"]), _fmt_s(r["server_compute"]),
                       r["server_sees"], r["clients_see"]])
     (folder / COMPARISON_JSON).write_text(json.dumps(rows, indent=2, default=float) + "\n")
@@ -191,8 +196,10 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
         f"- {metric}: the final evaluation, mean over seeds; Δ: paired bootstrap ({reps} "
         f"resamples over test examples and seeds) against {cfg.server_baseline} (server) "
         f"and {cfg.clients_baseline} (clients)",
-        "- bytes: measured per client and round (up: client -> server), envelopes "
-        f"included, evaluation predictions not; {unit}: compute per round "
+        "- bytes: measured per client, mean over rounds (up: client -> server), envelopes "
+        "included, evaluation predictions not; round 1 alone beside them (what is sent "
+        "once: FedSP's auxiliary model, LLM2SLM's frozen LLM's logits); "
+        f"{unit}: compute per round "
         f"({cfg.compute}) without evaluation, the server's also without waiting for its "
         "clients",
     ]
@@ -206,7 +213,7 @@ def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, lev
                      unit: str = "CPU s") -> list[Path]:
     """``comparison_bytes.png`` and ``comparison_compute.png``: the server's and the
     clients' accuracy against bytes / client compute per round, one point per arm with
-    its own CI as whiskers."""
+    its own CI as whiskers; an arm without clients (centralized) is a dashed line."""
     from matplotlib.figure import Figure
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -223,6 +230,12 @@ def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, lev
             drew = False
             for r in rows:
                 x, cell = xof(r), r[col]
+                if cell is not None and x is None:  # no clients (centralized): a reference line
+                    ax.axhline(cell["value"], ls="--", lw=1, color="grey")
+                    ax.annotate(f"{r['arm']} (no clients)", (0.01, cell["value"]),
+                                xycoords=("axes fraction", "data"), textcoords="offset points",
+                                xytext=(0, 3), fontsize="small", color="grey")
+                    continue
                 if x is None or cell is None or (log_x and x <= 0):
                     continue
                 y = cell["value"]

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import yaml
@@ -36,18 +36,18 @@ from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
 from fedkt.precision import set_threads
+from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's names
+    ENVELOPE,
+    ERROR,
+    PREDICTIONS,
+    ClientFailure,
+    TransportError,
+)
 
 log = logging.getLogger("fedkt.runtime")
 
-ENVELOPE = "_fedkt"  # reserved payload key carrying the call's metadata
-ERROR = "_error"  # reserved reply key: the client's handler raised
-PREDICTIONS = "_predictions"  # reserved reply key: per-example predictions (evaluation calls)
 
-
-class TransportError(RuntimeError):
-    """A transport could not start or reach its peers (e.g. no SuperLink)."""
-
-
+@runtime_checkable
 class Transport(Protocol):
     """Moves serialised requests to clients and brings their replies back."""
 
@@ -55,6 +55,15 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class SecAggTransport(Transport, Protocol):
+    """A transport that can also run Flower's SecAgg+ (``secure_aggregation.enabled``)."""
+
+    def secagg_grid(self, cids: list[int]) -> tuple[Any, dict[int, int]]:
+        """A Flower grid reaching these clients, and each client's node id on it."""
         ...
 
 
@@ -282,8 +291,11 @@ class RuntimeClients:
         spec = {"field": field, "weighted": weighted,
                 "max_weight": self.cfg.secure_aggregation.max_weight,
                 "shapes": {k: list(s) for k, s in shapes.items()}}
+        if not isinstance(self.transport, SecAggTransport):
+            raise RoundError(f"secure_aggregation.enabled: the transport "
+                             f"{type(self.transport).__name__} cannot run SecAgg+")
         requests = self._requests(handler, messages, evaluate, **{AGGREGATE: spec})
-        grid, node_of = self.transport.secagg_grid(sorted(requests))  # type: ignore[attr-defined]
+        grid, node_of = self.transport.secagg_grid(sorted(requests))
         missing = [c for c in requests if c not in node_of]
         for cid in missing:
             self._exclude(cid, handler, "no node for this client")
@@ -314,10 +326,6 @@ class RuntimeClients:
         mean = {k: (result.mean[k] if v.is_floating_point() else result.mean[k].round()).to(v.dtype)
                 for k, v in like.items()}
         return replies, mean
-
-
-class ClientFailure(RuntimeError):
-    """The client's handler raised; the message carries its error."""
 
 
 # --------------------------------------------------------------------------- client side

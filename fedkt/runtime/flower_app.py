@@ -30,7 +30,8 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedkt.runtime.base import TransportError, handle_request
+from fedkt.runtime.base import handle_request
+from fedkt.runtime.envelope import ERROR, TransportError
 from fedkt.runtime.secagg import secure_fit
 
 log = logging.getLogger("fedkt.runtime.flower")
@@ -82,12 +83,12 @@ def method_plugins(method_name: str) -> list[str]:
     """Modules a fresh process must import so ``method_name`` is registered there.
 
     Built-in methods need nothing; a method registered from elsewhere (a plugin
-    or a test) is found through its module in :data:`fedkt.methods._MODULES`.
+    or a test) is found through the module that registered it.
     """
-    from fedkt import methods
+    from fedkt.methods import plugin_module
 
-    module = methods._MODULES.get(method_name, "")
-    return [] if not module or module.startswith("fedkt.") else [module]
+    module = plugin_module(method_name)
+    return [module] if module else []
 
 
 def pack(data: bytes) -> RecordDict:
@@ -369,7 +370,6 @@ def make_client_app(state_root: Path | str | None = None,
             cid, state_root = _client(context)
         except Exception as exc:  # noqa: BLE001 - reported to the server as this client's error
             from fedkt.payload import dumps
-            from fedkt.runtime.base import ERROR
 
             reply = dumps({ERROR: f"{type(exc).__name__}: {exc}"})
         else:

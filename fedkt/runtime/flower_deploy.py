@@ -442,9 +442,12 @@ def _cli_home() -> Iterator[Path]:
         yield Path(d)
 
 
-def submit_job(cfg: RunConfig, *, resume: bool = False, quiet: bool = False,
+def submit_job(cfg: RunConfig, job: Any = None, *, resume: bool = False, quiet: bool = False,
                connect_timeout: float = 600.0) -> list[dict[str, Any]]:
     """Run (or resume) a job on the SuperLink at ``runtime.superlink``; returns its rows.
+
+    ``job`` is not called here: the SuperLink's ServerApp process runs
+    :func:`fedkt.runner.run_job` itself (``fedkt.runtime.flower_app:server_app``).
 
     Raises :class:`fedkt.runtime.base.RoundError` when a round failed (the run
     folder keeps the completed rounds) and :class:`DeploymentError` for other

@@ -89,14 +89,14 @@ class _DropDeprecation(logging.Filter):
         return "run_simulation` function is deprecated" not in record.getMessage()
 
 
-def run_simulation_job(cfg: RunConfig, *, resume: bool = False, quiet: bool = False
-                       ) -> list[dict[str, Any]]:
-    """Run (or resume) a job in Flower's simulation engine; returns its metrics rows."""
+def run_simulation_job(cfg: RunConfig, job: Any = None, *, resume: bool = False,
+                       quiet: bool = False) -> list[dict[str, Any]]:
+    """Run (or resume) ``job`` (default :func:`fedkt.runner.run_job`) in Flower's
+    simulation engine; returns its metrics rows."""
     from flwr.app import Context
     from flwr.serverapp import Grid
     from flwr.simulation import run_simulation
 
-    from fedkt.runner import run_job
     from fedkt.runtime.base import default_state_root
     from fedkt.runtime.flower_app import (
         GridTransport,
@@ -108,15 +108,18 @@ def run_simulation_job(cfg: RunConfig, *, resume: bool = False, quiet: bool = Fa
     num = cfg.clients.num_clients
     rows: list[list[dict[str, Any]]] = []
 
-    def job(grid: Grid, context: Context) -> None:
+    if job is None:
+        from fedkt.runner import run_job as job
+
+    def server_main(grid: Grid, context: Context) -> None:
         transport = GridTransport(grid, num, connect_timeout=max(300.0, cfg.runtime.timeout),
                                   ids=cfg.client_ids())
         try:
-            rows.append(run_job(cfg, transport, resume=resume, quiet=quiet))
+            rows.append(job(cfg, transport, resume=resume, quiet=quiet))
         finally:
             transport.close()
 
-    server_app = make_server_app(job)
+    server_app = make_server_app(server_main)
     # Absolute, in case a Ray worker runs in another working directory.
     client_app = make_client_app(state_root=default_state_root(cfg).absolute(),
                                  plugins=method_plugins(cfg.method.name))

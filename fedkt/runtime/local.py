@@ -8,8 +8,10 @@ under the run folder, as a deployed client keeps it on its own machine.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from fedkt.runtime.base import handle_request
+from fedkt.config import RunConfig
+from fedkt.runtime.base import default_state_root, handle_request
 
 
 class LocalTransport:
@@ -32,3 +34,9 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+def start(cfg: RunConfig, job: Any, *, resume: bool = False, quiet: bool = False
+          ) -> list[dict[str, Any]]:
+    """The ``local`` runtime: the job here, its clients in this process."""
+    return job(cfg, LocalTransport(default_state_root(cfg)), resume=resume, quiet=quiet)

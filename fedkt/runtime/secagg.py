@@ -62,6 +62,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedkt.config import SecureAggregationConfig
 from fedkt.payload import Payload, PayloadError, dumps, loads
+from fedkt.runtime.envelope import ENVELOPE, ERROR, ClientFailure
 
 AGGREGATE = "aggregate"  # envelope key: which reply field is summed, and how
 REST = "fedkt"  # FitRes metrics key carrying the rest of the reply (bytes)
@@ -110,7 +111,6 @@ def secure_fit(content: RecordDict, run: Callable[[bytes], bytes], source: str =
     quantise and mask.  A failed handler contributes zeros with weight 0 and its
     error in the clear part.
     """
-    from fedkt.runtime.base import ENVELOPE, ERROR, ClientFailure
 
     fitins = compat.recorddict_to_fitins(content, keep_input=True)
     request = fitins.parameters.tensors[0]

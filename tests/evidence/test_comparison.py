@@ -73,6 +73,7 @@ def test_table_reads_columns_where_told_and_counts_per_client_per_round(tmp_path
     # Per client and round: clients send up*(1, 2) each round -> mean 1.5 * up.
     assert rows["fedmkt"]["bytes_up"] == pytest.approx(6000)
     assert rows["fedmkt"]["bytes_down"] == pytest.approx(3000)
+    assert rows["fedmkt"]["bytes_down_round1"] == pytest.approx(3000)
     assert rows["fedmkt"]["client_compute"] == pytest.approx(7.5)
     assert rows["fedmkt"]["server_compute"] == pytest.approx(7.0)
     assert rows["fedmkt"]["server_sees"] == "SLM top-K logits on public data"

@@ -15,6 +15,7 @@ import torch
 
 from fedkt import methods
 from fedkt.config import MethodConfig, RunConfig, parse_config
+from fedkt.methods import registry
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.payload import Payload
 from fedkt.runner import run_job
@@ -63,14 +64,13 @@ PROBE = Method(name=NAME, config=ProbeConfig, server=ProbeServer, handlers={"add
 
 def install() -> None:
     """Register the probe method (also called in Flower's worker processes)."""
-    methods._MODULES[NAME] = __name__
     methods.register(PROBE)
 
 
 @pytest.fixture
 def probe(monkeypatch):
-    monkeypatch.setitem(methods._MODULES, NAME, __name__)
-    monkeypatch.setitem(methods._REGISTRY, NAME, PROBE)
+    monkeypatch.setitem(registry._REGISTERED_BY, NAME, __name__)
+    monkeypatch.setitem(registry._REGISTRY, NAME, PROBE)
     monkeypatch.setenv("FEDKT_PLUGINS", f"{__name__}:install")
 
 

@@ -18,35 +18,21 @@ recovered from their neighbours' key shares.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-from fedkt.config import MethodConfig
-from fedkt.methods import register
-from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
+from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.payload import Payload
 from fedkt.training import (
     LM,
-    client_evaluate,
     client_lm,
     client_test_metrics,
     evaluate_records,
     train_lm,
 )
 
+from .config import AdapterAveragingConfig
+
 Adapter = dict[str, torch.Tensor]
-
-
-class AdapterAveragingConfig(MethodConfig):
-    """Settings of methods whose clients train one shared adapter that the server averages."""
-
-    # Weight each client's adapter by its number of training examples (else equal weights).
-    weighted: bool = True
-
-
-class FedAvgConfig(AdapterAveragingConfig):
-    name: Literal["fedavg"] = "fedavg"
 
 
 # --------------------------------------------------------------------------- server side
@@ -118,13 +104,3 @@ class FedAvgServer(Server):
 
     def load_state_dict(self, state) -> None:
         self.adapter = dict(state)
-
-
-METHOD = register(Method(
-    name="fedavg", config=FedAvgConfig, server=FedAvgServer,
-    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
-    model_lr=True, server_sees="adapter", clients_see="global adapter",
-    summary="FedAvg of LoRA/prefix adapters on a shared client model",
-    paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
-          "Decentralized Data, AISTATS 2017",
-))

@@ -1,0 +1,140 @@
+"""Do two commits give the same numbers? Every shipped tiny config, run at both, compared.
+
+A refactor must not change behaviour: every shipped config on tiny models writes a
+``metrics.jsonl`` that is bit-identical before and after, apart from the timing keys
+(``wall_time``, ``compute_time``, ``compute_cpu``) and keys the newer commit adds.
+
+    python benchmarks/metrics_identity.py                 # HEAD~1 against the work tree
+    python benchmarks/metrics_identity.py --before main --after . --jobs 2
+    python benchmarks/metrics_identity.py --configs quickstart fedmkt/homo
+
+``--before`` / ``--after`` are git revisions (checked out into temporary worktrees) or
+``.`` (this checkout as it is, uncommitted changes included).  Each config runs in its
+own ``fedkt run`` process with ``PYTHONPATH`` pointing at that side's code, one torch
+thread, the same seed.  Prints one line per config: rows, identical or the first row
+that differs; exits 1 when any differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = {"wall_time", "compute_time", "compute_cpu"}
+TINY = ("tiny-", "tiny_")  # tiny LMs / encoders built from a config
+
+
+def _is_tiny(name: str) -> bool:
+    """A model built from a config with no checkpoint: a tiny LM or a plain-torch CNN."""
+    from fedkt.models.vision import VISION_MODELS
+
+    return name.startswith(TINY) or name in VISION_MODELS
+
+
+def tiny_configs(code: Path) -> list[str]:
+    """Shipped run configs (not suites) whose every model is built from a config, by name."""
+    import yaml
+
+    base = code / "fedkt" / "configs"
+    names = []
+    for path in sorted(base.rglob("*.yaml")):
+        rel = path.relative_to(base)
+        if rel.parts[0] == "suites":
+            continue
+        cfg = yaml.safe_load(path.read_text())
+        models = [m.get("name", "") for m in (cfg.get("clients", {}) or {}).get("models", [])]
+        if cfg.get("server"):
+            models.append(cfg["server"].get("name", ""))
+        if models and all(_is_tiny(str(m)) for m in models):
+            names.append(str(rel.with_suffix("")))
+    return names
+
+
+def checkout(rev: str, tmp: Path) -> Path:
+    """``.`` is this checkout; anything else becomes a detached worktree under ``tmp``."""
+    if rev == ".":
+        return ROOT
+    where = tmp / rev.replace("/", "_").replace("~", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(where),
+                    rev], check=True, capture_output=True)
+    return where
+
+
+def run_config(code: Path, name: str, out: Path) -> list[dict[str, Any]] | str:
+    """The config's metrics rows without timing keys, or the error text."""
+    env = {**os.environ, "PYTHONPATH": str(code), "FLWR_TELEMETRY_ENABLED": "0",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "fedkt.cli", "run", str(code / "fedkt" / "configs" / f"{name}.yaml"),
+           "--set", f"output_dir={out}", "--set", "runtime.torch_threads=1", "--overwrite", "-q"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out.parent)
+    if done.returncode != 0:
+        return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str) -> str:
+    """``identical`` or what differs first (keys only the newer side has are allowed)."""
+    if isinstance(before, str) or isinstance(after, str):
+        return f"failed: before {before if isinstance(before, str) else 'ok'}, after " \
+               f"{after if isinstance(after, str) else 'ok'}"
+    if len(before) != len(after):
+        return f"DIFFERS: {len(before)} rows before, {len(after)} after"
+    for i, (a, b) in enumerate(zip(before, after, strict=True)):
+        shared = {k: b[k] for k in a if k in b}
+        if a != shared:
+            keys = sorted(k for k in a if a.get(k) != b.get(k))
+            return f"DIFFERS at row {i} ({a.get('round')}, {a.get('participant')}): {keys}"
+    return "identical"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", default="HEAD~1")
+    parser.add_argument("--after", default=".")
+    parser.add_argument("--configs", nargs="*", help="config names (default: every tiny one)")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fedkt-identity-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        sides = {"before": checkout(args.before, tmp), "after": checkout(args.after, tmp)}
+        names = args.configs or tiny_configs(sides["after"])
+        work = [(side, code, name) for name in names for side, code in sides.items()]
+
+        def one(item: tuple[str, Path, str]) -> tuple[str, str, Any]:
+            side, code, name = item
+            out = tmp / side / name.replace("/", "_")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            return side, name, run_config(code, name, out)
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            results = list(pool.map(one, work))
+        got: dict[str, dict[str, Any]] = {}
+        for side, name, rows in results:
+            got.setdefault(name, {})[side] = rows
+        bad = 0
+        print(f"before: {args.before}   after: {args.after}")
+        for name in names:
+            verdict = compare(got[name]["before"], got[name]["after"])
+            rows = got[name]["after"]
+            count = len(rows) if isinstance(rows, list) else "-"
+            print(f"{name:32s} {count!s:>5} rows  {verdict}")
+            bad += verdict != "identical"
+        for code in sides.values():
+            if code != ROOT:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(code)], capture_output=True)
+    print(f"{len(names) - bad} of {len(names)} identical")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Adding a method: copy a method package, rename it, register it; nothing else changes.
+
+A sixth method made from a copy of ``fedkt/methods/fedavg/`` outside fedkt, with no other
+file touched, is found by name, runs, and computes what FedAvg computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+
+from fedkt.config import ConfigError
+from fedkt.methods import available, get_method, registry
+from fedkt.runner import client_state_root, run_job
+from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import TIMING_KEYS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(cfg) -> list[dict]:
+    rows = run_job(cfg, LocalTransport(client_state_root(cfg)), quiet=True)
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_config,
+                                                                  monkeypatch):
+    package = tmp_path / "plugins" / "toy_method"
+    shutil.copytree(ROOT / "fedkt" / "methods" / "fedavg", package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("config.py", "__init__.py"):  # the new name, where the copy declares it
+        path = package / name
+        path.write_text(path.read_text().replace('"fedavg"', '"toy"'))
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTERED_BY", dict(registry._REGISTERED_BY))
+    try:
+        make_config(method="toy", name="before")
+        raise AssertionError("an unregistered method must be refused")
+    except ConfigError as exc:
+        assert "unknown method 'toy'" in str(exc)
+    toy = importlib.import_module("toy_method")  # registers it, as a plugin import would
+    assert get_method("toy") is toy.METHOD and "toy" in available()
+    assert registry.plugin_module("toy") == "toy_method.algorithm"  # fresh processes import it
+    assert get_method("fedavg") is not toy.METHOD
+    # The copy computes what the original does: the same numbers; the requests are 3 bytes
+    # shorter each, "toy" being the method's name in their envelope instead of "fedavg".
+    got = _rows(make_config(method="toy", name="toy"))
+    want = _rows(make_config(method="fedavg", name="fedavg"))
+    assert len(got) == len(want) > 8
+    for g, w in zip(got, want, strict=True):
+        assert {k: v for k, v in g.items() if not k.startswith("bytes")} == \
+            {k: v for k, v in w.items() if not k.startswith("bytes")}
+        if g["participant"] == "server" and "bytes_sent" in g:  # server -> clients
+            assert (w["bytes_sent"] - g["bytes_sent"]) % 3 == 0 and \
+                0 < w["bytes_sent"] - g["bytes_sent"] < 100
+            assert g["bytes_received"] == w["bytes_received"]
