@@ -23,6 +23,7 @@ the ``global_slm``): ``read`` maps an arm to the groups its two columns come fro
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,6 +229,7 @@ def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, lev
         panels = fig.subplots(1, 2)
         for ax, col in zip(panels, COLUMNS, strict=True):
             drew = False
+            placed: list[tuple[float, float]] = []
             for r in rows:
                 x, cell = xof(r), r[col]
                 if cell is not None and x is None:  # no clients (centralized): a reference line
@@ -239,10 +241,15 @@ def comparison_plots(out_dir: Path, rows: list[dict[str, Any]], metric: str, lev
                 if x is None or cell is None or (log_x and x <= 0):
                     continue
                 y = cell["value"]
-                ax.errorbar(x, y, yerr=[[y - cell["low"]], [cell["high"] - y]], fmt="o",
-                            capsize=4)
-                ax.annotate(r["arm"], (x, y), textcoords="offset points", xytext=(5, 4),
-                            fontsize="small")
+                drawn = ax.errorbar(x, y, yerr=[[y - cell["low"]], [cell["high"] - y]],
+                                    fmt="o", capsize=4)
+                # Labels of points close together are stacked downwards, not overprinted.
+                near = sum(abs(math.log10(x) - math.log10(px)) < 0.25 and abs(y - py) < 0.05
+                           for px, py in placed) if log_x else 0
+                placed.append((x, y))
+                ax.annotate(r["arm"], (x, y), textcoords="offset points",
+                            xytext=(5, 4 - 11 * near), fontsize="small",
+                            color=drawn[0].get_color())
                 drew = True
             if log_x and drew:
                 ax.set_xscale("log")

@@ -57,8 +57,8 @@ def test_comparison_suite_smoke(tmp_path):
                 assert r[col]["low"] <= r[col]["value"] <= r[col]["high"]
     # Bytes as measured: FedMKT's clients upload logits on the server's share, LLM2SLM's
     # only metrics, standalone's nothing but the envelope; centralized has no client.
-    assert rows["fedmkt"]["bytes_up"] > 100 * rows["llm2slm"]["bytes_up"]
-    assert rows["llm2slm"]["bytes_down"] > 100 * rows["llm2slm"]["bytes_up"]
+    assert rows["fedmkt"]["bytes_up"] > 20 * rows["llm2slm"]["bytes_up"]
+    assert rows["llm2slm"]["bytes_down"] > 20 * rows["llm2slm"]["bytes_up"]
     assert rows["standalone"]["bytes_up"] < 2000
     assert rows["centralized"]["bytes_up"] is None and rows["centralized"]["client_compute"] is None
     # Compute: every client trains in the federated arms; the centralized server does it all.
