@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -220,16 +220,23 @@ def broadcast(clients: Clients, handler: str, payload: Payload | None = None,
     return clients.call(handler, {cid: payload for cid in (ids or clients.ids)}, evaluate=evaluate)
 
 
-class Server:
-    """Base of a method's server procedure.  Subclasses implement :meth:`round`."""
+C = TypeVar("C", bound=MethodConfig)
+
+
+class Server(Generic[C]):
+    """Base of a method's server procedure.  Subclasses implement :meth:`round`.
+
+    Generic over the method's config: ``class FedAvgServer(Server[FedAvgConfig])`` makes
+    ``self.method`` a ``FedAvgConfig`` for the type checker and the reader."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
 
     @property
-    def method(self) -> Any:
-        return self.cfg.method
+    def method(self) -> C:
+        """``cfg.method``: this method's validated settings."""
+        return cast(C, self.cfg.method)
 
     def seed(self, rnd: int, *tags: object) -> int:
         return derive_seed(self.cfg.seed, "server", rnd, *tags)

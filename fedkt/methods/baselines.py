@@ -34,7 +34,7 @@ class ZeroShotConfig(MethodConfig):
     name: Literal["zero_shot"] = "zero_shot"
 
 
-class ZeroShotServer(Server):
+class ZeroShotServer(Server[ZeroShotConfig]):
     """Evaluates the server model (if any); clients evaluate their own models."""
 
     def setup(self) -> None:
@@ -64,7 +64,7 @@ class StandaloneConfig(MethodConfig):
     name: Literal["standalone"] = "standalone"
 
 
-class StandaloneServer(Server):
+class StandaloneServer(Server[StandaloneConfig]):
     """Only asks clients to train; their adapters stay on their disks."""
 
     def round(self, rnd: int, clients) -> dict[str, float]:
@@ -89,7 +89,7 @@ class CentralizedConfig(MethodConfig):
     include_public: bool = True
 
 
-class CentralizedServer(Server):
+class CentralizedServer(Server[CentralizedConfig]):
     """Pools the private data of every client taking part (and the public set) on the server."""
 
     def setup(self) -> None:

@@ -72,7 +72,7 @@ def _load_trainable(model: nn.Module, mode: str, state: dict[str, Tensor]) -> No
     (head_module(model) if mode == "head" else model).load_state_dict(state)
 
 
-class FedAvgVisionServer(Server):
+class FedAvgVisionServer(Server[FedAvgVisionConfig]):
     def setup(self) -> None:
         cfg, m = self.cfg, self.method
         torch.manual_seed(derive_seed(cfg.seed, "fedavg-vision-setup"))

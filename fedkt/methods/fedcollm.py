@@ -333,7 +333,7 @@ def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict]) -> boo
 # --------------------------------------------------------------------------- server
 
 
-class FedCoLLMServer(Server):
+class FedCoLLMServer(Server[FedCoLLMConfig]):
     """Algorithm 1: FedAvg of the SLM adapter, then LLM <-> SLM co-tuning on D_a."""
 
     def setup(self) -> None:

@@ -663,7 +663,7 @@ def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, 
 # --------------------------------------------------------------------------- server
 
 
-class FedMKTServer(Server):
+class FedMKTServer(Server[FedMKTConfig]):
     """Algorithm 1, server side: align the clients' S_k, DualMinCE, train, send S_0."""
 
     def setup(self) -> None:

@@ -425,7 +425,7 @@ def check_config(cfg: RunConfig) -> None:
                          "server's LLM; leave clients.models empty")
 
 
-class FedSPServer(Server):
+class FedSPServer(Server[PromptMessengerConfig]):
     """Sec. 3: KD-initialised auxiliary model sent once; prompts back and forth (Eq. 1)."""
 
     def setup(self) -> None:

@@ -209,7 +209,7 @@ def _small_config(cfg, cid: int) -> ModelConfig:
     return cfg.clients.model_for(cid)
 
 
-class KoalaServer(Server):
+class KoalaServer(Server[KoalaConfig]):
     """Algorithm 1: aggregate / integrate, reverse distillation, forward distillation."""
 
     def setup(self) -> None:

@@ -30,7 +30,7 @@ from fedkt.training import (
     train_lm,
 )
 
-from .config import AdapterAveragingConfig
+from .config import AdapterAveragingConfig, FedAvgConfig
 
 Adapter = dict[str, torch.Tensor]
 
@@ -80,7 +80,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
 # --------------------------------------------------------------------------- FedAvg
 
 
-class FedAvgServer(Server):
+class FedAvgServer(Server[FedAvgConfig]):
     def setup(self) -> None:
         models = {m.model_dump_json(exclude={"lr"}) for m in self.cfg.clients.models}
         if len(models) > 1:
