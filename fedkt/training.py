@@ -285,10 +285,8 @@ def saved_client_lm(ctx: Any) -> LM:
 
 
 def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:
-    """``test/*`` metrics of a client's model when this call is an evaluation round."""
-    if not (ctx.evaluate and ctx.cfg.eval.clients):
-        return {}
-    return {f"test/{k}": v for k, v in evaluate_records(ctx.cfg, lm, ctx.data().test).items()}
+    """``test/*`` metrics of a client's LM when this call is an evaluation round."""
+    return ctx.test_metrics(lambda: evaluate_records(ctx.cfg, lm, ctx.data().test))
 
 
 def client_evaluate(ctx: Any, msg: Any) -> Any:

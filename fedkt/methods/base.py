@@ -94,6 +94,13 @@ class ClientContext:
     def private(self) -> list[dict]:
         return self.data().private[self.cid]
 
+    def test_metrics(self, evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """``test/*`` metrics of ``evaluate()`` (the client's model on the test split) when
+        this call is an evaluation call and ``eval.clients`` is on; else nothing."""
+        if not (self.evaluate and self.cfg.eval.clients):
+            return {}
+        return {f"test/{k}": v for k, v in evaluate().items()}
+
     def privatize(self, upload: dict[str, torch.Tensor],
                   reference: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Client-side DP on what this client uploads (identity when it is off).

@@ -61,10 +61,7 @@ def _build(cfg: RunConfig, fd: FederatedData, layers: int | None, freeze: bool
 
 
 def _test_metrics(ctx: ClientContext, model: nn.Module, tokenizer: Any) -> dict[str, float]:
-    if not (ctx.evaluate and ctx.cfg.eval.clients):
-        return {}
-    scores = evaluate_encoder(ctx.cfg, model, tokenizer, ctx.data().test)
-    return {f"test/{k}": v for k, v in scores.items()}
+    return ctx.test_metrics(lambda: evaluate_encoder(ctx.cfg, model, tokenizer, ctx.data().test))
 
 
 def _train_metrics(stats: dict[str, float]) -> dict[str, float]:

@@ -151,11 +151,8 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     else:
         stats = train_classifier(model, (images, labels), **train_kw)
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
-    if ctx.evaluate and cfg.eval.clients:
-        test_images, test_labels = image_tensors(fd.test)
-        metrics.update({f"test/{k}": v for k, v in evaluate_classifier(
-            model, test_images, test_labels, ids=[r["id"] for r in fd.test],
-            precision=t.precision).items()})
+    metrics.update(ctx.test_metrics(lambda: evaluate_classifier(
+        model, *image_tensors(fd.test), ids=[r["id"] for r in fd.test], precision=t.precision)))
     upload = ctx.privatize(_trainable(model, mode), theta)
     return Payload(trainable=upload, num_examples=stats["num_examples"],
                    train_loss=stats["loss"], metrics=metrics)

@@ -573,9 +573,9 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
                                  if k not in ("num_examples",)}
     metrics["train/compress_seconds"] = seconds
     metrics["train/upload_ratio"] = ratio
-    if ctx.evaluate and cfg.eval.clients:  # the teacher is the model used for inference
-        scores = evaluate_encoder(cfg, models.teacher, models.tokenizer, ctx.data().test)
-        metrics.update({f"test/{k}": v for k, v in scores.items()})
+    # the teacher is the model used for inference
+    metrics.update(ctx.test_metrics(lambda: evaluate_encoder(cfg, models.teacher,
+                                                             models.tokenizer, ctx.data().test)))
     loss = stats["loss"] if stats["steps"] else 0.0
     return Payload(update=encoded, num_examples=stats["num_examples"], train_loss=loss,
                    metrics=metrics)

@@ -406,13 +406,13 @@ def _load_model(ctx: ClientContext, msg: Payload, model: nn.Module) -> dict[str,
 
 
 def _test_metrics(ctx: ClientContext, model: nn.Module) -> dict[str, float]:
-    if not (ctx.evaluate and ctx.cfg.eval.clients):
-        return {}
-    test = ctx.data().test
-    images, labels = image_tensors(test)
-    scores = evaluate_classifier(model, images, labels, ids=[r["id"] for r in test],
-                                 precision=ctx.cfg.training.precision)
-    return {f"test/{k}": v for k, v in scores.items()}
+    def scores() -> dict[str, float]:
+        test = ctx.data().test
+        images, labels = image_tensors(test)
+        return evaluate_classifier(model, images, labels, ids=[r["id"] for r in test],
+                                   precision=ctx.cfg.training.precision)
+
+    return ctx.test_metrics(scores)
 
 
 def client_train(ctx: ClientContext, msg: Payload) -> Payload:
