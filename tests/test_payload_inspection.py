@@ -126,8 +126,11 @@ def _check_field(method: str, handler: str, name: str, value: Any, spec: Any) ->
     elif spec == "hex":
         assert isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value), where
     elif spec == ENVELOPE:
-        assert isinstance(value, dict) and set(value) == {"seconds"}, where
-        assert re.fullmatch(r"\d{8}\.\d{6}", value["seconds"]), where
+        # the handler's seconds, its compute seconds (no evaluation) and CPU seconds, at a
+        # fixed width so that a reply's size never depends on how long the work took
+        assert isinstance(value, dict) and set(value) == {"seconds", "compute", "cpu"}, where
+        for key in ("seconds", "compute", "cpu"):
+            assert re.fullmatch(r"\d{8}\.\d{6}", value[key]), where
     elif spec == METRICS:
         assert isinstance(value, dict), where
         for key, v in value.items():
