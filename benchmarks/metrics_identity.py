@@ -7,6 +7,7 @@ A refactor must not change behaviour: every shipped config on tiny models writes
     python benchmarks/metrics_identity.py                 # HEAD~1 against the work tree
     python benchmarks/metrics_identity.py --before main --after . --jobs 2
     python benchmarks/metrics_identity.py --configs quickstart fedmkt/homo
+    python benchmarks/metrics_identity.py --configs fedkd/quick --ignore bytes_received
 
 ``--before`` / ``--after`` are git revisions (checked out into temporary worktrees) or
 ``.`` (this checkout as it is, uncommitted changes included).  Each config runs in its
@@ -81,14 +82,17 @@ def run_config(code: Path, name: str, out: Path) -> list[dict[str, Any]] | str:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str) -> str:
-    """``identical`` or what differs first (keys only the newer side has are allowed)."""
+def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str,
+            ignore: frozenset[str] = frozenset()) -> str:
+    """``identical`` or what differs first (keys only the newer side has are allowed,
+    ``ignore`` keys are not compared)."""
     if isinstance(before, str) or isinstance(after, str):
         return f"failed: before {before if isinstance(before, str) else 'ok'}, after " \
                f"{after if isinstance(after, str) else 'ok'}"
     if len(before) != len(after):
         return f"DIFFERS: {len(before)} rows before, {len(after)} after"
     for i, (a, b) in enumerate(zip(before, after, strict=True)):
+        a = {k: v for k, v in a.items() if k not in ignore}
         shared = {k: b[k] for k in a if k in b}
         if a != shared:
             keys = sorted(k for k in a if a.get(k) != b.get(k))
@@ -102,6 +106,8 @@ def main() -> int:
     parser.add_argument("--after", default=".")
     parser.add_argument("--configs", nargs="*", help="config names (default: every tiny one)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--ignore", nargs="*", default=[],
+                        help="metrics keys not compared (say why where you report it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedkt-identity-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -123,7 +129,8 @@ def main() -> int:
                 got.setdefault(name, {})[side] = rows
                 if len(got[name]) < 2:
                     continue
-                verdict = compare(got[name]["before"], got[name]["after"])
+                verdict = compare(got[name]["before"], got[name]["after"],
+                                  frozenset(args.ignore))
                 count = len(rows) if isinstance(rows, list) else "-"
                 print(f"{name:32s} {count!s:>5} rows  {verdict}", flush=True)
                 bad += verdict != "identical"

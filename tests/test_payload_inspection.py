@@ -128,9 +128,13 @@ def _check_field(method: str, handler: str, name: str, value: Any, spec: Any) ->
     elif spec == ENVELOPE:
         # the handler's seconds, its compute seconds (no evaluation) and CPU seconds, at a
         # fixed width so that a reply's size never depends on how long the work took
-        assert isinstance(value, dict) and set(value) == {"seconds", "compute", "cpu"}, where
-        for key in ("seconds", "compute", "cpu"):
-            assert re.fullmatch(r"\d{8}\.\d{6}", value[key]), where
+        # (and the handler's own *_seconds metrics, FedKD's step and SVD times)
+        assert isinstance(value, dict), where
+        assert set(value) - {"timings"} == {"seconds", "compute", "cpu"}, where
+        timings = value.get("timings", {})
+        assert all(re.fullmatch(r"(train|test)/[a-z0-9_]+_seconds", k) for k in timings), where
+        for text in (value["seconds"], value["compute"], value["cpu"], *timings.values()):
+            assert re.fullmatch(r"\d{8}\.\d{6}", text), where
     elif spec == METRICS:
         assert isinstance(value, dict), where
         for key, v in value.items():

@@ -171,6 +171,8 @@ class RuntimeClients:
             self._take_predictions(cid, reply.pop(PREDICTIONS, None))
             for k, v in (reply.pop("metrics", None) or {}).items():
                 self.traffic.metrics[cid][k] = v
+            for k, v in (meta.get("timings") or {}).items():  # the handler's *_seconds
+                self.traffic.metrics[cid][k] = float(v)
             return reply
         except (ClientFailure, PayloadError, TimeoutError, OSError, RuntimeError,
                 ValueError) as exc:
@@ -356,6 +358,17 @@ def _injected_fault(ctx: ClientContext) -> None:
             raise RuntimeError(f"injected fault (FEDKT_INJECT_FAULT={spec})")
 
 
+def _timings(reply: Payload) -> dict[str, dict[str, str]]:
+    """A handler's ``*_seconds`` metrics, moved into the envelope at a fixed width: a
+    reply's size must not depend on how long the work took."""
+    metrics = reply.get("metrics")
+    if not isinstance(metrics, dict):
+        return {}
+    timed = [k for k, v in metrics.items() if k.endswith("_seconds")
+             and isinstance(v, int | float) and not isinstance(v, bool)]
+    return {"timings": {k: f"{float(metrics.pop(k)):015.6f}" for k in timed}} if timed else {}
+
+
 def handle_request(data: bytes, state_root: Path | None = None, cid: int | None = None) -> bytes:
     """Run the handler a request names and return the serialised reply.
 
@@ -391,7 +404,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
         took = now() - start
         compute = took - (eval_clock() - evaluated)
         reply[ENVELOPE] = {"seconds": f"{took.wall:015.6f}", "compute": f"{compute.wall:015.6f}",
-                           "cpu": f"{compute.cpu:015.6f}"}
+                           "cpu": f"{compute.cpu:015.6f}", **_timings(reply)}
         return dumps(reply)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -29,3 +29,33 @@ def test_compact_config_lists_only_what_differs(make_config):
     assert data["method"] == {"name": "fedavg"}
     data = yaml.safe_load(envelope_config(make_config("secure_aggregation.enabled=true")))
     assert data["secure_aggregation"] == {"enabled": True}
+
+
+def test_timing_metrics_travel_at_a_fixed_width_and_are_logged(make_config, monkeypatch):
+    """A handler's ``*_seconds`` metrics (FedKD's step and SVD times) must not make a
+    reply's size depend on how long the work took; the server still logs them."""
+    from fedkt.methods import registry
+    from fedkt.methods.base import Method, Server
+    from fedkt.methods.fedavg import FedAvgConfig
+    from fedkt.payload import Payload
+    from fedkt.runtime.base import RuntimeClients
+    from fedkt.runtime.local import LocalTransport
+
+    took = iter([0.1, 123.456789012, 7.0])
+
+    def timed(ctx, msg):
+        return Payload(metrics={"train/loss": 1.0, "train/step_seconds": next(took)})
+
+    method = Method("timed", FedAvgConfig, Server, {"train": timed})
+    monkeypatch.setitem(registry._REGISTRY, "fedavg", method)  # the config names fedavg
+    cfg = make_config()
+    clients = RuntimeClients(cfg, LocalTransport(cfg.run_dir / "clients"))
+    sizes, logged = [], []
+    for rnd in (1, 2, 3):
+        clients.start_round(rnd)
+        clients.call("train", {0: Payload()})
+        sizes.append(clients.traffic.received[0])
+        logged.append(clients.traffic.metrics[0])
+    assert len(set(sizes)) == 1, sizes
+    assert [m["train/step_seconds"] for m in logged] == [0.1, 123.456789, 7.0]
+    assert all(m["train/loss"] == 1.0 for m in logged)
