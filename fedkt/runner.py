@@ -36,7 +36,6 @@ from fedkt.tracking import SERVER_STATE, RunRecorder
 log = logging.getLogger("fedkt")
 
 
-
 def _split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
     """``{"train/loss": 1, "test/accuracy": .5}`` -> ``{"train": {...}, "test": {...}}``."""
     out: dict[str, dict[str, float]] = {}
