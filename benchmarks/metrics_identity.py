@@ -2,7 +2,8 @@
 
 A refactor must not change behaviour: every shipped config on tiny models writes a
 ``metrics.jsonl`` that is bit-identical before and after, apart from the timing keys
-(``wall_time``, ``compute_time``, ``compute_cpu``) and keys the newer commit adds.
+(``wall_time``, ``compute_time``, ``compute_cpu`` and any ``*_seconds`` metric) and keys
+the newer commit adds.
 
     python benchmarks/metrics_identity.py                 # HEAD~1 against the work tree
     python benchmarks/metrics_identity.py --before main --after . --jobs 2
@@ -79,7 +80,8 @@ def run_config(code: Path, name: str, out: Path) -> list[dict[str, Any]] | str:
     if done.returncode != 0:
         return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return [{k: v for k, v in r.items() if k not in TIMING and not k.endswith("_seconds")}
+            for r in rows]
 
 
 def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str,
