@@ -139,6 +139,7 @@ def config(run_dir, fed: SecureFederation, **method):
 # --------------------------------------------------------------------------- (a) TLS + auth
 
 
+@pytest.mark.slow  # 53 s; the default run keeps TLS's refusals and the plain deployed job
 def test_secure_job_matches_local_run(secure, probe, tmp_path):
     """One round (each Flower message costs a ClientApp process start); the insecure
     2-round comparison with a failing client is test_flower_deploy's."""
