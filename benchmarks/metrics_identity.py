@@ -29,8 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fedkt.tracking import TIMING_KEYS
+
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = {"wall_time", "compute_time", "compute_cpu"}
 TINY = ("tiny-", "tiny_")  # tiny LMs / encoders built from a config
 
 
@@ -80,7 +81,7 @@ def run_config(code: Path, name: str, out: Path) -> list[dict[str, Any]] | str:
     if done.returncode != 0:
         return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING and not k.endswith("_seconds")}
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS and not k.endswith("_seconds")}
             for r in rows]
 
 

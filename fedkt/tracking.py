@@ -53,11 +53,10 @@ SERVER_STATE = "server.safetensors"  # the server's state in each checkpoint fol
 TIMING_KEYS = frozenset({"wall_time", "compute_time", "compute_cpu"})
 # Numeric keys that are bookkeeping, not metrics.
 NON_METRIC_KEYS = frozenset({
-    "round", "participant", "split", "loss", "bytes_sent", "bytes_received", "wall_time",
-    "compute_time", "compute_cpu", "clients_replied", "excluded", "time", "step", "steps",
-    "epoch", "num_examples",
+    "round", "participant", "split", "loss", "bytes_sent", "bytes_received",
+    "clients_replied", "excluded", "time", "step", "steps", "epoch", "num_examples",
     "eval_bytes",
-})
+}) | TIMING_KEYS
 # Metrics shown first (and chosen as "main" metric) in this order; higher is better.
 PREFERRED_METRICS = ("accuracy", "accuracy_norm", "rougeL", "f1", "macro_f1", "precision",
                      "recall")

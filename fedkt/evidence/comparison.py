@@ -33,7 +33,7 @@ from pydantic import Field
 from fedkt.config import _Strict
 from fedkt.evidence.runs import Group, Run, compare, members
 from fedkt.methods import get_method
-from fedkt.tracking import format_table
+from fedkt.tracking import fmt_seconds, format_table
 
 __all__ = ["COLUMNS", "ComparisonConfig", "comparison_report"]
 
@@ -141,10 +141,6 @@ def _fmt_bytes(value: float | None) -> str:
     return f"{value:.0f} B"
 
 
-def _fmt_s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def comparison_rows(cfg: ComparisonConfig, groups: dict[str, Group], *, reps: int,
                     level: float, seed: int) -> list[dict[str, Any]]:
     """One dict per arm with results: accuracies, bytes, compute and exposure."""
@@ -187,7 +183,7 @@ def comparison_report(folder: Path, cfg: ComparisonConfig, groups: dict[str, Gro
         table.append([r["arm"], *_fmt_acc(r["server"]), *_fmt_acc(r["clients"]),
                       _fmt_bytes(r["bytes_up"]), _fmt_bytes(r["bytes_down"]),
                       _fmt_bytes(r["bytes_down_round1"]),
-                      _fmt_s(r["client_compute"]), _fmt_s(r["server_compute"]),
+                      fmt_seconds(r["client_compute"]), fmt_seconds(r["server_compute"]),
                       r["server_sees"], r["clients_see"]])
     (folder / COMPARISON_JSON).write_text(json.dumps(rows, indent=2, default=float) + "\n")
     comparison_plots(folder / "plots", rows, metric, level, unit)

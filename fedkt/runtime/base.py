@@ -358,6 +358,11 @@ def _injected_fault(ctx: ClientContext) -> None:
             raise RuntimeError(f"injected fault (FEDKT_INJECT_FAULT={spec})")
 
 
+def _fixed(seconds: float) -> str:
+    """Seconds as fixed-width text: a reply's size must not depend on how long work took."""
+    return f"{seconds:015.6f}"
+
+
 def _timings(reply: Payload) -> dict[str, dict[str, str]]:
     """A handler's ``*_seconds`` metrics, moved into the envelope at a fixed width: a
     reply's size must not depend on how long the work took."""
@@ -366,7 +371,7 @@ def _timings(reply: Payload) -> dict[str, dict[str, str]]:
         return {}
     timed = [k for k, v in metrics.items() if k.endswith("_seconds")
              and isinstance(v, int | float) and not isinstance(v, bool)]
-    return {"timings": {k: f"{float(metrics.pop(k)):015.6f}" for k in timed}} if timed else {}
+    return {"timings": {k: _fixed(float(metrics.pop(k))) for k in timed}} if timed else {}
 
 
 def handle_request(data: bytes, state_root: Path | None = None, cid: int | None = None) -> bytes:
@@ -403,8 +408,8 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
         # Fixed-width text: reply sizes must not depend on how long the work took.
         took = now() - start
         compute = took - (eval_clock() - evaluated)
-        reply[ENVELOPE] = {"seconds": f"{took.wall:015.6f}", "compute": f"{compute.wall:015.6f}",
-                           "cpu": f"{compute.cpu:015.6f}", **_timings(reply)}
+        reply[ENVELOPE] = {"seconds": _fixed(took.wall), "compute": _fixed(compute.wall),
+                           "cpu": _fixed(compute.cpu), **_timings(reply)}
         return dumps(reply)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -248,6 +248,11 @@ def start_superlink(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, insecu
     proc = _popen("SuperLink", cmd,
                   f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}",
                   log_file=log_file, env=flower_child_env(extra), cwd=cwd)
+    return _ready(proc, wait)
+
+
+def _ready(proc: FlowerProcess, wait: float | None) -> FlowerProcess:
+    """``proc`` once it listens (after at most ``wait`` seconds); stopped if it does not."""
     if wait:
         try:
             proc.wait_ready(wait)
@@ -324,13 +329,7 @@ def start_supernode(partition_id: int, num_partitions: int,
                             auth_private_key=auth_private_key)
     proc = _popen(f"SuperNode {partition_id}", cmd, f"127.0.0.1:{port}", log_file=log_file,
                   env=flower_child_env(extra), cwd=cwd)
-    if wait:
-        try:
-            proc.wait_ready(wait)
-        except BaseException:
-            proc.stop()
-            raise
-    return proc
+    return _ready(proc, wait)
 
 
 def _tls_hint(insecure: bool, root_certificates: str | None) -> str:
