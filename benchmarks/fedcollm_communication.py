@@ -27,7 +27,7 @@ from fedkt.config import load_config
 from fedkt.config_catalog import resolve_config
 from fedkt.models.install import check_installed, run_script
 from fedkt.payload import Payload, nbytes
-from fedkt.training import client_lm, server_lm
+from fedkt.train.lm import client_lm, server_lm
 
 
 def _params(model: torch.nn.Module) -> tuple[int, int]:

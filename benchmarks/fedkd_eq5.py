@@ -20,7 +20,7 @@ from fedkt.config import load_config
 from fedkt.data.splits import run_data
 from fedkt.losses import hidden_mse
 from fedkt.methods.fedkd import FedKDModels, loss_magnitudes
-from fedkt.training_classifier import check_text_classification, model_inputs, text_batches
+from fedkt.train.encoder import check_text_classification, model_inputs, text_batches
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,7 @@ from fedkt.evidence.suite import load_suite
 from fedkt.methods import get_method
 from fedkt.methods.fedsp import PROMPT_KEY, align_params, distill_auxiliary, prompt_param
 from fedkt.models.auxiliary import prompts_for_aux
-from fedkt.training import LM, lm_batches
+from fedkt.train.lm import LM, lm_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "fedkt" / "configs" / "suites" / "fedsp.yaml"

@@ -9,12 +9,17 @@ the newer commit adds.
     python benchmarks/metrics_identity.py --before main --after . --jobs 2
     python benchmarks/metrics_identity.py --configs quickstart fedmkt/homo
     python benchmarks/metrics_identity.py --configs fedkd/quick --ignore bytes_received
+    python benchmarks/metrics_identity.py --after HEAD --record /tmp/ref   # run one side, keep it
+    python benchmarks/metrics_identity.py --against /tmp/ref               # compare with it
 
 ``--before`` / ``--after`` are git revisions (checked out into temporary worktrees) or
 ``.`` (this checkout as it is, uncommitted changes included).  Each config runs in its
 own ``fedkt run`` process with ``PYTHONPATH`` pointing at that side's code, one torch
 thread, the same seed.  Prints one line per config: rows, identical or the first row
-that differs; exits 1 when any differs.
+that differs; exits 1 when any differs.  ``--record DIR`` runs only the ``--after`` side
+and keeps its rows in DIR (one JSON file per config); ``--against DIR`` compares the
+``--after`` side with rows kept that way instead of running ``--before`` again (a
+refactor checked many times against one reference).
 """
 
 from __future__ import annotations
@@ -111,10 +116,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--ignore", nargs="*", default=[],
                         help="metrics keys not compared (say why where you report it)")
+    parser.add_argument("--record", type=Path,
+                        help="run only the --after side and keep its rows in this folder")
+    parser.add_argument("--against", type=Path,
+                        help="compare --after with rows kept by --record (no --before run)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedkt-identity-") as tmp_dir:
         tmp = Path(tmp_dir)
-        sides = {"before": checkout(args.before, tmp), "after": checkout(args.after, tmp)}
+        sides = {"after": checkout(args.after, tmp)}
+        if args.record is None and args.against is None:
+            sides = {"before": checkout(args.before, tmp), **sides}
         names = args.configs or tiny_configs(sides["after"])
         work = [(side, code, name) for name in names for side, code in sides.items()]
 
@@ -124,12 +135,28 @@ def main() -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             return side, name, run_config(code, name, out)
 
-        print(f"before: {args.before}   after: {args.after}", flush=True)
+        def kept(name: str) -> Path:
+            return (args.record or args.against) / f"{name.replace('/', '__')}.json"
+
+        before = args.against or args.before
+        print(f"before: {before}   after: {args.after}", flush=True)
         got: dict[str, dict[str, Any]] = {}
         bad = 0
+        if args.record is not None:
+            args.record.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for side, name, rows in pool.map(one, work):  # in order: a config's two sides
                 got.setdefault(name, {})[side] = rows
+                if args.record is not None:
+                    kept(name).write_text(json.dumps(rows))
+                    count = len(rows) if isinstance(rows, list) else rows
+                    print(f"{name:32s} {count!s:>5} rows  recorded", flush=True)
+                    bad += not isinstance(rows, list)
+                    continue
+                if args.against is not None:
+                    path = kept(name)
+                    got[name]["before"] = (json.loads(path.read_text()) if path.is_file()
+                                           else f"no rows recorded in {args.against}")
                 if len(got[name]) < 2:
                     continue
                 verdict = compare(got[name]["before"], got[name]["after"],
@@ -141,7 +168,7 @@ def main() -> int:
             if code != ROOT:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(code)], capture_output=True)
-    print(f"{len(names) - bad} of {len(names)} identical")
+    print(f"{len(names) - bad} of {len(names)} {'recorded' if args.record else 'identical'}")
     return 1 if bad else 0
 
 

@@ -3,9 +3,9 @@
 For SmolLM2-135M (offline alias ``smollm2-135m``) with q/v LoRA, the script measures
 under ``training.precision: fp32`` and ``bf16``, through fedkt's own code paths:
 
-* training throughput: :func:`fedkt.training.train_lm` on batches of
+* training throughput: :func:`fedkt.train.lm.train_lm` on batches of
   ``--batch-size`` x ``--max-length`` tokens (target tokens/s counts every real token);
-* scoring throughput: :func:`fedkt.training.evaluate_records` (log-likelihood
+* scoring throughput: :func:`fedkt.train.lm.evaluate_lm` (log-likelihood
   multiple choice), items/s;
 * zero-shot accuracy of that scoring on ``--items`` multiple-choice items (default
   500 of Social IQa, 3 choices each) and its difference between the two precisions.
@@ -27,11 +27,11 @@ import torch
 
 from fedkt.config import parse_config
 from fedkt.precision import cpu_supports_bf16, resolve_precision, set_threads
-from fedkt.training import (
+from fedkt.train.lm import (
     _federated_data,
     clear_cache,
     client_lm,
-    evaluate_records,
+    evaluate_lm,
     lm_batches,
     train_lm,
 )
@@ -72,9 +72,9 @@ def train_speed(cfg, records: list[dict]) -> tuple[float, float, float, float]:
 def score(cfg, records: list[dict]) -> tuple[float, float, dict[str, float]]:
     """(items/s, items per CPU-second, metrics) of zero-shot multiple-choice scoring."""
     lm = client_lm(cfg, 0)
-    evaluate_records(cfg, lm, records[: cfg.eval.batch_size])  # warm-up
+    evaluate_lm(cfg, lm, records[: cfg.eval.batch_size])  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
-    metrics = evaluate_records(cfg, lm, records)
+    metrics = evaluate_lm(cfg, lm, records)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return len(records) / seconds, len(records) / cpu, metrics
 

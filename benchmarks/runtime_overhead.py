@@ -24,7 +24,7 @@ import fedkt.aggregation
 import fedkt.methods.fedavg.algorithm as fedavg_module
 import fedkt.payload
 import fedkt.runtime.base as runtime_base
-import fedkt.training
+import fedkt.train.lm
 from fedkt.config import load_config
 from fedkt.config_catalog import resolve_config
 from fedkt.models.install import check_installed, run_script
@@ -50,8 +50,8 @@ def timed(bucket: str, fn):
 
 def instrument() -> None:
     """Wrap the compute functions where methods look them up, and the wire format."""
-    compute = {"train_lm": "train", "evaluate_records": "eval", "get_lm": "build"}
-    for module in (fedkt.training, fedavg_module):
+    compute = {"train_lm": "train", "evaluate_lm": "eval", "get_lm": "build"}
+    for module in (fedkt.train.lm, fedavg_module):
         for name, bucket in compute.items():
             if hasattr(module, name):
                 setattr(module, name, timed(f"compute:{bucket}", getattr(module, name)))

@@ -182,7 +182,7 @@ def base_weights(run: RecordedRun, cid: int) -> tuple[dict[str, torch.Tensor], s
     although a base model has them (the shared model that the paper uploads)."""
     cfg, name = run.cfg, run.cfg.method.name
     if name in ("fedavg", "fedcollm", "fedmkt", "llm2slm", "standalone", "zero_shot"):
-        from fedkt.training import client_lm
+        from fedkt.train.lm import client_lm
 
         model = client_lm(cfg, cid).model
         return {k: v for k, v in model.state_dict().items() if "lora_" not in k}, set()
@@ -199,11 +199,7 @@ def base_weights(run: RecordedRun, cid: int) -> tuple[dict[str, torch.Tensor], s
         # The teacher (FedKD) / whole encoder stays; only the student's trainable update
         # travels, under the student's parameter names (which the teacher shares).
         from fedkt.methods.fedkd import teacher_config
-        from fedkt.training_classifier import (
-            build_encoder,
-            check_text_classification,
-            trainable_state,
-        )
+        from fedkt.train.encoder import build_encoder, check_text_classification, trainable_state
 
         labels = check_text_classification(run_data(cfg.data, cfg.clients.num_clients,
                                                     cfg.seed), name)
@@ -217,7 +213,8 @@ def base_weights(run: RecordedRun, cid: int) -> tuple[dict[str, torch.Tensor], s
             f"trained:{k}": v for k, v in _disk_state(run, cid, "teacher").items()}
         return {**teacher.state_dict(), **trained}, set(trainable_state(student))
     if name in ("koala", "fedavg_vision"):
-        from fedkt.training_vision import build_model, data_spec, head_module
+        from fedkt.data.images import data_spec
+        from fedkt.models.vision import build_model, head_module
 
         fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
         if name == "koala":
@@ -373,7 +370,8 @@ def _check_whole_model(method: str, run: RecordedRun, cid: int, payload: dict) -
     """Methods whose paper uploads a whole (small) model: exactly its state, nothing else."""
     cfg = run.cfg
     if method == "koala":
-        from fedkt.training_vision import build_model, data_spec
+        from fedkt.data.images import data_spec
+        from fedkt.models.vision import build_model
 
         fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
         ref = build_model(cfg.clients.model_for(cid), data_spec(fd), 0).state_dict()
@@ -382,7 +380,8 @@ def _check_whole_model(method: str, run: RecordedRun, cid: int, payload: dict) -
         assert all(got[k].shape == ref[k].shape and got[k].dtype == ref[k].dtype for k in ref)
     elif method == "fedavg_vision":
         # default trainable: head -> exactly the head's state (KOALA's baseline)
-        from fedkt.training_vision import build_model, data_spec, head_module
+        from fedkt.data.images import data_spec
+        from fedkt.models.vision import build_model, head_module
 
         fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
         ref = head_module(build_model(cfg.server, data_spec(fd), 0)).state_dict()

@@ -10,7 +10,7 @@ import torch
 from fedkt import precision
 from fedkt.config import ConfigError
 from fedkt.precision import autocast, default_threads, physical_cores, resolve_precision
-from fedkt.training import clear_cache, client_lm, train_lm
+from fedkt.train.lm import clear_cache, client_lm, train_lm
 
 NATIVE_BF16 = precision.cpu_supports_bf16()
 
@@ -116,14 +116,14 @@ def test_auto_trains_in_bf16_with_fp32_weights_and_optimiser_state(make_config):
 
 
 def lm_records(cfg) -> list[dict]:
-    from fedkt.training import _federated_data
+    from fedkt.train.lm import _federated_data
 
     return _federated_data(cfg).private[0]
 
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16")
 def test_same_seed_gives_identical_bf16_runs(make_config):
-    from fedkt.training import evaluate_records
+    from fedkt.train.lm import evaluate_lm
 
     cfg = make_config("training.precision=bf16", "training.max_steps=3")
     results = []
@@ -131,7 +131,7 @@ def test_same_seed_gives_identical_bf16_runs(make_config):
         clear_cache()
         lm = client_lm(cfg, 0)
         stats = train_lm(cfg, lm, lm_records(cfg), seed=7)
-        scores = evaluate_records(cfg, lm, _test(cfg))
+        scores = evaluate_lm(cfg, lm, _test(cfg))
         results.append((stats["loss"], scores, {k: v.clone() for k, v in lm.trainable().items()}))
     (loss_a, eval_a, w_a), (loss_b, eval_b, w_b) = results
     assert loss_a == loss_b and eval_a == eval_b
@@ -145,7 +145,7 @@ def test_same_seed_gives_identical_bf16_runs(make_config):
 
 
 def _test(cfg) -> list[dict]:
-    from fedkt.training import _federated_data
+    from fedkt.train.lm import _federated_data
 
     return _federated_data(cfg).test[:16]
 

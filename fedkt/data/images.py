@@ -22,8 +22,9 @@ import gzip
 import pickle
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -424,3 +425,34 @@ def load_usps(root: str | Path, train: bool = True) -> ImageData:
             )
         images, labels = _usps_libsvm(path)
     return ImageData(images, labels, [str(i) for i in range(10)])
+
+
+# --------------------------------------------------------------------------- as tensors
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model needs to know about the images: classes, channels, size."""
+
+    num_classes: int
+    in_channels: int
+    image_size: int
+
+
+def image_tensors(records: Sequence[dict[str, Any]]) -> tuple[Tensor, Tensor]:
+    """``image_classification`` records -> images ``[N, C, H, W]`` and labels ``[N]``."""
+    if not records:
+        raise ValueError("no image records")
+    if "image" not in records[0]:
+        raise ValueError("records have no 'image' field; use an image_classification dataset")
+    images = torch.stack([r["image"] for r in records]).float()
+    labels = torch.tensor([int(r["label"]) for r in records], dtype=torch.int64)
+    return images, labels
+
+
+def data_spec(fd: Any) -> DataSpec:
+    """Classes, channels and (square) image size of a :class:`FederatedData`."""
+    if fd.task != "image_classification":
+        raise ValueError(f"an image method needs an image_classification dataset, got {fd.task!r}")
+    sample = next(iter(fd.test or fd.public or fd.private[0]))["image"]
+    return DataSpec(len(fd.label_names), int(sample.shape[0]), int(max(sample.shape[1:])))

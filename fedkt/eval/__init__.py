@@ -2,8 +2,8 @@
 
 from fedkt.eval.lm import (
     eval_classifier,
-    evaluate_classifier,
-    evaluate_lm,
+    evaluate_causal_lm,
+    evaluate_text_classifier,
     generate,
     mc_accuracy,
     mc_predictions,
@@ -15,8 +15,8 @@ from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l
 __all__ = [
     "accuracy",
     "eval_classifier",
-    "evaluate_classifier",
-    "evaluate_lm",
+    "evaluate_text_classifier",
+    "evaluate_causal_lm",
     "generate",
     "macro_f1",
     "mc_accuracy",

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fedkt.config import RunConfig
     from fedkt.methods.base import Server
-    from fedkt.training import LM
+    from fedkt.train.lm import LM
 
 log = logging.getLogger("fedkt.harness")
 

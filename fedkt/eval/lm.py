@@ -28,8 +28,8 @@ from fedkt.eval.timing import timed_evaluation
 
 __all__ = [
     "eval_classifier",
-    "evaluate_classifier",
-    "evaluate_lm",
+    "evaluate_text_classifier",
+    "evaluate_causal_lm",
     "generate",
     "mc_accuracy",
     "mc_predictions",
@@ -523,7 +523,7 @@ def eval_classifier(
             "macro_f1": macro_f1(preds, golds), "loss": loss_sum / len(texts)}
 
 
-def evaluate_classifier(
+def evaluate_text_classifier(
     model: torch.nn.Module,
     tokenizer: Any,
     records: Sequence[Mapping[str, Any]],
@@ -543,7 +543,7 @@ def evaluate_classifier(
 
 
 @timed_evaluation
-def evaluate_lm(
+def evaluate_causal_lm(
     model: torch.nn.Module,
     tokenizer: Any,
     records: Sequence[Mapping[str, Any]],

@@ -1,6 +1,6 @@
 """Per-example predictions: what every evaluation writes beside its metrics.
 
-An evaluation function (``evaluate_lm``, the encoder and image classifiers'
+An evaluation function (``evaluate_causal_lm``, the encoder and image classifiers'
 evaluations) builds a :class:`Predictions` table, one row per test example, and
 hands it to :func:`emit`.  Nothing happens unless someone is listening: the run
 loop (server side) and the client dispatch (client side) open a :func:`capture`

@@ -1,6 +1,6 @@
 """Seconds spent evaluating, so compute can be reported without the evaluation in it.
 
-Every evaluation function (``evaluate_lm``, the classifiers) runs inside
+Every evaluation function (``evaluate_causal_lm``, the classifiers) runs inside
 :func:`evaluating`; :func:`eval_clock` is the running total, in wall seconds and in CPU
 seconds of the process.  A round's *compute* is its time minus the evaluation it
 contains (and, on the server, minus the time it waited for clients): what a method

@@ -33,7 +33,7 @@ log = logging.getLogger("fedkt.methods")
 
 if TYPE_CHECKING:
     from fedkt.data.splits import FederatedData
-    from fedkt.training import LM
+    from fedkt.train.lm import LM
 
 
 def derive_seed(base: int, *tags: object) -> int:

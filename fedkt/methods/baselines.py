@@ -16,12 +16,12 @@ from fedkt.config import MethodConfig
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.payload import Payload
-from fedkt.training import (
+from fedkt.train.lm import (
     LM,
     client_evaluate,
     client_lm,
     client_test_metrics,
-    evaluate_records,
+    evaluate_lm,
     saved_client_lm,
     server_lm,
     train_lm,
@@ -46,7 +46,7 @@ class ZeroShotServer(Server[ZeroShotConfig]):
         return {}
 
     def evaluate(self, rnd: int) -> dict[str, float] | None:
-        return evaluate_records(self.cfg, self.lm, self.data().test) if self.lm else None
+        return evaluate_lm(self.cfg, self.lm, self.data().test) if self.lm else None
 
     def server_model(self) -> LM | None:
         return self.lm
@@ -109,7 +109,7 @@ class CentralizedServer(Server[CentralizedConfig]):
         return {"train/loss": stats["loss"]}
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_records(self.cfg, self.lm.reset(self.state), self.data().test)
+        return evaluate_lm(self.cfg, self.lm.reset(self.state), self.data().test)
 
     def server_model(self) -> LM:
         return self.lm.reset(self.state)

@@ -36,12 +36,12 @@ from fedkt.methods.fedkd import (
     upload_update,
 )
 from fedkt.payload import Payload
-from fedkt.training_classifier import (
+from fedkt.train.encoder import (
     build_encoder,
     check_text_classification,
     evaluate_encoder,
     load_trainable,
-    train_classifier,
+    train_encoder,
     trainable_state,
 )
 
@@ -94,7 +94,7 @@ def fedavg_client_train(ctx: ClientContext, msg: Payload) -> Payload:
     model, tokenizer = _build(ctx.cfg, ctx.data(), m.layers, m.freeze_embeddings)
     received = client_global(ctx, msg, trainable_state(model))
     load_trainable(model, received)
-    stats = train_classifier(ctx.cfg, model, tokenizer, ctx.private, seed=ctx.seed("train"))
+    stats = train_encoder(ctx.cfg, model, tokenizer, ctx.private, seed=ctx.seed("train"))
     update = {k: v - received[k] for k, v in trainable_state(model).items()}
     T = msg.number("T", source="server", low=0.0) if m.compress else None
     metrics = {**_train_metrics(stats), **_test_metrics(ctx, model, tokenizer)}
@@ -124,7 +124,7 @@ def standalone_client_train(ctx: ClientContext, msg: Payload) -> Payload:
     saved = ctx.load_state("model")
     if saved is not None:
         load_trainable(model, saved)
-    stats = train_classifier(ctx.cfg, model, tokenizer, ctx.private, seed=ctx.seed("train"))
+    stats = train_encoder(ctx.cfg, model, tokenizer, ctx.private, seed=ctx.seed("train"))
     ctx.save_state("model", trainable_state(model))
     return Payload(metrics={**_train_metrics(stats), **_test_metrics(ctx, model, tokenizer)})
 
@@ -151,7 +151,7 @@ class CentralizedEncoderServer(Server):
 
     def round(self, rnd: int, clients) -> dict[str, float]:
         load_trainable(self.model, self.state)
-        stats = train_classifier(self.cfg, self.model, self.tokenizer, self.records,
+        stats = train_encoder(self.cfg, self.model, self.tokenizer, self.records,
                                  seed=self.seed(rnd, "train"))
         self.state = trainable_state(self.model)
         return _train_metrics(stats)

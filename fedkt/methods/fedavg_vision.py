@@ -23,23 +23,19 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
+from fedkt.data.images import data_spec, image_tensors
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, derive_seed, mean_number
+from fedkt.models.vision import build_model, head_module
 from fedkt.payload import Payload
-from fedkt.training import pick_device
-from fedkt.training_vision import (
+from fedkt.train.optim import pick_device
+from fedkt.train.pretrain import (
     VisionPretrain,
-    build_model,
     check_pretrain_source,
-    data_spec,
-    evaluate_classifier,
-    extract_features,
-    head_module,
-    image_tensors,
     pretrained_model,
     server_pretrain_records,
-    train_classifier,
 )
+from fedkt.train.vision import evaluate_vision, extract_features, train_vision
 
 
 class FedAvgVisionConfig(MethodConfig):
@@ -110,7 +106,7 @@ class FedAvgVisionServer(Server[FedAvgVisionConfig]):
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         _load_trainable(self.model, self.method.trainable, self.theta)
-        return evaluate_classifier(self.model, self.test_images, self.test_labels,
+        return evaluate_vision(self.model, self.test_images, self.test_labels,
                                    ids=self.test_ids, precision=self.cfg.training.precision)
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -147,11 +143,11 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     if mode == "head":
         # The backbone is frozen: train the head on its (fixed) features.
         features = extract_features(model, images, precision=t.precision)
-        stats = train_classifier(head_module(model), (features, labels), **train_kw)
+        stats = train_vision(head_module(model), (features, labels), **train_kw)
     else:
-        stats = train_classifier(model, (images, labels), **train_kw)
+        stats = train_vision(model, (images, labels), **train_kw)
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
-    metrics.update(ctx.test_metrics(lambda: evaluate_classifier(
+    metrics.update(ctx.test_metrics(lambda: evaluate_vision(
         model, *image_tensors(fd.test), ids=[r["id"] for r in fd.test], precision=t.precision)))
     upload = ctx.privatize(_trainable(model, mode), theta)
     return Payload(trainable=upload, num_examples=stats["num_examples"],

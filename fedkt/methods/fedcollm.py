@@ -55,16 +55,9 @@ from fedkt.methods.fedavg import (
 )
 from fedkt.precision import autocast, grad_scaler
 from fedkt.privacy import update_norm
-from fedkt.training import (
-    LM,
-    client_evaluate,
-    client_lm,
-    evaluate_records,
-    grad_norm,
-    lm_batches,
-    make_optimizer,
-    server_lm,
-)
+from fedkt.train.lm import LM, client_evaluate, client_lm, evaluate_lm, lm_batches, server_lm
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import grad_norm, make_optimizer, step
 
 
 class FedCoLLMConfig(AdapterAveragingConfig):
@@ -269,37 +262,28 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     f_dev = next(llm.model.parameters()).device
     g_dev = next(slm.model.parameters()).device
     scaler = grad_scaler(cfg, f_dev)
-    torch.manual_seed(seed)
-    llm.model.train()
-    slm.model.train()
-    sums: dict[str, float] = {}
     ratios: dict[str, float] = {}
-    for step in range(total):
-        f_batch = {k: v.to(f_dev) for k, v in f_batches[step].items()}
-        g_batch = {k: v.to(g_dev) for k, v in g_batches[step].items()}
+
+    def batch_loss(i: int, batches: tuple[dict[str, Tensor], dict[str, Tensor]]
+                   ) -> tuple[Tensor, dict[str, Tensor]]:
+        f_batch = {k: v.to(f_dev) for k, v in batches[0].items()}
+        g_batch = {k: v.to(g_dev) for k, v in batches[1].items()}
         with autocast(cfg, f_dev):  # the KL terms cast logits to fp32
             parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, method, bridge)
-        if step == 0:  # diagnostics on the round's first batch (no effect on training)
-            ratios = kd_gradient_ratios(parts, f_params, g_params)
-        opt_f.zero_grad(set_to_none=True)
-        opt_g.zero_grad(set_to_none=True)
-        scaler.scale(parts.total).backward()  # Eq. 6
-        scaler.unscale_(opt_f)
-        scaler.unscale_(opt_g)
-        if cfg.training.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(f_params, cfg.training.max_grad_norm)
-            torch.nn.utils.clip_grad_norm_(g_params, cfg.training.max_grad_norm)
-        scaler.step(opt_f)
-        scaler.step(opt_g)
-        scaler.update()
-        sched_f.step()
-        sched_g.step()
-        for name in ("llm", "slm", "ft_llm", "ft_slm", "kd_llm", "kd_slm"):
-            sums[name] = sums.get(name, 0.0) + float(getattr(parts, name).detach())
-    llm.model.eval()
-    slm.model.eval()
+        if i == 0:  # diagnostics on the round's first batch (no effect on training)
+            ratios.update(kd_gradient_ratios(parts, f_params, g_params))
+        return parts.total, {name: getattr(parts, name) for name in  # Eq. 6: L^f + L^g
+                             ("llm", "slm", "ft_llm", "ft_slm", "kd_llm", "kd_slm")}
+
+    # One backward of L^f + L^g; each optimiser steps its own adapter at its own rate.
+    stats = run_steps(zip(f_batches[:total], g_batches[:total], strict=True), batch_loss,
+                      lambda loss: step(loss, [opt_f, opt_g], clip=[f_params, g_params],
+                                        max_grad_norm=cfg.training.max_grad_norm,
+                                        scaler=scaler, schedules=[sched_f, sched_g]),
+                      modules=[llm.model, slm.model], seed=seed, total=total,
+                      desc="fedcollm co-tune")
     # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
-    return ({f"cotune_{k}": v / total for k, v in sums.items()} | {"cotune_steps": total}
+    return ({f"cotune_{k}": v for k, v in stats.means().items()} | {"cotune_steps": total}
             | {f"cotune_{k}": v for k, v in ratios.items()})
 
 
@@ -379,9 +363,9 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         """Two participants: ``server`` is the LLM (omega), ``global_slm`` the co-tuned
         global SLM (theta), which the clients receive next round."""
         test = self.data().test
-        llm = evaluate_records(self.cfg, self.llm.reset(self.omega), test)
+        llm = evaluate_lm(self.cfg, self.llm.reset(self.omega), test)
         with predictions.scope("global_slm"):  # its own per-example table
-            slm = evaluate_records(self.cfg, self.slm.reset(self.theta), test)
+            slm = evaluate_lm(self.cfg, self.slm.reset(self.theta), test)
         return {"server": llm, "global_slm": slm}
 
     def server_model(self) -> LM:

@@ -67,8 +67,7 @@ from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError
 from fedkt.precision import autocast, grad_scaler
-from fedkt.training import grad_norm, make_optimizer
-from fedkt.training_classifier import (
+from fedkt.train.encoder import (
     build_encoder,
     check_text_classification,
     evaluate_encoder,
@@ -78,6 +77,8 @@ from fedkt.training_classifier import (
     num_layers,
     trainable_state,
 )
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import grad_norm, make_optimizer, step
 
 State = dict[str, Tensor]
 VERSION_KEY = "__version__"
@@ -512,39 +513,29 @@ def train_fedkd(cfg: RunConfig, models: FedKDModels, records: list[dict], *, see
     if not batches:
         return {"loss": float("nan"), "steps": 0, "num_examples": 0, "step_seconds": 0.0}
     groups_lr = models.param_groups(*cfg.method.rates(cfg.training.lr))
-    opt, sched = make_optimizer(groups_lr, cfg.training, len(batches))  # type: ignore[arg-type]
+    opt, sched = make_optimizer(groups_lr, cfg.training, len(batches))
     groups = [[p for p in mod.parameters() if p.requires_grad]
               for mod in (models.teacher, models.student, models.projections)]
     device = next(models.teacher.parameters()).device
     scaler = grad_scaler(cfg, device)
-    torch.manual_seed(seed)
-    for mod in (models.teacher, models.student, models.projections):
-        mod.train()
-    sums: dict[str, float] = {}
-    t0 = time.perf_counter()
-    for batch in batches:
+
+    def batch_loss(i: int, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         with autocast(cfg, device):  # the losses are computed in fp32 (fedkt.losses)
             out = fedkd_losses(models, cfg.method, batch)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(out.joint).backward()
-        scaler.unscale_(opt)
-        if cfg.training.max_grad_norm:
-            for group in groups:
-                if group:
-                    torch.nn.utils.clip_grad_norm_(group, cfg.training.max_grad_norm)
-        scaler.step(opt)
-        scaler.update()
-        sched.step()
-        for key in ("joint", "teacher_task", "student_task", "teacher_kd", "student_kd",
-                    "hidden"):
-            sums[key] = sums.get(key, 0.0) + float(getattr(out, key).detach())
-    seconds = time.perf_counter() - t0
-    for mod in (models.teacher, models.student, models.projections):
-        mod.eval()
+        return out.joint, {key: getattr(out, key) for key in (
+            "joint", "teacher_task", "student_task", "teacher_kd", "student_kd", "hidden")}
+
+    # Teacher, student and W_h gradients are clipped separately.
+    loop = run_steps(batches, batch_loss,
+                     lambda loss: step(loss, [opt], clip=groups, scaler=scaler,
+                                       max_grad_norm=cfg.training.max_grad_norm,
+                                       schedules=[sched]),
+                     modules=[models.teacher, models.student, models.projections], seed=seed,
+                     total=len(batches), desc="fedkd train")
     n = len(batches)
-    stats = {k: v / n for k, v in sums.items()}
+    stats = loop.means()
     stats.update(loss=stats.pop("joint"), steps=n, num_examples=len(records),
-                 step_seconds=seconds / n)
+                 step_seconds=loop.seconds / n)
     return stats
 
 

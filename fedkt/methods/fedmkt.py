@@ -71,18 +71,18 @@ from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Clients, Method, Server, mean_number
 from fedkt.payload import Payload, PayloadError, check_tensor
 from fedkt.precision import autocast, upcast
-from fedkt.training import (
+from fedkt.train.lm import (
     LM,
     client_evaluate,
     client_lm,
     client_test_metrics,
-    evaluate_records,
-    grad_norm,
+    evaluate_lm,
     lm_pairs,
     saved_client_lm,
     server_lm,
     train_lm,
 )
+from fedkt.train.optim import grad_norm
 
 log = logging.getLogger("fedkt.fedmkt")
 
@@ -784,7 +784,7 @@ class FedMKTServer(Server[FedMKTConfig]):
         return out
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_records(self.cfg, self.llm.reset(self.adapter), self.data().test)
+        return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
 
     def server_model(self) -> LM:
         return self.llm.reset(self.adapter)

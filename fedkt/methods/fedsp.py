@@ -97,18 +97,17 @@ from fedkt.models.auxiliary import (
 )
 from fedkt.payload import Payload, PayloadError
 from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
-from fedkt.training import (
+from fedkt.train.lm import (
     LM,
     client_test_metrics,
-    evaluate_records,
+    evaluate_lm,
     get_lm,
     lm_batches,
-    make_optimizer,
-    optimizer_step,
-    pick_device,
     prefix_init_text,
     train_lm,
 )
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import make_optimizer, pick_device, step
 
 PROMPT_KEY = PREFIX_KEY  # peft's prefix embedding, adapter name dropped
 _META = "__fedsp_meta__"  # reserved keys of the client's cached auxiliary model
@@ -383,25 +382,27 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
     device = next(student.parameters()).device
     scaler = grad_scaler(cfg, device)
     teacher_body, student_body = _body(teacher), _body(student)
-    torch.manual_seed(seed)
-    losses = []
+
+    def batch_loss(i: int, batch: dict[str, Tensor]) -> Tensor:
+        batch = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+        j = i % len(batches)
+        with autocast(cfg, device):
+            if j not in targets:
+                with torch.no_grad():
+                    targets[j] = upcast(teacher_body(**batch).last_hidden_state)
+            target = targets[j]
+            hidden = upcast(proj(student_body(**batch).last_hidden_state))  # MSE in fp32
+        mask = batch["attention_mask"][..., None].to(hidden.dtype)
+        diff = (hidden - target) ** 2 * mask
+        return diff.sum() / (mask.sum() * hidden.shape[-1]).clamp_min(1.0)  # Eq. 2
+
     with only_trainable(student, params):
-        student.train()
-        for step in range(steps):
-            i = step % len(batches)
-            batch = {k: v.to(device) for k, v in batches[i].items() if k != "labels"}
-            with autocast(cfg, device):
-                if i not in targets:
-                    with torch.no_grad():
-                        targets[i] = upcast(teacher_body(**batch).last_hidden_state)
-                target = targets[i]
-                hidden = upcast(proj(student_body(**batch).last_hidden_state))  # MSE in fp32
-            mask = batch["attention_mask"][..., None].to(hidden.dtype)
-            diff = (hidden - target) ** 2 * mask
-            loss = diff.sum() / (mask.sum() * hidden.shape[-1]).clamp_min(1.0)
-            losses.append(optimizer_step(loss, opt, sched, trained, cfg.training.max_grad_norm,
-                                         scaler))
-        student.eval()
+        stats = run_steps((batches[i % len(batches)] for i in range(steps)), batch_loss,
+                          lambda loss: step(loss, [opt], clip=[trained], scaler=scaler,
+                                            max_grad_norm=cfg.training.max_grad_norm,
+                                            schedules=[sched]),
+                          modules=[student], seed=seed, total=steps, desc="fedsp kd")
+    losses = stats.losses
     tail = losses[-max(1, len(losses) // 10):]
     return {"kd_loss_first": losses[0], "kd_loss": sum(tail) / len(tail), "kd_steps": steps}
 
@@ -648,11 +649,11 @@ class FedSPServer(Server[PromptMessengerConfig]):
     def evaluate(self, rnd: int) -> dict[str, float]:
         """The LLM with the current prompts (and the auxiliary model's, ``aux_*``)."""
         test = self.data().test
-        out = evaluate_records(self.cfg, self.llm.reset({PROMPT_KEY: self.prompts}), test)
+        out = evaluate_lm(self.cfg, self.llm.reset({PROMPT_KEY: self.prompts}), test)
         if self.method.eval_aux and self.spec is not None:
             set_prompts(self.aux.model, prompts_for_aux(self.prompts, self.spec))
             with predictions.scope("aux"):
-                aux = evaluate_records(self.cfg, self.aux, test)
+                aux = evaluate_lm(self.cfg, self.aux, test)
             out.update({f"aux_{k}": v for k, v in aux.items()})
         return out
 

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from fedkt.aggregation import fedavg
 from fedkt.config import ConfigError, MethodConfig, ModelConfig, RunConfig
+from fedkt.data.images import DataSpec, data_spec, image_tensors
 from fedkt.losses import (
     BridgingMatrix,
     koala_feature_loss,
@@ -58,26 +59,17 @@ from fedkt.losses import (
 )
 from fedkt.methods import register
 from fedkt.methods.base import ClientContext, Method, Server, derive_seed, mean_number
+from fedkt.models.vision import build_model, features_and_logits, head_module, pool_features
 from fedkt.payload import Payload
-from fedkt.training import pick_device
-from fedkt.training_vision import (
-    DataSpec,
+from fedkt.train.optim import pick_device
+from fedkt.train.pretrain import (
     VisionPretrain,
-    build_model,
     check_pretrain_source,
-    data_spec,
-    evaluate_classifier,
-    extract_features,
-    features_and_logits,
-    head_module,
-    image_tensors,
-    pool_features,
-    predict_logits,
     pretrained_model,
     server_pretrain_records,
     split_server_data,
-    train_classifier,
 )
+from fedkt.train.vision import evaluate_vision, extract_features, predict_logits, train_vision
 
 __all__ = [
     "KoalaConfig",
@@ -300,7 +292,7 @@ class KoalaServer(Server[KoalaConfig]):
             gen = torch.Generator().manual_seed(self.seed(rnd, "shuffle-teacher"))
             soft = soft[torch.randperm(len(soft), generator=gen)]
         # 3. reverse distillation: only the large model's adapter (head) learns
-        rev = train_classifier(
+        rev = train_vision(
             self.head, (self.proxy_features, soft),
             loss_fn=lambda head, b: reverse_distillation_loss(head(b[0]), b[1], m.temperature),
             epochs=m.reverse_epochs, batch_size=m.distill_batch_size, lr=m.reverse_lr,
@@ -351,7 +343,7 @@ class KoalaServer(Server[KoalaConfig]):
                 feature_weight=m.feature_weight, small_layers=m.small_feature_layers,
                 feature_size=m.feature_size)[0]
 
-        return train_classifier(
+        return train_vision(
             small, (self.proxy_images, large_probs, self.proxy_large_h), loss_fn=loss_fn,
             params=[*small.parameters(), *bridge.parameters()], modules=[bridge],
             epochs=m.forward_epochs, batch_size=m.distill_batch_size, lr=m.forward_lr,
@@ -359,7 +351,7 @@ class KoalaServer(Server[KoalaConfig]):
             precision=self.precision)
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        scores = evaluate_classifier(self.head, self.test_features, self.test_labels,
+        scores = evaluate_vision(self.head, self.test_features, self.test_labels,
                                      ids=self.test_ids, precision=self.precision)
         return {**scores, **self.sizes}
 
@@ -409,7 +401,7 @@ def _test_metrics(ctx: ClientContext, model: nn.Module) -> dict[str, float]:
     def scores() -> dict[str, float]:
         test = ctx.data().test
         images, labels = image_tensors(test)
-        return evaluate_classifier(model, images, labels, ids=[r["id"] for r in test],
+        return evaluate_vision(model, images, labels, ids=[r["id"] for r in test],
                                    precision=ctx.cfg.training.precision)
 
     return ctx.test_metrics(scores)
@@ -421,7 +413,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     model = _client_model(ctx)
     _load_model(ctx, msg, model)
     images, labels = image_tensors(ctx.private)
-    stats = train_classifier(model, (images, labels), epochs=t.local_epochs,
+    stats = train_vision(model, (images, labels), epochs=t.local_epochs,
                              batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
                              betas=t.betas, seed=ctx.seed("train"), max_steps=t.max_steps,
                              max_grad_norm=t.max_grad_norm, precision=t.precision)

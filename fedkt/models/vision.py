@@ -26,22 +26,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+if TYPE_CHECKING:
+    from fedkt.config import ModelConfig
+    from fedkt.data.images import DataSpec
+
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "VISION_MODELS",
+    "ExternalClassifier",
     "VisionClassifier",
+    "build_model",
     "build_vision_model",
     "count_flops",
     "count_params",
     "efficientnet_b0_small",
+    "features_and_logits",
+    "head_module",
     "load_timm_model",
     "load_torchvision_backbone",
     "mobilenet_v2_small",
     "mobilenet_v3_small",
+    "pool_features",
     "shufflenet_v2_small",
     "vgg_small",
 ]
@@ -655,3 +667,127 @@ def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     finally:
         model.train(was_training)
     return int(counter.get_total_flops())
+
+
+# --------------------------------------------------------------------------- from a config
+
+# ImageNet's per-channel input statistics (torchvision's and timm's pretrained weights).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ExternalClassifier(nn.Module):
+    """A torchvision/timm model split into a backbone and its last linear layer (the head).
+
+    Offers the :class:`~fedkt.models.vision.VisionClassifier` calls KOALA uses, for the
+    whole backbone only: ``features(x)`` ``[B, D]``, ``feature_dim()``, ``head``.
+    Grey images are repeated to 3 channels; ``input_size`` resizes inputs first;
+    ``normalize`` (on for ImageNet-pretrained weights) then applies ImageNet's mean/std,
+    the input statistics those weights were trained on.
+    """
+
+    def __init__(self, model: nn.Module, in_channels: int, input_size: int | None = None,
+                 normalize: bool = False) -> None:
+        super().__init__()
+        last = None
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                last = name
+        if last is None:
+            raise ValueError("model has no nn.Linear classifier to use as its head")
+        parent_name, _, attr = last.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        self.head = getattr(parent, attr)
+        setattr(parent, attr, nn.Identity())
+        self.backbone = model
+        self.in_channels = in_channels
+        self.input_size = input_size
+        self.normalize = normalize
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1),
+                             persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1),
+                             persistent=False)
+        self.num_blocks = 0
+
+    def _prep(self, x: Tensor) -> Tensor:
+        if self.in_channels == 1:
+            x = x.repeat(1, 3, 1, 1)
+        if self.input_size:
+            x = F.interpolate(x, size=(self.input_size, self.input_size), mode="bilinear",
+                              align_corners=False)
+        if self.normalize:
+            x = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+        return x
+
+    def features(self, x: Tensor, upto: int | None = None) -> Tensor:
+        if upto not in (None, 0):
+            raise ValueError("external models expose only their whole backbone (upto=None)")
+        return torch.flatten(self.backbone(self._prep(x)), 1)
+
+    def pooled_features(self, x: Tensor, upto: int | None = None) -> Tensor:
+        return self.features(x, upto)
+
+    def feature_dim(self, h: int | None = None) -> int:
+        return int(self.head.in_features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x))
+
+
+def build_model(model_cfg: ModelConfig, spec: DataSpec, seed: int) -> nn.Module:
+    """The model ``model_cfg`` names, initialised from ``seed``.
+
+    ``name``: a model of :data:`fedkt.models.vision.VISION_MODELS` (``tiny`` holds its
+    keyword arguments, e.g. ``{width: 16}``), or ``torchvision:<name>`` /
+    ``timm:<name>`` (``tiny``: ``pretrained``, ``input_size``) when installed.
+    """
+    kwargs = dict(model_cfg.tiny)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        lib, _, name = model_cfg.name.partition(":")
+        if name and lib in ("torchvision", "timm"):
+            pretrained = bool(kwargs.pop("pretrained", False))
+            input_size = kwargs.pop("input_size", None)
+            if kwargs:
+                raise ValueError(f"{model_cfg.name}: unknown options {sorted(kwargs)}")
+            loader = load_torchvision_backbone if lib == "torchvision" else load_timm_model
+            return ExternalClassifier(loader(name, spec.num_classes, pretrained),
+                                      spec.in_channels, input_size, normalize=pretrained)
+        return build_vision_model(model_cfg.name, spec.num_classes, spec.in_channels,
+                                  spec.image_size, **kwargs)
+
+
+def head_module(model: nn.Module) -> nn.Module:
+    """The classifier head (KOALA's "adapter" of the large model)."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no 'head' module")
+    return head
+
+
+def pool_features(features: Tensor, size: int = 1) -> Tensor:
+    """Average-pool a feature map to ``size`` x ``size`` (``size=1``: vectors ``[B, C]``)."""
+    if features.dim() == 2:
+        return features
+    pooled = F.adaptive_avg_pool2d(features, size)
+    return torch.flatten(pooled, 1) if size == 1 else pooled
+
+
+def features_and_logits(model: nn.Module, x: Tensor, upto: int | None) -> tuple[Tensor, Tensor]:
+    """``(model.features(x, upto), model(x))`` in one pass where the model allows it."""
+    from fedkt.models.vision import VisionClassifier
+
+    if not isinstance(model, VisionClassifier):
+        return model.features(x, upto), model(x)
+    h = model.num_blocks if upto is None else upto
+    if not 0 <= h <= model.num_blocks:
+        raise ValueError(f"upto must be in [0, {model.num_blocks}] or None, got {upto}")
+    y = model.stem(x)
+    feat = y
+    for i, block in enumerate(model.blocks):
+        if i == h:
+            feat = y
+        y = block(y)
+    if h == model.num_blocks:
+        feat = y
+    return feat, model.head(torch.flatten(model.pool(y), 1))

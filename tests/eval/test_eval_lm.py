@@ -13,7 +13,7 @@ import torch
 from fedkt.eval.lm import (
     _cut,
     eval_classifier,
-    evaluate_lm,
+    evaluate_causal_lm,
     generate,
     mc_accuracy,
     mc_predictions,
@@ -274,7 +274,7 @@ def fake_formatting(monkeypatch):
 def test_evaluate_lm_multiple_choice(model, tokenizer, fake_formatting):
     records = [{"prompt": c, "choices": [x.strip() for x in ch], "label": 0}
                for c, ch in zip(CONTEXTS[:3], CHOICES[:3], strict=True)]
-    out = evaluate_lm(model, tokenizer, records, "multiple_choice", None, batch_size=4,
+    out = evaluate_causal_lm(model, tokenizer, records, "multiple_choice", None, batch_size=4,
                       max_length=64, max_new_tokens=4)
     assert set(out) == {"loss", "accuracy", "accuracy_norm"}
     direct = mc_accuracy(model, tokenizer, CONTEXTS[:3], CHOICES[:3], [0, 0, 0], max_length=64)
@@ -285,17 +285,17 @@ def test_evaluate_lm_multiple_choice(model, tokenizer, fake_formatting):
 
 def test_evaluate_lm_classification_and_generation(model, tokenizer, fake_formatting):
     cls = [{"text": "Great film.", "label": 1}, {"text": "Dogs bark.", "label": 0}]
-    out = evaluate_lm(model, tokenizer, cls, "classification", ["negative", "positive"],
+    out = evaluate_causal_lm(model, tokenizer, cls, "classification", ["negative", "positive"],
                       batch_size=2, max_length=64, max_new_tokens=4, positive_label=1)
     assert set(out) == {"loss", "accuracy", "accuracy_norm", "precision", "recall", "f1",
                         "macro_f1"}
     gen = [{"prompt": "The sky is", "target": "blue", "references": ["blue", "green"]},
            {"prompt": "A cat", "target": "sat on the mat"}]
-    out = evaluate_lm(model, tokenizer, gen, "generation", None, batch_size=2, max_length=64,
+    out = evaluate_causal_lm(model, tokenizer, gen, "generation", None, batch_size=2, max_length=64,
                       max_new_tokens=4)
     assert set(out) == {"loss", "rougeL"} and 0.0 <= out["rougeL"] <= 100.0
     with pytest.raises(ValueError, match="unknown task"):
-        evaluate_lm(model, tokenizer, gen, "ranking", None)
+        evaluate_causal_lm(model, tokenizer, gen, "ranking", None)
 
 
 def test_tokenizer_that_adds_bos_is_scored_with_bos(tokenizer, model):
@@ -330,7 +330,7 @@ def test_evaluate_lm_with_the_real_formatting(model, tokenizer):
     records = [{"prompt": "What colour is the sky?", "choices": ["blue", "green", "loud"],
                 "label": 0},
                {"prompt": "Where did the cat sit?", "choices": ["mat", "door"], "label": 1}]
-    out = evaluate_lm(model, tokenizer, records, "multiple_choice", None, batch_size=3,
+    out = evaluate_causal_lm(model, tokenizer, records, "multiple_choice", None, batch_size=3,
                       max_length=128)
     views = [formatting.mc_view(r, "multiple_choice", None) for r in records]
     direct = mc_accuracy(model, tokenizer, [v[0] for v in views], [v[1] for v in views],

@@ -27,9 +27,9 @@ from fedkt.eval.harness import (  # noqa: E402
     run_harness,
     task_manager,
 )
-from fedkt.eval.lm import evaluate_lm, score_choices  # noqa: E402
+from fedkt.eval.lm import evaluate_causal_lm, score_choices  # noqa: E402
 from fedkt.runner import run  # noqa: E402
-from fedkt.training import evaluate_records, get_lm  # noqa: E402
+from fedkt.train.lm import evaluate_lm, get_lm
 
 
 def _records(dataset: str, n: int | None = None):
@@ -60,7 +60,7 @@ def _agreement(model: str, dataset: str, n: int, batch_size: int) -> None:
     items, and every choice's log-likelihood agrees."""
     lm = get_lm(ModelConfig(name=model), TrainingConfig(), seed=0)
     ds, records = _records(dataset, n)
-    ours = evaluate_lm(lm.model, lm.tokenizer, records, ds.task, ds.label_names,
+    ours = evaluate_causal_lm(lm.model, lm.tokenizer, records, ds.task, ds.label_names,
                        batch_size=batch_size, max_length=256)
     task = f"fedkt_{dataset}"
     out = evaluate_lm_harness(lm, [task], limit=n, batch_size=batch_size, max_length=256,
@@ -107,7 +107,7 @@ def test_fedkt_eval_harness_end_to_end(make_config, capsys):
     assert list(results) == ["server"]
     server, done = restore_server(cfg, cfg.run_dir)
     _, records = _records("intent_recognition", n)
-    own = evaluate_records(cfg, server.server_model(), records)
+    own = evaluate_lm(cfg, server.server_model(), records)
     assert results["server"][task]["acc"] == own["accuracy"]
     assert results["server"][task]["acc_norm"] == own["accuracy_norm"]
     # `fedkt report` shows the harness numbers beside the run's own table.
@@ -121,7 +121,7 @@ def test_config_key_evaluates_clients_at_the_end_of_a_run(make_config):
     client's saved adapter is evaluated after the last round, as its own scorer does."""
     from fedkt.methods.base import ClientContext
     from fedkt.runtime.base import default_state_root
-    from fedkt.training import saved_client_lm
+    from fedkt.train.lm import saved_client_lm
 
     task, n = "fedkt_intent_recognition", 16
     cfg = make_config("rounds=1", f"eval.harness=[{task}]", "eval.harness_clients=true",
@@ -134,7 +134,7 @@ def test_config_key_evaluates_clients_at_the_end_of_a_run(make_config):
     for cid in (0, 1):
         ctx = ClientContext(cfg=cfg, cid=cid, rnd=2, step=0,
                             state_dir=default_state_root(cfg) / f"client_{cid}")
-        own = evaluate_records(cfg, saved_client_lm(ctx), records)
+        own = evaluate_lm(cfg, saved_client_lm(ctx), records)
         assert results[f"client_{cid}"][task]["acc"] == own["accuracy"]
         assert results[f"client_{cid}"][task]["acc_norm"] == own["accuracy_norm"]
         accs.append(own["loss"])

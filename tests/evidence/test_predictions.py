@@ -8,11 +8,11 @@ from torch import nn
 
 from fedkt.data.splits import run_data
 from fedkt.eval import predictions
-from fedkt.eval.lm import eval_classifier, evaluate_lm
+from fedkt.eval.lm import eval_classifier, evaluate_causal_lm
 from fedkt.eval.predictions import Predictions, pack, unpack
 from fedkt.evidence.stats import components, metric_names
-from fedkt.training import client_lm, evaluate_records
-from fedkt.training_vision import evaluate_classifier as evaluate_images
+from fedkt.train.lm import client_lm, evaluate_lm
+from fedkt.train.vision import evaluate_vision as evaluate_images
 
 
 def _check(table: Predictions, metrics: dict[str, float]) -> None:
@@ -28,7 +28,7 @@ def test_multiple_choice_and_classification_tables_match_metrics(make_config):
     lm = client_lm(cfg, 0)
     test = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test
     with predictions.capture() as tables:
-        metrics = evaluate_records(cfg, lm, test)
+        metrics = evaluate_lm(cfg, lm, test)
     table = tables[""]
     assert table.ids == [r["id"] for r in test]
     assert len(table.columns["scores"][0]) == 7  # one log-likelihood per intent
@@ -46,7 +46,7 @@ def test_generation_table_holds_text_and_per_example_rouge(make_config):
     records = [{"id": f"g{i}", "prompt": f"Say {w}:", "target": f" {w}",
                 "references": [w, f"{w} now"]} for i, w in enumerate(["yes", "no", "maybe"])]
     with predictions.capture() as tables:
-        metrics = evaluate_lm(lm.model, lm.tokenizer, records, "generation",
+        metrics = evaluate_causal_lm(lm.model, lm.tokenizer, records, "generation",
                               max_new_tokens=4, max_length=32)
     table = tables[""]
     assert table.ids == ["g0", "g1", "g2"] and table.columns["gold"] == ["yes", "no", "maybe"]
@@ -92,7 +92,7 @@ def test_nothing_is_collected_outside_a_capture(make_config):
     cfg = make_config()
     lm = client_lm(cfg, 0)
     test = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test
-    evaluate_records(cfg, lm, test)  # no capture open: emit is a no-op
+    evaluate_lm(cfg, lm, test)  # no capture open: emit is a no-op
     with predictions.capture() as tables:
         pass
     assert tables == {}

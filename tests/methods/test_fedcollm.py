@@ -16,7 +16,7 @@ from fedkt.runner import SERVER_STATE, run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
-from fedkt.training import evaluate_records, lm_batches, server_lm
+from fedkt.train.lm import evaluate_lm, lm_batches, server_lm
 
 torch.set_num_threads(1)
 
@@ -299,7 +299,7 @@ def test_secure_aggregation_gives_the_plain_weighted_mean(make_config):
 def test_run_ships_only_lora_adapters_and_both_models_learn(make_config):
     cfg = fedcollm_config(make_config, "rounds=2", "training.lr=5e-3",
                           "method={name: fedcollm, cotune_epochs: 2}")
-    untouched = evaluate_records(cfg, server_lm(cfg), _server(cfg).data().test)
+    untouched = evaluate_lm(cfg, server_lm(cfg), _server(cfg).data().test)
     rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     server = _server(cfg)
     adapter_bytes = nbytes(Payload(adapter=server.theta))

@@ -27,7 +27,7 @@ from fedkt.methods.fedkd import (
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
-from fedkt.training_classifier import text_batches, trainable_state
+from fedkt.train.encoder import text_batches, trainable_state
 from tests.conftest import needs_models
 
 ROOT = Path(__file__).resolve().parents[2]

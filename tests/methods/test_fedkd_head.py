@@ -17,12 +17,7 @@ from fedkt.methods.fedkd import (
     fedkd_losses,
     loss_magnitudes,
 )
-from fedkt.training_classifier import (
-    build_encoder,
-    feature_spread,
-    text_batches,
-    trainable_state,
-)
+from fedkt.train.encoder import build_encoder, feature_spread, text_batches, trainable_state
 from tests.conftest import needs_models
 from tests.methods.test_fedkd import fedkd_config, server_and_clients
 

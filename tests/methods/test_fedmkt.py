@@ -16,7 +16,8 @@ from fedkt.precision import autocast
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
-from fedkt.training import client_lm, grad_norm, lm_batches
+from fedkt.train.lm import client_lm, lm_batches
+from fedkt.train.optim import grad_norm
 
 torch.set_num_threads(1)
 
@@ -335,7 +336,7 @@ def test_llm2slm_keeps_the_llm_frozen_and_sends_s0_once(make_config):
 
 def test_homogeneous_post_fedavg_evaluates_the_averaged_adapter_and_lr_per_model(
         make_config, monkeypatch):
-    import fedkt.training as T
+    import fedkt.train.lm as T
 
     seen: list[float] = []
     real = T.make_optimizer
@@ -367,9 +368,9 @@ def test_homogeneous_post_fedavg_evaluates_the_averaged_adapter_and_lr_per_model
     assert not any(k.startswith("test/") for m in after_distill.values() for k in m)
     assert all(torch.equal(sent[c]["adapter"][k], server.global_adapter[k])
                for c in (0, 1) for k in server.global_adapter)
-    from fedkt.training import evaluate_records
+    from fedkt.train.lm import evaluate_lm
 
-    want = evaluate_records(cfg, client_lm(cfg, 0).reset(server.global_adapter),
+    want = evaluate_lm(cfg, client_lm(cfg, 0).reset(server.global_adapter),
                             server.data().test)["loss"]
     assert [after_adopt[c]["test/loss"] for c in (0, 1)] == pytest.approx([want] * 2)
     # Resume: the server's state brings back the LLM adapter and the global SLM adapter.

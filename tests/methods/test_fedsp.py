@@ -35,7 +35,7 @@ from fedkt.payload import loads
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
-from fedkt.training import LM
+from fedkt.train.lm import LM
 from tests.conftest import needs_models
 
 torch.set_num_threads(1)

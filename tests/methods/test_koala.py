@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fedkt.config import ConfigError, ModelConfig, apply_overrides, parse_config
+from fedkt.data.images import data_spec, image_tensors
 from fedkt.losses import (
     BridgingMatrix,
     koala_integrate_logits,
@@ -28,20 +29,13 @@ from fedkt.methods.koala import (
     homo_soft_labels,
     reverse_distillation_loss,
 )
+from fedkt.models.vision import build_model, pool_features
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import TIMING_KEYS
-from fedkt.training_vision import (
-    VisionPretrain,
-    build_model,
-    data_spec,
-    image_tensors,
-    pool_features,
-    predict_logits,
-    pretrained_model,
-    server_pretrain_records,
-)
+from fedkt.train.pretrain import VisionPretrain, pretrained_model, server_pretrain_records
+from fedkt.train.vision import predict_logits
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"name": "mobilenet_v3_small", "tiny": {"width_mult": 0.25}}
@@ -379,14 +373,14 @@ def test_server_pretraining_is_class_disjoint_cached_and_resets_the_head(tmp_pat
     files = list((tmp_path / "cache").rglob("*.safetensors"))
     assert len(files) == 1
     # A second build loads the cache: no training happens.
-    import fedkt.training_vision as TV
+    import fedkt.train.pretrain as TV
 
     def no_training(*a, **k):
         raise AssertionError("pretraining should come from the cache")
 
     spec = data_spec(fd)
     with monkeypatch.context() as mp:
-        mp.setattr(TV, "train_classifier", no_training)
+        mp.setattr(TV, "train_vision", no_training)
         again = pretrained_model(cfg.server, spec, pre, cfg.method.pretrain, cfg.seed,
                                  num_classes=n_pre)
     for k, v in again.state_dict().items():
@@ -489,7 +483,8 @@ def test_fedavg_vision_baseline_trains_only_the_head_of_the_same_large_model(tmp
 def test_external_backbones_expose_head_and_features_and_fail_clearly():
     from torch import nn
 
-    from fedkt.training_vision import DataSpec, ExternalClassifier
+    from fedkt.data.images import DataSpec
+    from fedkt.models.vision import ExternalClassifier
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -578,7 +573,7 @@ def _bench():
 def test_pretrained_external_models_get_imagenet_normalisation():
     from torch import nn
 
-    from fedkt.training_vision import IMAGENET_MEAN, IMAGENET_STD, ExternalClassifier
+    from fedkt.models.vision import IMAGENET_MEAN, IMAGENET_STD, ExternalClassifier
 
     seen = []
 
@@ -602,7 +597,7 @@ def test_pretrained_external_models_get_imagenet_normalisation():
 def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
     import fedkt.methods.koala as K
 
-    real_train = K.train_classifier
+    real_train = K.train_vision
 
     def round_of(teacher):
         """(the clients' soft labels, the targets reverse distillation used, server)."""
@@ -621,11 +616,11 @@ def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
                 targets.append(tensors[1])
             return real_train(model, tensors, **kw)
 
-        K.train_classifier = spy
+        K.train_vision = spy
         try:
             server.round(1, clients)
         finally:
-            K.train_classifier = real_train
+            K.train_vision = real_train
         own = K.homo_soft_labels(server.small_logits("global"), 7.0)
         return own, targets[0], server
 

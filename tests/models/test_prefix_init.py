@@ -10,7 +10,7 @@ from fedkt.config import ConfigError, TrainingConfig
 from fedkt.methods import get_method
 from fedkt.models.adapters import PREFIX_KEY, apply_peft
 from fedkt.models.causal_lm import load_causal_lm
-from fedkt.training import client_lm, lm_pairs, prefix_init_text, server_lm
+from fedkt.train.lm import client_lm, lm_pairs, prefix_init_text, server_lm
 from tests.conftest import small_config
 
 torch.set_num_threads(1)

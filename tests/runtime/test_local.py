@@ -37,7 +37,7 @@ def test_fedavg_run_writes_metrics_bytes_and_checkpoints(make_config):
     assert [r["round"] for r in server_train] == [1, 2]
     client_rows = [r for r in rows if r["participant"] == "client_1" and r["split"] == "train"]
     # The adapter travels both ways: bytes at least the adapter's fp32 size.
-    from fedkt.training import client_lm
+    from fedkt.train.lm import client_lm
 
     adapter_bytes = sum(t.numel() * t.element_size() for t in client_lm(cfg, 0).initial.values())
     for r in client_rows:

@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from fedkt.config import ModelConfig
-from fedkt.training_classifier import build_encoder, feature_spread, load_trainable
+from fedkt.train.encoder import build_encoder, feature_spread, load_trainable
 from tests.conftest import needs_models
 
 ROOT = Path(__file__).resolve().parents[2]

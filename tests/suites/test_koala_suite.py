@@ -56,8 +56,8 @@ def _tiny_suite(folder: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_koala_suite_smoke_two_arms(tmp_path):
+    from fedkt.data.images import data_spec
     from fedkt.methods.koala import client_reductions
-    from fedkt.training_vision import data_spec
 
     path = _tiny_suite(tmp_path)
     out = tmp_path / "out"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fedkt.methods import register
 from fedkt.methods.base import Method
-from fedkt.training import client_evaluate
+from fedkt.train.lm import client_evaluate
 
 from .algorithm import Adapter, FedAvgServer, average_client_adapters, client_train
 from .config import AdapterAveragingConfig, FedAvgConfig

@@ -22,13 +22,7 @@ import torch
 
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.payload import Payload
-from fedkt.training import (
-    LM,
-    client_lm,
-    client_test_metrics,
-    evaluate_records,
-    train_lm,
-)
+from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, train_lm
 
 from .config import AdapterAveragingConfig, FedAvgConfig
 
@@ -94,7 +88,7 @@ class FedAvgServer(Server[FedAvgConfig]):
         return metrics
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_records(self.cfg, self.lm.reset(self.adapter), self.data().test)
+        return evaluate_lm(self.cfg, self.lm.reset(self.adapter), self.data().test)
 
     def server_model(self) -> LM:
         return self.lm.reset(self.adapter)

@@ -1,13 +1,14 @@
-"""Shared training pieces for language-model methods.
+"""Causal language models: build once, reset per use, train on (prompt, target) pairs, score.
 
-* :func:`get_lm` builds (once per process) a model with its PEFT adapter and
-  resets the trainable weights on every use, so a cached model gives the same
-  numbers as a fresh one; :func:`client_lm` / :func:`server_lm` start a
-  ``prefix_init: text`` prefix from the public split's text (:func:`prefix_init_text`);
-* :func:`make_optimizer` is AdamW with linear warm-up (FedMKT paper defaults);
-* :func:`train_lm` runs local epochs over (prompt, target) pairs with an optional
-  extra loss term (distillation), and :func:`evaluate_records` scores a model
-  on a split.
+* :func:`get_lm` builds (once per process) a model with its PEFT adapter and resets the
+  trainable weights on every use, so a cached model gives the same numbers as a fresh
+  one; :func:`client_lm` / :func:`server_lm` are the run's client and server models
+  (a ``prefix_init: text`` prefix starts from the public split's text,
+  :func:`prefix_init_text`);
+* :func:`train_lm` runs local epochs over (prompt, target) pairs: ``task_weight * CE``
+  plus an optional extra term (distillation), through :func:`fedkt.train.loop.run_steps`;
+* :func:`evaluate_lm` scores a model on records of the run's task (accuracy, F1 or
+  Rouge-L); :func:`client_test_metrics` is a client's ``test/*`` metrics of it.
 """
 
 from __future__ import annotations
@@ -19,19 +20,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
+from fedkt.config import ModelConfig, RunConfig, TrainingConfig
+from fedkt.errors import ConfigError
 from fedkt.precision import autocast, grad_scaler, upcast
-from fedkt.privacy import update_norm
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import make_optimizer, pick_device, step
 
-LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any, int], torch.Tensor]
+__all__ = [
+    "LM",
+    "ExtraLoss",
+    "clear_cache",
+    "client_evaluate",
+    "client_lm",
+    "client_test_metrics",
+    "evaluate_lm",
+    "get_lm",
+    "lm_batches",
+    "lm_pairs",
+    "prefix_init_text",
+    "saved_client_lm",
+    "server_lm",
+    "train_lm",
+]
 
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+# (model, batch, outputs, step) -> an extra loss term (e.g. distillation)
+ExtraLoss = Callable[[torch.nn.Module, dict[str, torch.Tensor], Any, int], torch.Tensor]
 
 
 @dataclass
@@ -89,60 +103,10 @@ def clear_cache() -> None:
     _LM_CACHE.clear()
 
 
-def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig, total_steps: int,
-                   lr: float | None = None, *, decay: bool = False,
-                   done_steps: int = 0) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW with linear warm-up over ``warmup_ratio`` of the steps, then constant, or with
-    ``decay`` linearly down to 0 at ``total_steps``.  ``done_steps``: where in the schedule
-    to start (an optimiser resumed across rounds; its moments are loaded by the caller)."""
-    opt = torch.optim.AdamW(params, lr=lr or cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    warmup = max(1, math.ceil(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio else 0
+def _federated_data(cfg: RunConfig) -> Any:
+    from fedkt.data.splits import run_data
 
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup)) if decay else 1.0
-
-    for group in opt.param_groups:
-        group.setdefault("initial_lr", group["lr"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor, last_epoch=done_steps - 1)
-    return opt, sched
-
-
-def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: Any,
-                   params: list[torch.nn.Parameter], max_grad_norm: float | None,
-                   scaler: torch.amp.GradScaler | None = None) -> float:
-    """Backward, clip to ``max_grad_norm`` (if set), step optimiser and schedule (if any);
-    the loss value.
-
-    ``scaler``: fp16 loss scaling (:func:`fedkt.precision.grad_scaler`; a disabled one is
-    the plain step).
-    """
-    opt.zero_grad(set_to_none=True)
-    if scaler is not None and scaler.is_enabled():
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        if max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        scaler.step(opt)
-        scaler.update()
-    else:
-        loss.backward()
-        if max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-    if sched is not None:
-        sched.step()
-    return float(loss.detach())
-
-
-def grad_norm(loss: torch.Tensor | float, params: list[torch.nn.Parameter]) -> float:
-    """L2 norm of ``d loss / d params`` on the retained graph (the graph stays usable for
-    the update that follows); 0 when ``loss`` does not reach ``params``."""
-    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-        return 0.0
-    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-    return update_norm({str(i): g for i, g in enumerate(grads) if g is not None})
+    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
 
 
 def lm_pairs(cfg: RunConfig, records: list[dict]) -> list[tuple[str, str]]:
@@ -153,14 +117,9 @@ def lm_pairs(cfg: RunConfig, records: list[dict]) -> list[tuple[str, str]]:
     return [lm_pair(r, fd.task, fd.label_names, fd.template) for r in records]
 
 
-def _federated_data(cfg: RunConfig) -> Any:
-    from fedkt.data.splits import run_data
-
-    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
-
-
 def lm_batches(cfg: RunConfig, tokenizer: Any, records: list[dict], seed: int | None,
                batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """Padded batches of ``records``' (prompt, target) pairs, shuffled with ``seed``."""
     from fedkt.data.lm_batches import make_batches, tokenize_pairs
 
     tokenized = tokenize_pairs(tokenizer, lm_pairs(cfg, records), cfg.data.max_length)
@@ -174,7 +133,7 @@ def train_lm(
     records: list[dict],
     *,
     seed: int,
-    extra_loss: LossFn | None = None,
+    extra_loss: ExtraLoss | None = None,
     task_weight: float = 1.0,
     lr: float | None = None,
     desc: str = "train",
@@ -186,7 +145,7 @@ def train_lm(
     ``lr``: None takes the model's own (``lm.lr``: ``server.lr`` /
     ``clients.models[i].lr``), else ``training.lr``.  ``optimizer``: an (optimiser,
     schedule) over the trainable weights to continue (e.g. kept across rounds) instead of a
-    fresh :func:`make_optimizer`.
+    fresh :func:`~fedkt.train.optim.make_optimizer`.
     Returns the mean loss, the number of steps and of examples.
     """
     tcfg = cfg.training
@@ -205,31 +164,34 @@ def train_lm(
     opt, sched = optimizer or make_optimizer(params, tcfg, total,
                                              lr=lr if lr is not None else lm.lr)
     scaler = grad_scaler(tcfg, device)
-    torch.manual_seed(seed)
-    model.train()
-    losses = []
-    for step in tqdm(range(total), desc=desc, leave=False, disable=True if total < 20 else None):
-        batch = {k: v.to(device) for k, v in batches[step].items()}
+
+    def batch_loss(i: int, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = {k: v.to(device) for k, v in batch.items()}
         with autocast(tcfg, device):  # the loss terms cast logits to fp32 themselves
             out = model(**batch)
             loss = task_weight * upcast(out.loss)
             if extra_loss is not None:
-                loss = loss + extra_loss(model, batch, out, step)
-        losses.append(optimizer_step(loss, opt, sched, params, tcfg.max_grad_norm, scaler))
-    model.eval()
-    return {"loss": sum(losses) / len(losses), "steps": total, "num_examples": len(records)}
+                loss = loss + extra_loss(model, batch, out, i)
+        return loss
+
+    stats = run_steps(batches[:total], batch_loss,
+                      lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
+                                        max_grad_norm=tcfg.max_grad_norm, scaler=scaler),
+                      modules=[model], seed=seed, total=total, desc=desc)
+    return {"loss": stats.loss, "steps": total, "num_examples": len(records)}
 
 
-def evaluate_records(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]:
+def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]:
     """Evaluate a model on records of the run's task (accuracy, F1 or Rouge-L, loss)."""
-    from fedkt.eval.lm import evaluate_lm
+    from fedkt.eval.lm import evaluate_causal_lm
 
     fd = _federated_data(cfg)
     with autocast(cfg, lm.model):
-        return evaluate_lm(lm.model, lm.tokenizer, records, fd.task, fd.label_names,
-                           batch_size=cfg.eval.batch_size, max_length=cfg.data.max_length,
-                           max_new_tokens=cfg.eval.max_new_tokens,
-                           positive_label=cfg.eval.positive_label, template=fd.template)
+        return evaluate_causal_lm(lm.model, lm.tokenizer, records, fd.task, fd.label_names,
+                                  batch_size=cfg.eval.batch_size,
+                                  max_length=cfg.data.max_length,
+                                  max_new_tokens=cfg.eval.max_new_tokens,
+                                  positive_label=cfg.eval.positive_label, template=fd.template)
 
 
 def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:
@@ -269,7 +231,7 @@ def client_lm(cfg: RunConfig, cid: int) -> LM:
 def server_lm(cfg: RunConfig) -> LM:
     """The server's model (``server``), reset to its initial adapter."""
     if cfg.server is None:
-        raise ValueError(f"server: method {cfg.method.name!r} needs a server model")
+        raise ConfigError(f"server: method {cfg.method.name!r} needs a server model")
     return get_lm(cfg.server, cfg.training, cfg.seed, cfg.runtime.device,
                   prefix_text=_prefix_text(cfg))
 
@@ -286,7 +248,7 @@ def saved_client_lm(ctx: Any) -> LM:
 
 def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:
     """``test/*`` metrics of a client's LM when this call is an evaluation round."""
-    return ctx.test_metrics(lambda: evaluate_records(ctx.cfg, lm, ctx.data().test))
+    return ctx.test_metrics(lambda: evaluate_lm(ctx.cfg, lm, ctx.data().test))
 
 
 def client_evaluate(ctx: Any, msg: Any) -> Any:

@@ -1,6 +1,6 @@
-"""Shared training pieces for text-classifier (encoder) methods: FedKD and its baselines.
+"""Text classifiers (encoders): FedKD and its baselines.
 
-The encoder counterpart of :mod:`fedkt.training` (causal LMs with PEFT adapters):
+The encoder counterpart of :mod:`fedkt.train.lm` (causal LMs with PEFT adapters):
 
 * :func:`build_encoder` gives a fresh trainable copy of a (cached, never trained)
   pretrained encoder with a seeded classification head, optionally truncated to its
@@ -9,23 +9,24 @@ The encoder counterpart of :mod:`fedkt.training` (causal LMs with PEFT adapters)
 * :func:`trainable_state` / :func:`load_trainable` are what a client keeps or sends;
 * :func:`text_batches` turns ``{"text", "label"}`` records into padded batches, the
   encoders read raw text (no LM prompt);
-* :func:`train_classifier` is plain cross-entropy fine-tuning (the baselines' local
-  step) and :func:`evaluate_encoder` scores a model on records (accuracy, P/R/F1).
+* :func:`train_encoder` is plain cross-entropy fine-tuning (the baselines' local step)
+  and :func:`evaluate_encoder` scores a model on records (accuracy, P/R/F1).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import time
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from fedkt.config import ConfigError, ModelConfig, RunConfig, TrainingConfig
+from fedkt.config import ModelConfig, RunConfig, TrainingConfig
+from fedkt.errors import ConfigError
 from fedkt.precision import autocast, grad_scaler, upcast
-from fedkt.training import make_optimizer, optimizer_step, pick_device
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import make_optimizer, pick_device, step
 
 __all__ = [
     "build_encoder",
@@ -38,7 +39,7 @@ __all__ = [
     "model_inputs",
     "num_layers",
     "text_batches",
-    "train_classifier",
+    "train_encoder",
     "trainable_state",
 ]
 
@@ -168,8 +169,8 @@ def model_inputs(batch: dict[str, Tensor], device: torch.device) -> dict[str, Te
     return {k: v.to(device) for k, v in batch.items() if k != "labels"}
 
 
-def train_classifier(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: list[dict],
-                     *, seed: int) -> dict[str, float]:
+def train_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: list[dict],
+                  *, seed: int) -> dict[str, float]:
     """Cross-entropy fine-tuning of ``model``'s trainable parameters on ``records``.
 
     Returns the mean loss, the number of steps and of examples, and the mean seconds
@@ -182,28 +183,28 @@ def train_classifier(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
     opt, sched = make_optimizer(params, cfg.training, len(batches))
     device = next(model.parameters()).device
     scaler = grad_scaler(cfg, device)
-    torch.manual_seed(seed)
-    model.train()
-    losses, t0 = [], time.perf_counter()
-    for batch in batches:
+
+    def batch_loss(i: int, batch: dict[str, Tensor]) -> Tensor:
         with autocast(cfg, device):
             logits = upcast(model(**model_inputs(batch, device)).logits)
-            loss = nn.functional.cross_entropy(logits, batch["labels"].to(device))
-        losses.append(optimizer_step(loss, opt, sched, params, cfg.training.max_grad_norm,
-                                     scaler))
-    model.eval()
-    return {"loss": sum(losses) / len(losses), "steps": len(batches),
-            "num_examples": len(records),
-            "step_seconds": (time.perf_counter() - t0) / len(batches)}
+            return nn.functional.cross_entropy(logits, batch["labels"].to(device))
+
+    stats = run_steps(batches, batch_loss,
+                      lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
+                                        max_grad_norm=cfg.training.max_grad_norm,
+                                        scaler=scaler),
+                      modules=[model], seed=seed, total=len(batches), desc="encoder train")
+    return {"loss": stats.loss, "steps": len(batches), "num_examples": len(records),
+            "step_seconds": stats.seconds / len(batches)}
 
 
 def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: list[dict]
                      ) -> dict[str, float]:
     """Accuracy, P/R/F1 of ``eval.positive_label``, macro-F1 and loss on ``records``."""
-    from fedkt.eval.lm import evaluate_classifier
+    from fedkt.eval.lm import evaluate_text_classifier
 
     with autocast(cfg, model):
-        return evaluate_classifier(model, tokenizer, records, batch_size=cfg.eval.batch_size,
+        return evaluate_text_classifier(model, tokenizer, records, batch_size=cfg.eval.batch_size,
                                    max_length=cfg.data.max_length,
                                    positive_label=cfg.eval.positive_label)
 

@@ -1,0 +1,94 @@
+"""The optimiser and the gradient step every training loop in fedkt uses.
+
+* :func:`make_optimizer`: AdamW with linear warm-up (FedMKT's defaults), then constant or
+  linearly decaying; ``done_steps`` resumes a schedule kept across rounds;
+* :func:`step`: one update of one or more optimisers from one loss: zero the gradients,
+  back-propagate (scaled for fp16), clip each parameter group to ``max_grad_norm``, step
+  the optimisers, then their schedules;
+* :func:`grad_norm`: the norm of a loss's gradient on the retained graph (diagnostics);
+* :func:`pick_device`: ``runtime.device`` -> a torch device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fedkt.config import TrainingConfig
+from fedkt.privacy import update_norm
+
+__all__ = ["grad_norm", "make_optimizer", "pick_device", "step"]
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU; otherwise the device named."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_optimizer(params: Any, cfg: TrainingConfig, total_steps: int,
+                   lr: float | None = None, *, decay: bool = False,
+                   done_steps: int = 0) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW with linear warm-up over ``warmup_ratio`` of the steps, then constant, or with
+    ``decay`` linearly down to 0 at ``total_steps``.  ``params``: parameters or parameter
+    groups (each group may carry its own ``lr``).  ``done_steps``: where in the schedule
+    to start (an optimiser resumed across rounds; its moments are loaded by the caller)."""
+    opt = torch.optim.AdamW(params, lr=lr or cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    warmup = max(1, math.ceil(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio else 0
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup)) if decay else 1.0
+
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor, last_epoch=done_steps - 1)
+    return opt, sched
+
+
+def step(loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer], *,
+         clip: Sequence[Sequence[torch.nn.Parameter]] = (), max_grad_norm: float | None = None,
+         scaler: torch.amp.GradScaler | None = None, schedules: Sequence[Any] = ()) -> float:
+    """One gradient step of every optimiser in ``optimizers`` from ``loss``; its value.
+
+    Zero the gradients, back-propagate, clip the L2 norm of each parameter group in
+    ``clip`` to ``max_grad_norm`` (if set; groups are clipped separately), step the
+    optimisers, then the ``schedules``.  ``scaler``: fp16 loss scaling
+    (:func:`fedkt.precision.grad_scaler`; ``None`` or a disabled one is the plain step).
+    """
+    scaled = scaler is not None and scaler.is_enabled()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    (scaler.scale(loss) if scaled else loss).backward()
+    if scaled:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+    if max_grad_norm:
+        for group in clip:
+            if group:
+                torch.nn.utils.clip_grad_norm_(group, max_grad_norm)
+    for opt in optimizers:
+        if scaled:
+            scaler.step(opt)
+        else:
+            opt.step()
+    if scaled:
+        scaler.update()
+    for sched in schedules:
+        if sched is not None:
+            sched.step()
+    return float(loss.detach())
+
+
+def grad_norm(loss: torch.Tensor | float, params: list[torch.nn.Parameter]) -> float:
+    """L2 norm of ``d loss / d params`` on the retained graph (the graph stays usable for
+    the update that follows); 0 when ``loss`` does not reach ``params``."""
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        return 0.0
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return update_norm({str(i): g for i, g in enumerate(grads) if g is not None})
