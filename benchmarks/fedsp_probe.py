@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from fedkt.data.splits import run_data
 from fedkt.evidence.suite import load_suite
 from fedkt.methods import get_method
-from fedkt.methods.fedsp import PROMPT_KEY, align_params, distill_auxiliary, prompt_param
+from fedkt.methods.fedsp import PROMPT_KEY
+from fedkt.methods.fedsp.training import align_params, distill_auxiliary, prompt_param
 from fedkt.models.auxiliary import prompts_for_aux
 from fedkt.train.lm import LM, lm_batches
 

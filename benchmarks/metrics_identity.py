@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fedkt.tracking import TIMING_KEYS
+from fedkt.tracking import without_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("tiny-", "tiny_")  # tiny LMs / encoders built from a config
@@ -76,18 +76,23 @@ def checkout(rev: str, tmp: Path) -> Path:
     return where
 
 
-def run_config(code: Path, name: str, out: Path) -> list[dict[str, Any]] | str:
-    """The config's metrics rows without timing keys, or the error text."""
+def run_config(code: Path, name: str, out: Path, fallback: Path | None = None
+               ) -> list[dict[str, Any]] | str:
+    """The config's metrics rows without timing keys, or the error text.  The config is
+    ``code``'s own; one that ``code`` does not ship (added later) is ``fallback``'s (this
+    checkout's)."""
     env = {**os.environ, "PYTHONPATH": str(code), "FLWR_TELEMETRY_ENABLED": "0",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "fedkt.cli", "run", str(code / "fedkt" / "configs" / f"{name}.yaml"),
+    path = code / "fedkt" / "configs" / f"{name}.yaml"
+    if not path.is_file() and fallback is not None:
+        path = fallback / "fedkt" / "configs" / f"{name}.yaml"
+    cmd = [sys.executable, "-m", "fedkt.cli", "run", str(path),
            "--set", f"output_dir={out}", "--set", "runtime.torch_threads=1", "--overwrite", "-q"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out.parent)
     if done.returncode != 0:
         return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS and not k.endswith("_seconds")}
-            for r in rows]
+    return without_timings(json.loads(line) for line in
+                           (out / "metrics.jsonl").read_text().splitlines())
 
 
 def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str,
@@ -133,7 +138,7 @@ def main() -> int:
             side, code, name = item
             out = tmp / side / name.replace("/", "_")
             out.parent.mkdir(parents=True, exist_ok=True)
-            return side, name, run_config(code, name, out)
+            return side, name, run_config(code, name, out, fallback=ROOT)
 
         def kept(name: str) -> Path:
             return (args.record or args.against) / f"{name.replace('/', '__')}.json"

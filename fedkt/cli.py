@@ -182,7 +182,7 @@ paired confidence intervals decide. A suite file:
   arms:                         # name -> overrides of base (nested, or dotted like --set)
     fedavg: {}
     standalone: {method: {name: standalone}}
-    lam1: {"method.lam": 1.0}
+    lam1: {"method.ft_weight": 1.0}
   claims:                       # ARM[@ROUND].GROUP.METRIC OP [FACTOR *] ARM.GROUP.METRIC [+|- X]
     - fedavg.clients.accuracy > standalone.clients.accuracy
     - fedavg.server.accuracy >= 0.9 * standalone@0.clients.accuracy

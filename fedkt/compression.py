@@ -40,8 +40,10 @@ __all__ = [
     "SVDError",
     "compress_state",
     "compressed_nbytes",
+    "decode_update",
     "decompress_state",
     "dense_nbytes",
+    "encode_update",
     "energy_rank",
     "from_payload",
     "robust_svd",
@@ -306,3 +308,48 @@ def from_payload(payload: Mapping[str, Tensor]) -> dict[str, CompressedTensor]:
             )
         out[name] = CompressedTensor(shape, U.dtype, U=U, S=S, Vh=Vh, method="payload")
     return out
+
+
+# --------------------------------------------------------------------------- an update on the wire
+
+
+def encode_update(update: Mapping[str, Tensor], T: float | None) -> dict[str, Tensor]:
+    """Eq. 8: the tensors that carry ``update`` (SVD factors with threshold ``T``; raw if None)."""
+    if T is None:
+        comp = {k: CompressedTensor(tuple(v.shape), v.dtype, raw=v.detach().clone())
+                for k, v in update.items()}
+    else:
+        comp = compress_state(update, T)
+    return to_payload(comp)
+
+
+def decode_update(tensors: Mapping[str, Tensor], like: Mapping[str, Tensor], what: str
+                  ) -> dict[str, CompressedTensor]:
+    """A received update, validated against the model it applies to (names, shapes, ranks).
+
+    Raises ``ValueError`` naming ``what`` (e.g. ``"client 3: field 'update'"``) and the
+    parameter at fault.
+    """
+    try:
+        comp = from_payload(tensors)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    if set(comp) != set(like):
+        missing, extra = sorted(set(like) - set(comp)), sorted(set(comp) - set(like))
+        raise ValueError(f"{what}: missing {missing[:3]}, unexpected {extra[:3]}")
+    for name, c in comp.items():
+        ref = like[name]
+        if c.shape != tuple(ref.shape) or c.dtype != ref.dtype:
+            raise ValueError(f"{what}[{name!r}]: shape {c.shape} {c.dtype}, "
+                             f"expected {tuple(ref.shape)} {ref.dtype}")
+        if c.rank is not None and c.rank > min(ref.shape[0], ref[0].numel()):
+            raise ValueError(f"{what}[{name!r}]: rank {c.rank} exceeds the matrix "
+                             f"{tuple(ref.shape)}")
+        if c.raw is not None and tuple(c.raw.shape) != c.shape:
+            raise ValueError(f"{what}[{name!r}]: raw part has shape {tuple(c.raw.shape)}, "
+                             f"expected {c.shape}")
+        if c.S is not None and (c.S.dim() != 1 or {c.S.dtype, c.Vh.dtype} != {c.dtype}):
+            raise ValueError(f"{what}[{name!r}]: factors U, S, Vh must share the dtype "
+                             f"{c.dtype} and S be a vector, got S {tuple(c.S.shape)} "
+                             f"{c.S.dtype}, Vh {c.Vh.dtype}")
+    return comp

@@ -9,8 +9,9 @@ the method registers (see :mod:`fedkt.methods`).
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -312,6 +313,25 @@ class MethodConfig(_Strict):
     """Base of every method's hyper-parameters; ``name`` selects the method."""
 
     name: str
+    # Settings that were renamed, old key -> new key: a config with the old key still
+    # loads, with a FutureWarning naming the new one (docs/architecture.md, vocabulary).
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        for old, new in cls.renamed.items():
+            if old not in values:
+                continue
+            if new in values:
+                raise ValueError(f"{old}: it was renamed {new}, which is also given; "
+                                 f"keep only {new}")
+            warnings.warn(f"method.{old} is now method.{new}; the old name still works but "
+                          "will be removed", FutureWarning, stacklevel=2)
+            values = {k if k != old else new: v for k, v in values.items()}
+        return values
 
 
 class RunConfig(_Strict):

@@ -31,7 +31,7 @@ from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
-from fedkt.tracking import SERVER_STATE, RunRecorder
+from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder
 
 log = logging.getLogger("fedkt")
 
@@ -68,8 +68,11 @@ def run_job(
     if resume:
         done = recorder.last_complete_round()
         if done:
-            state_file = recorder.checkpoint_dir(done) / SERVER_STATE
+            folder = recorder.checkpoint_dir(done)
+            state_file = folder / SERVER_STATE
             server.load_state_dict(load_file(str(state_file)) if state_file.exists() else {})
+            if (folder / HOLDINGS).exists():  # what each client held after that round
+                server.holdings.load_state_dict(json.loads((folder / HOLDINGS).read_text()))
         recorder.truncate_after(done if done else -1)  # before round 1: redo round 0 too
         start = done + 1
         if not quiet:
@@ -131,7 +134,7 @@ def run_job(
                 recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
         _write_client_predictions(cfg, recorder, rnd, traffic)
         _test_pause(rnd)
-        _checkpoint(recorder, server.state_dict(), rnd)
+        _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
     if not quiet:
@@ -238,12 +241,17 @@ def _test_pause(rnd: int) -> None:
         time.sleep(float(os.environ.get("FEDKT_PAUSE_SECONDS", "600")))
 
 
-def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor], rnd: int) -> None:
+def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
+                holdings: dict[str, dict[str, str]], rnd: int) -> None:
+    """The server's state and what each client holds, then the round marked complete."""
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (SERVER_STATE + ".tmp")
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
     os.replace(tmp, folder / SERVER_STATE)
+    tmp = folder / (HOLDINGS + ".tmp")
+    tmp.write_text(json.dumps(holdings, sort_keys=True))
+    os.replace(tmp, folder / HOLDINGS)
     recorder.mark_complete(rnd, {"state": SERVER_STATE})
     recorder.prune_checkpoints(keep=2)
 

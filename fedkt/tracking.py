@@ -6,7 +6,8 @@ Layout of ``run_dir``::
     metrics.jsonl            one JSON object per (round, participant, split)
     summary.md               final summary table (written by ``summary()``)
     plots/*.png              metric and communication curves (``plot()``)
-    checkpoints/round_0007/  whatever the runner saves after round 7
+    checkpoints/round_0007/  the server's state after round 7 (server.safetensors) and
+                             what each client held then (holdings.json)
     checkpoints/latest.json  {"round": 7, "time": ..., ...}: the last completed round
     predictions/round_0007/  per-example predictions of each participant evaluated in
                              round 7 (server.json.gz, client_0.json.gz, ...; see
@@ -38,7 +39,8 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "TIMING_KEYS", "RunRecorder", "best_round", "fmt_mb", "fmt_seconds", "format_table", "is_eval", "lower_is_better", "main_metric",
+    "TIMING_KEYS", "RunRecorder", "best_round", "fmt_mb", "fmt_seconds", "format_table", "is_eval",
+    "is_timing", "lower_is_better", "main_metric", "without_timings",
     "metric_keys", "participant_order", "read_rows", "run_wall_time",
 ]
 
@@ -48,8 +50,10 @@ CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.md"
 LATEST_FILE = "latest.json"
 SERVER_STATE = "server.safetensors"  # the server's state in each checkpoint folder
+HOLDINGS = "holdings.json"  # ... and what each client held (fedkt.methods.holdings)
 
-# Keys that measure time: they differ between two runs of the same seed and config.
+# Keys that measure time: they differ between two runs of the same seed and config (and so
+# does any metric named ``*_seconds``, e.g. FedKD's step and SVD times; see without_timings).
 TIMING_KEYS = frozenset({"wall_time", "compute_time", "compute_cpu"})
 # Numeric keys that are bookkeeping, not metrics.
 NON_METRIC_KEYS = frozenset({
@@ -65,6 +69,16 @@ MB = 1e6
 
 
 # --------------------------------------------------------------------------- row helpers
+
+
+def is_timing(key: str) -> bool:
+    """Whether a metrics key measures time (it differs between identical runs)."""
+    return key in TIMING_KEYS or key.endswith("_seconds")
+
+
+def without_timings(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without their timing keys: what two runs of one seed and config share."""
+    return [{k: v for k, v in row.items() if not is_timing(k)} for row in rows]
 
 
 def _is_number(value: Any) -> bool:

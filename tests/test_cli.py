@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fedkt.cli import main
-from fedkt.tracking import TIMING_KEYS
+from fedkt.tracking import without_timings
 from tests.conftest import small_config
 
 
@@ -20,8 +20,8 @@ def write_config(tmp_path, *overrides, name="run"):
 
 
 def rows(run_dir):
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return without_timings(json.loads(line) for line in
+                           (run_dir / "metrics.jsonl").read_text().splitlines())
 
 
 def test_bad_config_value_names_key(tmp_path, capsys):

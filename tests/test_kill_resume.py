@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import TIMING_KEYS, RunRecorder, read_rows
+from fedkt.tracking import RunRecorder, read_rows, without_timings
 from tests.conftest import ROOT
 
 PAUSE_LINE = "FEDKT_PAUSE_IN_ROUND=2: pausing"
@@ -65,7 +65,7 @@ def _kill_when_paused(proc: subprocess.Popen, run_dir) -> None:
 
 
 def _numbers(rows):
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+    return without_timings(rows)
 
 
 @pytest.mark.parametrize("method, rounds, second_kill", [("fedavg", 4, True),

@@ -28,8 +28,8 @@ from fedkt.runtime.local import LocalTransport
 from tests.trust_helpers import (
     ReplayTransport,
     TamperingTransport,
-    method_config,
     recorded_run,
+    tiny_config,
 )
 
 BAD = 1  # the client whose reply is corrupted
@@ -102,7 +102,7 @@ def never(p: Payload) -> None:
 def tampered_run(tmp_path: Path, method: str, handler: str, tamper, *overrides: str,
                  name: str = "bad") -> list[dict]:
     recorded = recorded_run(method)
-    cfg = method_config(method, tmp_path, *overrides, name=name)
+    cfg = tiny_config(method, tmp_path, *overrides, name=name)
     transport = TamperingTransport(ReplayTransport(recorded.calls), BAD, handler, tamper)
     rows = run_job(cfg, transport, quiet=True)
     assert transport.tampered == 1
@@ -233,7 +233,7 @@ def test_without_enough_clients_the_round_error_names_client_and_field(tmp_path,
 
 def test_a_live_client_that_never_replies_is_excluded(tmp_path):
     """The timeout case on live clients (no replay): client 1 trains, its reply is lost."""
-    cfg = method_config("fedavg", tmp_path, "clients.min_replies=2", name="bad")
+    cfg = tiny_config("fedavg", tmp_path, "clients.min_replies=2", name="bad")
     transport = TamperingTransport(LocalTransport(default_state_root(cfg)), BAD, "train", never)
     rows = run_job(cfg, transport, quiet=True)
     assert_excluded(tmp_path, rows, r"^TimeoutError: no reply within 3600 s$")
@@ -283,15 +283,16 @@ def test_fedmkt_excludes_malformed_knowledge_and_names_client_and_field(tmp_path
 
 def test_fedmkt_receipt_check_catches_every_malformed_knowledge_set():
     """Every tampering above, on client 1's real S_k bytes, fails the server's receipt
-    check (:func:`fedkt.methods.fedmkt.unpack_topk`) with the client and the field."""
+    check (:func:`fedkt.alignment.knowledge.unpack_topk`) with the client and the field."""
     import re
 
-    from fedkt.methods.fedmkt import _tokenizer, unpack_topk, vocab_size
+    from fedkt.alignment.knowledge import unpack_topk, vocab_size
+    from fedkt.models import load_tokenizer
     from fedkt.payload import PayloadError, loads
 
     run = recorded_run("fedmkt")
     reply = next(c.reply for c in run.calls if c.handler == "train_and_share" and c.cid == BAD)
-    vocab = vocab_size(_tokenizer(run.cfg.clients.model_for(BAD)))
+    vocab = vocab_size(load_tokenizer(run.cfg.clients.model_for(BAD)))
     k = run.cfg.method.top_k
     clean = loads(reply, source=f"client {BAD}")
     unpack_topk(clean.state("topk"), vocab, k, f"client {BAD}")  # the real one passes

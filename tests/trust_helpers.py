@@ -1,6 +1,6 @@
 """Shared pieces of the trust tests: transports that record, replay or tamper with the
-exact bytes clients send back, the tiny per-method configs, and one cached real run
-per method.
+exact bytes clients send back, each method's tiny config (the one it declares), and one
+cached real run per method.
 
 Every wrapper sits around the real transport: clients run the method's real handlers
 on real (tiny) models and data; only the bytes of one reply are recorded or edited.
@@ -18,20 +18,13 @@ from typing import Any
 
 import torch
 
-from fedkt.config import RunConfig
+from fedkt.config import RunConfig, load_config
+from fedkt.config_catalog import resolve_config
+from fedkt.methods import get_method
 from fedkt.payload import Payload, loads
 from fedkt.runner import run_job
 from fedkt.runtime.base import ENVELOPE, default_state_root
 from fedkt.runtime.local import LocalTransport
-from tests.conftest import small_config
-from tests.methods.test_fedkd import fedkd_config
-from tests.methods.test_fedmkt import LLM
-from tests.methods.test_fedsp import fedsp_config
-from tests.methods.test_koala import BASELINE as KOALA_BASELINE
-from tests.methods.test_koala import koala_config
-
-NUM_CLIENTS = 3
-
 
 # --------------------------------------------------------------------------- transports
 
@@ -129,44 +122,14 @@ class TamperingTransport:
 # --------------------------------------------------------------------------- configs
 
 
-def method_config(method: str, root: Path, *overrides: str, name: str = "run") -> RunConfig:
-    """The tiny config the method's own tests use, with 3 clients and 1 round."""
-    run_dir = root / name
-    n = f"clients.num_clients={NUM_CLIENTS}"
-    lm_small = ("rounds=1", n, "data.max_private_per_client=12",
-                "data.split={scheme: holdout, test_size: 8, public_fraction: 0.2}",
-                "data.max_public=8")
-    if method in ("fedavg", "standalone", "centralized"):
-        return small_config(run_dir, *lm_small, *overrides, method=method)
-    if method == "zero_shot":
-        return small_config(run_dir, *lm_small, "server={name: tiny-llama}", *overrides,
-                            method=method)
-    if method == "fedcollm":
-        return small_config(run_dir, *lm_small, LLM, "training.lora.target_modules=all-linear",
-                            *overrides, method=method)
-    if method in ("fedmkt", "llm2slm"):
-        models = "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2}, {name: tiny-gpt2}]"
-        return small_config(run_dir, "rounds=1", n, LLM, models,
-                            "data.split={scheme: fedmkt, test_size: 8}", "data.max_public=8",
-                            "data.max_private_per_client=12",
-                            "training.lora.target_modules=all-linear", "method.top_k=8",
-                            *overrides, method=method)
-    if method in ("fedsp", "fedprompt", "fedprompt_single"):
-        return fedsp_config(run_dir, "rounds=1", n, "data.max_private_per_client=12",
-                            "data.split.test_size=8", "data.max_public=8", *overrides,
-                            method=method)
-    if method == "fedkd":
-        return fedkd_config(root, n, "data.max_private_per_client=12", *overrides,
-                            method=method, name=name)
-    if method.endswith("_encoder"):
-        return fedkd_config(root, n, "data.max_private_per_client=12",
-                            f"method={{name: {method}, layers: 2}}", *overrides, name=name)
-    if method == "koala":
-        return koala_config(root, "rounds=1", *overrides, name=name)
-    if method == "fedavg_vision":
-        return koala_config(root, "rounds=1", KOALA_BASELINE,
-                            *overrides, name=name)
-    raise KeyError(f"no tiny config for method {method!r}")
+def tiny_config(method: str, root: Path, *overrides: str, name: str = "run") -> RunConfig:
+    """The method's own tiny config (``Method.tiny_config``) as ``method``, 1 round unless
+    overridden, its run folder ``root / name``."""
+    spec = get_method(method).tiny_config
+    assert spec, f"method {method!r} declares no tiny_config"
+    return load_config(resolve_config(spec), [f"method.name={method}", "rounds=1",
+                                              f"name={name}", f"output_dir={root / name}",
+                                              *overrides])
 
 
 # --------------------------------------------------------------------------- runs
@@ -196,10 +159,11 @@ def scratch() -> Path:
 
 
 def recorded_run(method: str) -> RecordedRun:
-    """One real 1-round job of ``method`` (3 clients), every reply's bytes kept (cached)."""
+    """One real 1-round job of ``method`` on its tiny config, every reply's bytes kept
+    (cached)."""
     if method not in _RUNS:
         torch.set_num_threads(1)
-        cfg = method_config(method, scratch() / method)
+        cfg = tiny_config(method, scratch() / method)
         transport = RecordingTransport(LocalTransport(default_state_root(cfg)))
         rows = run_job(cfg, transport, quiet=True)
         _RUNS[method] = RecordedRun(cfg, rows, transport.calls)

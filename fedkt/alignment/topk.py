@@ -19,7 +19,7 @@ import torch
 
 from fedkt.alignment.sequence import Alignment
 
-__all__ = ["PAD_VALUE", "TopKLogits", "project_topk", "sparse_kd_loss"]
+__all__ = ["PAD_VALUE", "TopKLogits", "project_topk", "sparse_kd_loss", "sparse_kl"]
 
 # Value of an empty top-K slot (after merging duplicate ids, or outside the sample):
 # the most negative finite fp16, so its softmax weight is 0 and validation passes.
@@ -273,3 +273,28 @@ def sparse_kd_loss(student_logits: torch.Tensor, target_ids: torch.Tensor,
         return ce.mean()
     m = mask.to(ce.dtype)
     return (ce * m).sum() / m.sum().clamp_min(1.0)
+
+
+def sparse_kl(student_logits: torch.Tensor, target_ids: torch.Tensor,
+              target_logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
+              ) -> torch.Tensor:
+    """``KL(softmax(top-K target logits / T), merged || softmax(student / T))``.
+
+    :func:`sparse_kd_loss` minus the entropy of the target distribution, where slots that
+    name the same id count as one (their probabilities summed): the KL between the
+    top-K target, as a distribution over the student's vocabulary, and the student.
+    Mean over the positions ``mask`` counts (0 if none).
+    """
+    ce = sparse_kd_loss(student_logits, target_ids, target_logits, mask, temperature)
+    p = torch.softmax(target_logits / temperature, dim=-1)
+    k = target_ids.shape[-1]
+    # Mass of the id each slot names: the merged top-K probability, through a K x K
+    # comparison or a vocabulary-sized buffer, whichever is smaller.
+    if k * k <= student_logits.shape[-1]:
+        merged = ((target_ids[..., :, None] == target_ids[..., None, :]) * p[..., None, :]).sum(-1)
+    else:
+        dense = torch.zeros(student_logits.shape, dtype=p.dtype, device=p.device)
+        merged = dense.scatter_add(-1, target_ids, p).gather(-1, target_ids)
+    neg_entropy = (p * merged.clamp_min(torch.finfo(p.dtype).tiny).log()).sum(-1)
+    m = mask.to(neg_entropy.dtype)
+    return ce + (neg_entropy * m).sum() / m.sum().clamp_min(1.0)

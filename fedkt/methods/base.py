@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedkt.config import MethodConfig, RunConfig
+from fedkt.methods.holdings import Holdings, Version, version_field
 from fedkt.payload import Payload, PayloadError
 
 log = logging.getLogger("fedkt.methods")
@@ -56,6 +57,7 @@ def seed_everything(seed: int) -> None:
 
 
 _STATE_RE = re.compile(r"^(?P<name>.+)\.r(?P<rnd>\d{5})s(?P<step>\d{3})\.safetensors$")
+_VERSION = "__version__"  # the version of a kept object (its text as bytes)
 
 
 @dataclass
@@ -135,6 +137,49 @@ class ClientContext:
             if tag < (self.rnd, self.step) and (best is None or tag > best[:2]):
                 best = (*tag, path)
         return None if best is None else load_file(str(best[2]))
+
+    # ------------------------------------------------------------ what the server sent
+
+    def received(self, msg: Payload, name: str, *, start: dict[str, torch.Tensor] | None = None,
+                 **check: Any) -> dict[str, torch.Tensor]:
+        """The object ``name`` a request refers to (:meth:`Holdings.offer
+        <fedkt.methods.holdings.Holdings.offer>`): sent with it, then kept on this client's
+        disk at its version, or this client's copy of that version.  ``start``: version 0,
+        which every party builds itself from the seed (never sent).  ``check``: what
+        :meth:`Payload.state` checks of a sent one (``like=``, ``finite=``).  A client
+        holding no such version raises :class:`~fedkt.payload.PayloadError` (it is excluded
+        from the round and sent the object next time)."""
+        version = msg.get(version_field(name))
+        if isinstance(version, bool) or not isinstance(version, int | str):
+            raise PayloadError(f"server: field {version_field(name)!r} should be a version "
+                               f"(int or str), got {type(version).__name__}")
+        if name in msg:
+            value = msg.state(name, source="server", **check)
+        elif version == 0 and start is not None:
+            value = start
+        else:
+            kept = self.cached(name, version)
+            if kept is None:
+                raise PayloadError(f"server: sent no {name!r} but {self.name} holds no "
+                                   f"{name!r} of version {version}")
+            return kept
+        self.keep(name, version, value)
+        return value
+
+    def cached(self, name: str, version: Version) -> dict[str, torch.Tensor] | None:
+        """This client's kept copy of ``name`` at ``version`` (saved before this call), or None."""
+        want = list(str(version).encode())
+        for tag, path in sorted(self._versions(name), reverse=True):
+            if tag < (self.rnd, self.step):
+                saved = load_file(str(path))
+                if _VERSION in saved and saved.pop(_VERSION).tolist() == want:
+                    return saved
+        return None
+
+    def keep(self, name: str, version: Version, value: dict[str, torch.Tensor]) -> None:
+        """Keep ``value`` as this client's copy of ``name`` at ``version``."""
+        tag = torch.tensor(list(str(version).encode()), dtype=torch.uint8)
+        self.save_state(name, {**value, _VERSION: tag})
 
     def _versions(self, name: str) -> list[tuple[tuple[int, int], Path]]:
         out = []
@@ -239,6 +284,8 @@ class Server(Generic[C]):
     def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
+        # What each client holds of what this server sends it (checkpointed by the runner).
+        self.holdings = Holdings()
 
     @property
     def method(self) -> C:
@@ -312,3 +359,11 @@ class Method:
     # (cfg) -> None: raises ValueError naming the key when the run config does not suit
     # the method (checked when the config is parsed, before any work).
     check: Callable[[Any], None] | None = None
+    # handler -> field -> kind: what each client handler's reply may hold beyond the
+    # runtime's own fields (:mod:`fedkt.methods.uploads`); every handler is declared, and
+    # the conformance test checks every reply of a real run against it.
+    uploads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The smallest run of this method on tiny models: a shipped config's name
+    # (``fedkt configs list``) or a YAML path; the conformance test runs it with
+    # ``method.name`` set to this method's.
+    tiny_config: str | None = None

@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from fedkt.config import ModelConfig, RunConfig, TrainingConfig
+from fedkt.config import MethodConfig, ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, pick_device, step
 
 __all__ = [
+    "EncoderHead",
     "build_encoder",
     "check_text_classification",
     "clear_cache",
+    "encoder_config",
     "evaluate_encoder",
     "feature_spread",
     "load_trainable",
@@ -44,6 +46,23 @@ __all__ = [
 ]
 
 _PRISTINE: dict[str, tuple[nn.Module, Any]] = {}
+
+
+class EncoderHead(MethodConfig):
+    """The classification head of every encoder method (FedKD and its baselines)."""
+
+    # attention: attentive pooling + a dense layer (the paper's SMM4H head); mean: masked
+    # mean pooling + a dense layer; cls: the [CLS] state through BERT's pooler (the
+    # *ForSequenceClassification head). The pooling weights train and travel with the model.
+    pooling: Literal["attention", "mean", "cls"] = "attention"
+
+
+def encoder_config(cfg: RunConfig) -> ModelConfig:
+    """The one encoder of ``clients.models`` (FedKD's teacher, the baselines' model)."""
+    if len({m.model_dump_json() for m in cfg.clients.models}) != 1:
+        raise ConfigError(f"clients.models: {cfg.method.name} needs one encoder shared by "
+                          "all clients (the teacher; the student is cut from it)")
+    return cfg.clients.model_for(0)
 
 
 def check_text_classification(fd: Any, method: str) -> int:

@@ -7,10 +7,16 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.evidence.compare import baseline_report
-from fedkt.losses import kl_div, mutual_kl
+from fedkt.losses import kl_div
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters
-from fedkt.methods.fedcollm import TokenBridge, cotune_losses, kd_gradient_ratios, kd_mask
+from fedkt.methods.fedcollm import (
+    CrossTokenizerKL,
+    cotune_losses,
+    kd_gradient_ratios,
+    kd_mask,
+    mutual_kl,
+)
 from fedkt.payload import Payload, nbytes
 from fedkt.runner import SERVER_STATE, run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
@@ -91,7 +97,7 @@ def test_each_adapter_descends_only_its_own_loss(make_config):
     assert cfg.method.cotune_gradients == "own"
     llm, slm = server.llm, server.slm
     batch, parts = _cotune_parts(cfg, server)
-    lam = cfg.method.kd_lambda
+    lam = cfg.method.kd_weight
     mask = kd_mask(batch, "target")
     assert mask.sum() == (batch["labels"] != -100).sum()  # target positions, shifted by one
     # L^f and L^g written out by hand: CE plus lambda * KL(other, a constant || self).
@@ -131,7 +137,7 @@ def test_joint_gradients_also_train_each_adapter_on_the_other_kd_term(make_confi
     server = _server(cfg)
     llm, slm = server.llm, server.slm
     batch, parts = _cotune_parts(cfg, server)
-    lam = cfg.method.kd_lambda
+    lam = cfg.method.kd_weight
     mask = kd_mask(batch, "target")
     f_out, g_out = llm.model(**batch), slm.model(**batch)
     l_f = f_out.loss + lam * kl_div(g_out.logits.detach(), f_out.logits, 1.0, mask)
@@ -153,7 +159,7 @@ def test_joint_gradients_also_train_each_adapter_on_the_other_kd_term(make_confi
 def test_cross_tokenizer_kl_is_aligned_top_k_and_reaches_both_models(make_config):
     cfg = fedcollm_config(make_config, LLM_OTHER_TOKENIZER, "method={name: fedcollm, top_k: 16}")
     server = _server(cfg)
-    assert isinstance(server.bridge, TokenBridge)
+    assert isinstance(server.bridge, CrossTokenizerKL)
     llm, slm = server.llm, server.slm
     _randomise(llm, 3)
     _randomise(slm, 4)
@@ -174,7 +180,7 @@ def test_cross_tokenizer_kl_is_aligned_top_k_and_reaches_both_models(make_config
 
     # With one tokenizer on both sides and K = |V| the aligned top-K KL is the exact KL.
     tok = slm.tokenizer
-    bridge = TokenBridge(tok, tok, top_k=len(tok))
+    bridge = CrossTokenizerKL(tok, tok, top_k=len(tok))
     with torch.no_grad():
         a = slm.model(**g_batch).logits
         b = a + torch.randn(a.shape, generator=torch.Generator().manual_seed(0))
@@ -186,11 +192,12 @@ def test_cross_tokenizer_kl_is_aligned_top_k_and_reaches_both_models(make_config
     with torch.no_grad():
         f = llm.model(**f_batch).logits
     for k in (8, 60):
-        bridge = TokenBridge(llm.tokenizer, tok, top_k=k)
-        g_from_f, f_from_g = bridge.position_maps(f_batch, g_batch)
+        bridge = CrossTokenizerKL(llm.tokenizer, tok, top_k=k)
+        g_from_f, f_from_g = bridge.f2g.align_batch(f_batch, g_batch)
         got = bridge.mutual_kl(f, a, f_batch, g_batch, "all", 1.5)
-        want = (_reference_kl(f, a, g_from_f, bridge.f2g, kd_mask(g_batch, "all"), 1.5, k),
-                _reference_kl(a, f, f_from_g, bridge.g2f, kd_mask(f_batch, "all"), 1.5, k))
+        f2g, g2f = (torch.from_numpy(b.vocab_map) for b in (bridge.f2g, bridge.g2f))
+        want = (_reference_kl(f, a, g_from_f, f2g, kd_mask(g_batch, "all"), 1.5, k),
+                _reference_kl(a, f, f_from_g, g2f, kd_mask(f_batch, "all"), 1.5, k))
         torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-4, atol=1e-5)
         assert all(x.item() > 0 for x in got)
 
@@ -323,7 +330,7 @@ def test_run_ships_only_lora_adapters_and_both_models_learn(make_config):
         assert r["cotune_kd_grad_ratio_llm"] > 0 and r["cotune_kd_grad_ratio_slm"] > 0
         assert r["theta_shift_local"] > 0 and r["theta_shift_cotune"] > 0
     for r in server_train:  # L^f pairs the LLM's CE with the LLM's own KD term
-        lam = cfg.method.kd_lambda
+        lam = cfg.method.kd_weight
         assert r["cotune_llm"] == pytest.approx(r["cotune_ft_llm"] + lam * r["cotune_kd_llm"])
         assert r["cotune_slm"] == pytest.approx(r["cotune_ft_slm"] + lam * r["cotune_kd_slm"])
     # Resume: the final checkpoint restores the trained omega and theta, which score

@@ -7,23 +7,24 @@ The one slow test runs a round on the real all-MiniLM-L6-v2.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedkt.compression import decompress_state, energy_rank, from_payload, threshold_schedule
+from fedkt.compression import (
+    decompress_state,
+    encode_update,
+    energy_rank,
+    from_payload,
+    threshold_schedule,
+)
 from fedkt.config import ConfigError, apply_overrides, parse_config
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext
-from fedkt.methods.fedkd import (
-    VERSION_KEY,
-    FedKDModels,
-    encode_update,
-    fedkd_losses,
-    layer_pairs,
-)
+from fedkt.methods.fedkd import FedKDModels, fedkd_losses, layer_pairs
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
@@ -202,7 +203,7 @@ def test_benchmark_fedkd_table_by_hand():
 def test_round_sends_svd_factors_and_keeps_clients_in_sync(tmp_path):
     cfg = fedkd_config(tmp_path, "rounds=4")
     server, clients = server_and_clients(cfg)
-    initial = {k: v.clone() for k, v in server.sync.state.items()}
+    initial = {k: v.clone() for k, v in server.global_state.items()}
     clients.start_round(1, evaluate=True)
     metrics = server.round(1, clients)
     T = threshold_schedule(0, 4)  # Eq. 9, round 1 of 4: T_start
@@ -230,7 +231,7 @@ def test_round_sends_svd_factors_and_keeps_clients_in_sync(tmp_path):
     mean = {k: sum(w * u[k].double() for w, u in zip(weights, updates, strict=True))
             / sum(weights) for k in initial}
     agg = decompress_state(from_payload(encode_update({k: v.float() for k, v in mean.items()}, T)))
-    for key, value in server.sync.state.items():
+    for key, value in server.global_state.items():
         torch.testing.assert_close(value, initial[key] + agg[key], rtol=1e-5, atol=1e-6)
     sync = clients.sent["sync"][0]["update"]
     for key, c in from_payload(sync).items():
@@ -239,17 +240,17 @@ def test_round_sends_svd_factors_and_keeps_clients_in_sync(tmp_path):
             assert c.rank == energy_rank(s, T)
     # every client holds the same global student as the server, at version 1
     for cid in clients.ids:
-        saved = client_ctx(cfg, cid, 2).load_state("global")
-        assert int(saved.pop(VERSION_KEY)) == 1
+        saved = client_ctx(cfg, cid, 2).cached("global", 1)
+        assert saved is not None and server.holdings.holds(cid, "global", 1)
         for key, value in saved.items():
-            assert torch.equal(value, server.sync.state[key]), key
+            assert torch.equal(value, server.global_state[key]), key
     # the upload is smaller than the dense update
     assert metrics["train/upload_ratio"] > 1 and metrics["train/download_ratio"] > 1
     # resume: the checkpointed state restores the same global student and version
     again, _ = server_and_clients(cfg)
     again.load_state_dict(server.state_dict())
-    assert again.sync.version == 1 and again.sync.stale == set()
-    assert all(torch.equal(again.sync.state[k], v) for k, v in server.sync.state.items())
+    assert again.version == 1
+    assert all(torch.equal(again.global_state[k], v) for k, v in server.global_state.items())
 
 
 def test_failed_client_is_resent_the_whole_student(tmp_path, monkeypatch):
@@ -262,12 +263,14 @@ def test_failed_client_is_resent_the_whole_student(tmp_path, monkeypatch):
     files = sorted(cfg.run_dir.glob("checkpoints/*/server.safetensors"))
     server.load_state_dict(load_file(str(files[-1])))
     # round 2 sent client 1 the whole student; after its sync all agree at version 2
-    assert server.sync.version == 2 and server.sync.stale == set()
+    assert server.version == 2
+    held = json.loads(files[-1].with_name("holdings.json").read_text())
+    assert held == {"0": {"global": "2"}, "1": {"global": "2"}}
     for cid in (0, 1):
-        saved = client_ctx(cfg, cid, 3).load_state("global")
-        assert int(saved.pop(VERSION_KEY)) == 2
+        saved = client_ctx(cfg, cid, 3).cached("global", 2)
+        assert saved is not None
         for key, value in saved.items():
-            assert torch.equal(value, server.sync.state[key]), (cid, key)
+            assert torch.equal(value, server.global_state[key]), (cid, key)
     test = [r for r in rows if r["participant"] == "server" and r["split"] == "test"]
     assert [r["round"] for r in test] == [0, 2]  # round 0 (eval.round0), then eval.every
 
@@ -291,13 +294,13 @@ def test_resume_after_a_failed_round_is_exact(tmp_path, monkeypatch):
 def test_fedavg_encoder_is_exact_weighted_mean_at_student_size(tmp_path):
     cfg = fedkd_config(tmp_path, "method={name: fedavg_encoder, layers: 2}")
     server, clients = server_and_clients(cfg)
-    initial = {k: v.clone() for k, v in server.sync.state.items()}
+    initial = {k: v.clone() for k, v in server.global_state.items()}
     assert not any("layer.2." in k for k in initial)  # student size: 2 of 4 layers
     clients.start_round(1)
     server.round(1, clients)
     replies = clients.replies["train"]
     sizes = [r["num_examples"] for r in replies.values()]
-    for key, value in server.sync.state.items():
+    for key, value in server.global_state.items():
         mean = sum(n * decompress_state(from_payload(r["update"]))[key].double()
                    for n, r in zip(sizes, replies.values(), strict=True)) / sum(sizes)
         torch.testing.assert_close(value.double(), initial[key].double() + mean,
@@ -322,10 +325,10 @@ def test_fedkd_round_on_real_minilm(tmp_path):
     cfg = fedkd_config(tmp_path, "clients.models=[{name: all-minilm-l6-v2}]",
                        "data.max_private_per_client=8", "eval.clients=false")
     server, clients = server_and_clients(cfg)
-    assert sum(1 for k in server.sync.state if k.endswith("attention.self.query.weight")) == 2
+    assert sum(1 for k in server.global_state if k.endswith("attention.self.query.weight")) == 2
     clients.start_round(1)
     metrics = server.round(1, clients)
     assert metrics["train/upload_ratio"] > 1
     teacher = client_ctx(cfg, 0, 2).load_state("teacher")
     assert sum(1 for k in teacher if k.endswith("attention.self.query.weight")) == 6
-    assert trainable_state(server.model).keys() == server.sync.state.keys()
+    assert trainable_state(server.model).keys() == server.global_state.keys()

@@ -75,15 +75,15 @@ def test_pooling_weights_are_part_of_the_travelling_student(tmp_path):
     cfg = fedkd_config(tmp_path)
     assert cfg.method.pooling == "attention"
     server, _ = server_and_clients(cfg)
-    names = set(server.sync.state)
+    names = set(server.global_state)
     assert {"pooling.proj.weight", "pooling.proj.bias", "pooling.query.weight",
             "classifier.weight"} <= names
     assert not any("pooler" in n or "embeddings" in n for n in names)  # unused / frozen
     cls = fedkd_config(tmp_path, "method={name: fedavg_encoder, layers: 2, pooling: cls}",
                        name="cls")
     server, _ = server_and_clients(cls)
-    assert "bert.pooler.dense.weight" in server.sync.state
-    assert not any(n.startswith("pooling.") for n in server.sync.state)
+    assert "bert.pooler.dense.weight" in server.global_state
+    assert not any(n.startswith("pooling.") for n in server.global_state)
     base, _ = build_encoder(ModelConfig(name="tiny-bert"), 2, 0, layers=2, pooling="mean",
                             device="cpu")
     assert not any(n.startswith(("pooling.", "bert.pooler")) for n in trainable_state(base))

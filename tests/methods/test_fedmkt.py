@@ -8,9 +8,20 @@ import pytest
 import torch
 
 from fedkt.alignment import TopKLogits
+from fedkt.alignment import bridge as bridge_module
+from fedkt.alignment.bridge import TokenBridge
+from fedkt.alignment.knowledge import (
+    PublicSet,
+    knowledge_set,
+    pack_topk,
+    packed_entries,
+    unpack_topk,
+    vocab_size,
+)
+from fedkt.alignment.targets import Received, build_targets, kd_loss, to_receiver
 from fedkt.config import ConfigError
-from fedkt.methods import fedmkt as mkt
 from fedkt.methods import get_method
+from fedkt.methods.fedmkt import FedMKTConfig, distill, dual_min_ce
 from fedkt.payload import Payload, PayloadError, dumps, loads
 from fedkt.precision import autocast
 from fedkt.runner import run_job
@@ -57,16 +68,16 @@ def test_dual_min_ce_on_a_hand_made_case():
         [1.5, 1.0, 3.0, 0.4, math.inf, 1.0, 2.0],
         [0.9, 1.5, 2.9, 0.6, math.nan, 1.2, 2.0],
     ])
-    got = mkt.dual_min_ce(own, others)
+    got = dual_min_ce(own, others)
     # 0: client 1 is best (0.9 < 1.0); 1: client 0 (1.0 < 2.0); 2: client 1 (2.9 < 3.0);
     # 3: client 0 (0.4 < 0.5); 4: nothing sent -> own; 5: tie with own -> own (strict);
     # 6: tie between clients -> the lower index.
     assert got.tolist() == [1, 0, 1, 0, -1, -1, 0]
     # A better own loss keeps the own knowledge everywhere; no other model: own everywhere.
-    assert mkt.dual_min_ce(torch.zeros(7), others).tolist() == [-1] * 7
-    assert mkt.dual_min_ce(own, torch.zeros(0, 7)).tolist() == [-1] * 7
+    assert dual_min_ce(torch.zeros(7), others).tolist() == [-1] * 7
+    assert dual_min_ce(own, torch.zeros(0, 7)).tolist() == [-1] * 7
     with pytest.raises(ValueError, match="other_losses"):
-        mkt.dual_min_ce(own, torch.zeros(2, 6))
+        dual_min_ce(own, torch.zeros(2, 6))
 
 
 def _topk(values, ids, lengths, losses, vocab=10):
@@ -77,8 +88,16 @@ def _topk(values, ids, lengths, losses, vocab=10):
                       losses=torch.tensor(losses, dtype=torch.float32))
 
 
+def _select(own, others):
+    """FedMKT's selection (Algorithm 2) for build_targets."""
+    n = own.values.shape[0]
+    losses = torch.stack([o.losses for o in others]) if others else torch.zeros(0, n)
+    return dual_min_ce(own.losses, losses)
+
+
 def _targets(own, other, omask, public, **kw):
-    t = mkt.build_targets(own, [mkt.Received.projected(other, omask)], public, **kw)
+    received = [Received.projected(other, omask)]
+    t = build_targets(own, received, public, _select(own, received), **kw)
     ids, vals, mask = t.batch(torch.arange(len(public)), own.values.shape[1])
     return t, ids, vals, mask
 
@@ -89,7 +108,7 @@ def test_build_targets_algorithm_2_and_appendix_b_3d():
     # The other model beats own on sample 0 only; its position 1 has no alignment.
     other = _topk([[[5, 4]] * 3] * 2, [[[7, 8]] * 3] * 2, [3, 2], [0.5, 3.0])
     omask = torch.tensor([[True, False, True], [True, True, False]])
-    public = mkt.PublicSet([{"input_ids": [1, 6, 3]}, {"input_ids": [1, 2]}], 0)
+    public = PublicSet([{"input_ids": [1, 6, 3]}, {"input_ids": [1, 2]}], 0)
     # Default (the paper): sample 1 is not in S~ (Algorithm 2, line 10); sample 0's
     # unaligned position 1 gets a one-hot target on its ground-truth next token (3).
     t, ids, vals, mask = _targets(own, other, omask, public)
@@ -109,7 +128,7 @@ def test_build_targets_algorithm_2_and_appendix_b_3d():
     assert mask.tolist() == [[True, True, True], [True, True, False]]  # 2nd: length 2
     assert ids[1, :2, 0].tolist() == [1, 1]
     with pytest.raises(ValueError, match="unaligned"):
-        mkt.build_targets(own, [], public, unaligned="zero")
+        build_targets(own, [], public, _select(own, []), unaligned="zero")
 
 
 def test_teacher_top1_agreement_diagnostic():
@@ -119,7 +138,7 @@ def test_teacher_top1_agreement_diagnostic():
     other = _topk([[[5, 4], [4, 5], [5, 4]], [[5, 4]] * 3],
                   [[[6, 8], [3, 8], [7, 8]], [[2, 8]] * 3], [3, 2], [0.5, 3.0])
     omask = torch.tensor([[True, True, False], [True, True, False]])
-    public = mkt.PublicSet([{"input_ids": [1, 6, 3], "labels": [-100, -100, 3]},
+    public = PublicSet([{"input_ids": [1, 6, 3], "labels": [-100, -100, 3]},
                             {"input_ids": [1, 2], "labels": [-100, 2]}], 0)
     t, *_ = _targets(own, other, omask, public)
     # Position 0: top-1 6 = next token 6 (a prompt token); position 1: the top-1 is id 8
@@ -129,8 +148,8 @@ def test_teacher_top1_agreement_diagnostic():
 
 
 def test_fedmkt_config_defaults_follow_the_paper():
-    cfg = mkt.FedMKTConfig()
-    assert cfg.fallback_to_own is False and cfg.unaligned == "one_hot" and cfg.lam == 0.9
+    cfg = FedMKTConfig()
+    assert cfg.fallback_to_own is False and cfg.unaligned == "one_hot" and cfg.ft_weight == 0.9
 
 
 # ----------------------------------------------------------------------- transport
@@ -140,19 +159,19 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
     cfg = mkt_config(make_config)
     lm = client_lm(cfg, 0)
     server = get_method("fedmkt").server(cfg, cfg.run_dir)
-    public = mkt.PublicSet.build(cfg, lm.tokenizer, server.data().public)
-    vocab = mkt.vocab_size(lm.tokenizer)
-    s = mkt.knowledge_set(lm, public, 8, batch_size=8)
+    public = PublicSet.build(cfg, lm.tokenizer, server.data().public)
+    vocab = vocab_size(lm.tokenizer)
+    s = knowledge_set(lm, public, 8, batch_size=8)
     s.validate(vocab, 8, "client 0")
     assert s.lengths.tolist() == public.lengths and torch.isfinite(s.losses).all()
-    packed = mkt.pack_topk(s)
-    entries, tensor_bytes = mkt.packed_entries(packed)
+    packed = pack_topk(s)
+    entries, tensor_bytes = packed_entries(packed)
     assert entries == sum(public.lengths) * 8  # no padding travels
     assert tensor_bytes / entries == 6
     wire = dumps(Payload(topk=packed, vocab_size=vocab, k=8))
     # Besides 6 bytes an entry: 16 per sample (id, length, loss) and one small header.
     assert 0 < len(wire) - tensor_bytes - 16 * len(public) < 512
-    back = mkt.unpack_topk(loads(wire).state("topk"), vocab, 8, "client 0")
+    back = unpack_topk(loads(wire).state("topk"), vocab, 8, "client 0")
     valid = torch.arange(s.values.shape[1])[None, :] < s.lengths[:, None]
     assert torch.equal(back.values[valid], s.values[valid])
     assert torch.equal(back.indices[valid], s.indices[valid])
@@ -174,20 +193,20 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
     }
     for what, bad in cases.items():
         with pytest.raises(PayloadError, match=f"client 0.*{what}"):
-            mkt.unpack_topk(bad, vocab, 8, "client 0")
+            unpack_topk(bad, vocab, 8, "client 0")
     with pytest.raises(PayloadError, match="K"):
-        mkt.unpack_topk(packed, vocab, 4, "client 0")
+        unpack_topk(packed, vocab, 4, "client 0")
     # Lengths that do not match the public set tokenized with the sender's tokenizer
     # (two samples of different lengths swapped: the packed shapes still agree).
     other = client_lm(cfg, 1).tokenizer
-    receiver = mkt.PublicSet.build(cfg, other, server.data().public)
+    receiver = PublicSet.build(cfg, other, server.data().public)
     lengths = packed["lengths"].clone()
     j = int((lengths != lengths[0]).nonzero()[0, 0])
     lengths[0], lengths[j] = lengths[j].clone(), lengths[0].clone()
-    swapped = mkt.unpack_topk(corrupt(lengths=lengths), vocab, 8, "client 0")
+    swapped = unpack_topk(corrupt(lengths=lengths), vocab, 8, "client 0")
     with pytest.raises(PayloadError, match="client 0.*'lengths'.*public sample 0"):
-        mkt.to_receiver(swapped, lm.tokenizer, public, other, receiver, "client 0")
-    ok = mkt.to_receiver(back, lm.tokenizer, public, other, receiver, "client 0")
+        to_receiver(swapped, lm.tokenizer, public, other, receiver, "client 0")
+    ok = to_receiver(back, lm.tokenizer, public, other, receiver, "client 0")
     assert ok.losses.tolist() == back.losses.tolist() and ok.aligns is not None
     _, _, pmask = ok.rows(torch.arange(len(receiver)), max(receiver.lengths))
     width = torch.tensor(receiver.lengths)[:, None]
@@ -200,34 +219,34 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
 def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config, monkeypatch,
                                                                       tmp_path):
     monkeypatch.setenv("FEDKT_CACHE", str(tmp_path / "cache"))
-    mkt._ALIGN_MEMORY.clear()
-    cfg = mkt_config(make_config, "method.lam=0.0")
+    bridge_module._ALIGN_MEMORY.clear()
+    cfg = mkt_config(make_config, "method.ft_weight=0.0")
     server = get_method("fedmkt").server(cfg, cfg.run_dir)
     server.setup()
     client = client_lm(cfg, 0)  # tiny-gpt2: another architecture and tokenizer
     records = server.data().public
-    c_pub = mkt.PublicSet.build(cfg, client.tokenizer, records)
-    s_k = mkt.knowledge_set(client, c_pub, 8, batch_size=8)
-    aligned = mkt.to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
+    c_pub = PublicSet.build(cfg, client.tokenizer, records)
+    s_k = knowledge_set(client, c_pub, 8, batch_size=8)
+    aligned = to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
                               server.public, "client 0")
     proj_ids, _, mask = aligned.rows(torch.arange(len(server.public)),
                                      max(server.public.lengths))
     # Computed once per (public set, tokenizer pair): in memory and on disk.
     files = list((tmp_path / "cache" / "alignments").glob("fedmkt-*.npz"))
-    assert len(files) == 1 and len(mkt._ALIGN_MEMORY) == 1
+    assert len(files) == 1 and len(bridge_module._ALIGN_MEMORY) == 1
     stamp = files[0].stat().st_mtime_ns
-    first = mkt.public_alignments(client.tokenizer, server.llm.tokenizer, c_pub, server.public)
-    mkt._ALIGN_MEMORY.clear()
-    again = mkt.public_alignments(client.tokenizer, server.llm.tokenizer, c_pub, server.public)
+    first = TokenBridge(client.tokenizer, server.llm.tokenizer).align_corpus(c_pub, server.public)
+    bridge_module._ALIGN_MEMORY.clear()
+    again = TokenBridge(client.tokenizer, server.llm.tokenizer).align_corpus(c_pub, server.public)
     assert files[0].stat().st_mtime_ns == stamp  # read back, not recomputed
     assert all((a.logit_map == b.logit_map).all() for a, b in zip(first, again, strict=True))
     assert 0.5 < mask[:, :-1].float().mean() < 1.0  # most positions aligned, not all
-    assert int(proj_ids.max()) < mkt.vocab_size(server.llm.tokenizer)
+    assert int(proj_ids.max()) < vocab_size(server.llm.tokenizer)
 
     # The client's logits win every sample where its loss is lower: make it so.
     own = server.own_knowledge()
     aligned.losses = own.losses - 1.0
-    targets = mkt.build_targets(own, [aligned], server.public)
+    targets = build_targets(own, [aligned], server.public, _select(own, [aligned]))
     assert targets.fraction_from_others() == 1.0
     llm = server.llm
     gen = torch.Generator().manual_seed(0)
@@ -235,34 +254,34 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     batch = lm_batches(cfg, llm.tokenizer, records[:8], seed=0)[0]
     llm.model.train()
     out = llm.model(**batch)
-    kd = mkt.kd_loss(targets, out, batch, temperature=1.0, positions="all")
+    kd = kd_loss(targets, out, batch, temperature=1.0, positions="all")
     params = [p for p in llm.model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(kd, params)
     assert len(params) > 0 and all(g.abs().sum() > 0 for g in grads)
     # The logged KD share: ||grad (1 - lam) L_KD|| / ||grad lam L_FT|| on the first batch,
     # as a hand computation on the same batch, dropout draw and precision gives it.
-    lam_cfg = cfg.model_copy(update={"method": cfg.method.model_copy(update={"lam": 0.7})})
+    lam_cfg = cfg.model_copy(update={"method": cfg.method.model_copy(update={"ft_weight": 0.7})})
     first = lm_batches(lam_cfg, llm.tokenizer, records, seed=5)[0]
     torch.manual_seed(5)
     with autocast(lam_cfg.training, "cpu"):
         out = llm.model(**first)
-        kd_part = 0.3 * mkt.kd_loss(targets, out, first, temperature=1.0, positions="all")
+        kd_part = 0.3 * kd_loss(targets, out, first, temperature=1.0, positions="all")
         ft_part = 0.7 * out.loss.float()
     want = grad_norm(kd_part, params) / grad_norm(ft_part, params)
     start = llm.trainable()
-    got = mkt.distill(lam_cfg, llm, records, targets, epochs=1, lr=1e-2, seed=5, desc="kd")
+    got = distill(lam_cfg, llm, records, targets, epochs=1, lr=1e-2, seed=5, desc="kd")
     assert got["kd_grad_ratio"] == pytest.approx(want, rel=1e-3) and want > 0
-    lam1 = cfg.model_copy(update={"method": cfg.method.model_copy(update={"lam": 1.0})})
-    assert mkt.distill(lam1, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
+    lam1 = cfg.model_copy(update={"method": cfg.method.model_copy(update={"ft_weight": 1.0})})
+    assert distill(lam1, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
                        desc="kd")["kd_grad_ratio"] == 0.0  # the control: no KD gradient
     assert 0.0 <= got["kd_teacher_top1"] <= 1.0
     llm.reset(start)
     # lam = 0: training on L_KD alone moves the LLM towards the client's distribution.
     before = float(kd.detach())
-    mkt.distill(cfg, llm, records, targets, epochs=3, lr=1e-2, seed=0, desc="kd")
+    distill(cfg, llm, records, targets, epochs=3, lr=1e-2, seed=0, desc="kd")
     llm.model.eval()
     with torch.no_grad():
-        after = float(mkt.kd_loss(targets, llm.model(**batch), batch, temperature=1.0,
+        after = float(kd_loss(targets, llm.model(**batch), batch, temperature=1.0,
                                   positions="all"))
     assert after < before - 0.05
 
@@ -292,13 +311,13 @@ def test_fedmkt_hetero_rounds_transfer_both_ways(make_config):
     root = default_state_root(cfg)
     for cid in (0, 1):
         names = {p.name.split(".")[0] for p in (root / f"client_{cid}").iterdir()}
-        assert names == {"adapter", "own_topk", "server_topk"}
+        assert names == {"adapter", "own_topk", "s0"}
     assert set(clients.traffic.metrics[0]) >= {"train/kd_loss", "train/kd_from_server",
                                                "test/accuracy"}
     # Downlink: the same S_0 (the LLM's tokens) to both clients, after the LLM trained.
-    assert torch.equal(sent[0]["topk"]["indices"], sent[1]["topk"]["indices"])
-    assert sent[0]["vocab_size"] == mkt.vocab_size(server.llm.tokenizer)
-    assert torch.equal(sent[0]["topk"]["losses"], server.own_knowledge().losses)
+    assert torch.equal(sent[0]["s0"]["indices"], sent[1]["s0"]["indices"])
+    assert sent[0]["vocab_size"] == vocab_size(server.llm.tokenizer)
+    assert torch.equal(sent[0]["s0"]["losses"], server.own_knowledge().losses)
 
     rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     for cid in (0, 1):

@@ -9,7 +9,7 @@ import torch
 
 from fedkt.config import ModelConfig, TrainingConfig, apply_overrides, parse_config
 from fedkt.methods import get_method
-from fedkt.methods.fedsp import (
+from fedkt.methods.fedsp.training import (
     align_auxiliary,
     align_params,
     capture_local_knowledge,

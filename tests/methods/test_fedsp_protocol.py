@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from fedkt.config import load_config
 from fedkt.methods import get_method
-from fedkt.methods.fedsp import (
+from fedkt.methods.fedsp.training import (
     PAPER_ADAMW,
     optimizer_tensors,
     stage_optimizer,
@@ -258,8 +258,8 @@ def test_shipped_suite_decides_on_accuracy_with_the_controls():
     assert fedsp.clients.num_clients == 10 and fedsp.data.split.scheme == "fedmkt"
     assert ctrl.method.server_only and ctrl.method.server_prompt_steps == \
         fedsp.method.server_prompt_steps
-    assert (ctrl.method.server_lr or ctrl.method.prompt_lr) == (
-        fedsp.method.server_lr or fedsp.method.prompt_lr)  # FedSP's server stage exactly
+    assert (ctrl.method.server_prompt_lr or ctrl.method.prompt_lr) == (
+        fedsp.method.server_prompt_lr or fedsp.method.prompt_lr)  # FedSP's server stage exactly
     assert suite.runs[("fedprompt_single", 0)].method.cross_layer_sharing is False
     assert suite.runs[("fedsp_no_cs", 0)].method.prompt_transfer == "repeat"
     assert all(cfg.training.precision != "bf16" for cfg in suite.runs.values())

@@ -16,24 +16,22 @@ import torch.nn.functional as F
 
 from fedkt.config import ConfigError, ModelConfig, apply_overrides, parse_config
 from fedkt.data.images import data_spec, image_tensors
-from fedkt.losses import (
-    BridgingMatrix,
-    koala_integrate_logits,
-    koala_kd_loss,
-    koala_refine_logits,
-)
 from fedkt.methods import get_method
-from fedkt.methods.koala import (
+from fedkt.methods.koala.losses import (
+    BridgingMatrix,
     forward_distillation_loss,
     hete_soft_labels,
     homo_soft_labels,
+    koala_integrate_logits,
+    koala_kd_loss,
+    koala_refine_logits,
     reverse_distillation_loss,
 )
 from fedkt.models.vision import build_model, pool_features
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import TIMING_KEYS
+from fedkt.tracking import without_timings
 from fedkt.train.pretrain import VisionPretrain, pretrained_model, server_pretrain_records
 from fedkt.train.vision import predict_logits
 
@@ -100,10 +98,13 @@ def clone(state):
 
 
 def saved_small(cfg, cid):
+    """The small model client ``cid`` last kept (the held object ``model``)."""
     from safetensors.torch import load_file
 
-    files = sorted((default_state_root(cfg) / f"client_{cid}").glob("small.*.safetensors"))
-    return load_file(str(files[-1]))
+    files = sorted((default_state_root(cfg) / f"client_{cid}").glob("model.*.safetensors"))
+    saved = load_file(str(files[-1]))
+    saved.pop("__version__")
+    return saved
 
 
 # --------------------------------------------------------------------------- equations
@@ -249,7 +250,7 @@ def test_reverse_distillation_trains_only_the_large_models_adapter(tmp_path):
     clients.start_round(1)
 
     # Capture the soft labels the round distils from, to check that the KL fell.
-    import fedkt.methods.koala as K
+    import fedkt.methods.koala.algorithm as K
 
     real = K.homo_soft_labels
 
@@ -331,7 +332,7 @@ def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path, m
         return koala_config(tmp_path, "method.mode=hete", f"clients.models={HETE}", name=name)
 
     def numbers(rows):
-        return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+        return without_timings(rows)
 
     cfg_a = config("a")
     a = numbers(run_job(cfg_a, LocalTransport(default_state_root(cfg_a)), quiet=True))
@@ -595,7 +596,7 @@ def test_pretrained_external_models_get_imagenet_normalisation():
 
 
 def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
-    import fedkt.methods.koala as K
+    import fedkt.methods.koala.algorithm as K
 
     real_train = K.train_vision
 
@@ -621,7 +622,7 @@ def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
             server.round(1, clients)
         finally:
             K.train_vision = real_train
-        own = K.homo_soft_labels(server.small_logits("global"), 7.0)
+        own = K.homo_soft_labels(predict_logits(server.small["global"], server.proxy_images), 7.0)
         return own, targets[0], server
 
     own, used, _ = round_of("clients")

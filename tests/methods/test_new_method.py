@@ -1,7 +1,9 @@
 """Adding a method: copy a method package, rename it, register it; nothing else changes.
 
 A sixth method made from a copy of ``fedkt/methods/fedavg/`` outside fedkt, with no other
-file touched, is found by name, runs, and computes what FedAvg computes.
+file touched, is found by name, runs, computes what FedAvg computes, and passes the
+conformance checks every method passes (its uploads within the declaration it carries,
+payload inspection clean, resume exact: ``tests/methods/test_conformance.py``).
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from fedkt.config import ConfigError
 from fedkt.methods import available, get_method, registry
 from fedkt.runner import client_state_root, run_job
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import TIMING_KEYS
+from fedkt.tracking import without_timings
+from tests.methods.test_conformance import check_method
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(cfg) -> list[dict]:
     rows = run_job(cfg, LocalTransport(client_state_root(cfg)), quiet=True)
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+    return without_timings(rows)
 
 
 def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_config,
@@ -56,3 +59,5 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
             assert (w["bytes_sent"] - g["bytes_sent"]) % 3 == 0 and \
                 0 < w["bytes_sent"] - g["bytes_sent"] < 100
             assert g["bytes_received"] == w["bytes_received"]
+    # The copy carries its declaration (uploads, tiny config): it conforms like any method.
+    check_method("toy", tmp_path / "conformance")

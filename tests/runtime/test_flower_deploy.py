@@ -16,7 +16,7 @@ import pytest
 from fedkt.runner import run_job
 from fedkt.runtime.flower_deploy import free_port, start_superlink, start_supernode, submit_job
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import TIMING_KEYS
+from fedkt.tracking import without_timings
 
 _sim = importlib.import_module(__name__.rpartition(".")[0] + ".test_flower_sim"
                                if "." in __name__ else "test_flower_sim")
@@ -129,7 +129,7 @@ def test_fedavg_job_on_superlink_matches_local_run(federation, tmp_path):
     deployed_cfg = small_config(tmp_path / "deployed", "runtime.name=flower",
                                 f"runtime.superlink={superlink}")
     rows = submit_job(deployed_cfg, quiet=True)
-    strip = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in local]
-    assert [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows] == strip
+    strip = without_timings(local)
+    assert without_timings(rows) == strip
     assert {r["participant"] for r in rows if r["split"] == "test"} == {
         "server", "client_0", "client_1"}

@@ -9,7 +9,7 @@ import pytest
 from fedkt.runner import client_state_root, final_metrics, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import TIMING_KEYS
+from fedkt.tracking import without_timings
 
 
 def local(cfg):
@@ -21,7 +21,7 @@ def _run(cfg, **kw):
 
 
 def _numbers(rows):
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+    return without_timings(rows)
 
 
 def test_fedavg_run_writes_metrics_bytes_and_checkpoints(make_config):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fedkt.methods import register
 from fedkt.methods.base import Method
+from fedkt.methods.uploads import ADAPTER, NUMBER
 from fedkt.train.lm import client_evaluate
 
 from .algorithm import Adapter, FedAvgServer, average_client_adapters, client_train
@@ -21,6 +22,10 @@ METHOD = register(Method(
     name="fedavg", config=FedAvgConfig, server=FedAvgServer,
     handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
     model_lr=True, server_sees="adapter", clients_see="global adapter",
+    # McMahan et al.: the locally trained adapter theta_k and n_k.
+    uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
+             "evaluate": {}},
+    tiny_config="fedavg/tiny",
     summary="FedAvg of LoRA/prefix adapters on a shared client model",
     paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
           "Decentralized Data, AISTATS 2017",

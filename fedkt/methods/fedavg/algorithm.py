@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from fedkt.errors import ConfigError
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.payload import Payload
 from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, train_lm
@@ -78,7 +79,7 @@ class FedAvgServer(Server[FedAvgConfig]):
     def setup(self) -> None:
         models = {m.model_dump_json(exclude={"lr"}) for m in self.cfg.clients.models}
         if len(models) > 1:
-            raise ValueError("clients.models: fedavg needs one model shared by all clients")
+            raise ConfigError("clients.models: fedavg needs one model shared by all clients")
         self.lm = client_lm(self.cfg, 0)
         self.adapter = self.lm.trainable()
 

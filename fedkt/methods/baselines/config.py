@@ -1,0 +1,70 @@
+"""The baselines' settings; ``family`` names the kind of model each one trains."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from fedkt.config import MethodConfig
+from fedkt.exchange import ExchangeSettings
+from fedkt.train.encoder import EncoderHead
+from fedkt.train.pretrain import VisionPretrain
+
+# ------------------------------------------------------------------ causal LMs
+
+
+class ZeroShotConfig(MethodConfig):
+    family: ClassVar[str] = "lm"
+    name: Literal["zero_shot"] = "zero_shot"
+
+
+class StandaloneConfig(MethodConfig):
+    family: ClassVar[str] = "lm"
+    name: Literal["standalone"] = "standalone"
+
+
+class CentralizedConfig(MethodConfig):
+    family: ClassVar[str] = "lm"
+    name: Literal["centralized"] = "centralized"
+    include_public: bool = True
+
+
+# ------------------------------------------------------------------ text classifiers
+
+
+class EncoderChoice(EncoderHead):
+    """Which encoder: ``clients.models[0]`` whole (teacher size) or cut (student size)."""
+
+    family: ClassVar[str] = "encoder"
+    # None: the whole encoder (teacher size); N: its embeddings + first N layers.
+    layers: int | None = Field(None, ge=1)
+    freeze_embeddings: bool = True
+
+
+class StandaloneEncoderConfig(EncoderChoice):
+    name: Literal["standalone_encoder"] = "standalone_encoder"
+
+
+class CentralizedEncoderConfig(EncoderChoice):
+    name: Literal["centralized_encoder"] = "centralized_encoder"
+    include_public: bool = True
+
+
+class FedAvgEncoderConfig(EncoderChoice, ExchangeSettings):
+    name: Literal["fedavg_encoder"] = "fedavg_encoder"
+    compress: bool = False
+
+
+# ------------------------------------------------------------------ image classifiers
+
+
+class FedAvgVisionConfig(MethodConfig):
+    name: Literal["fedavg_vision"] = "fedavg_vision"
+    # server: clients run the server's (large, pretrained) model; client: clients.models.
+    model: Literal["server", "client"] = "server"
+    # head: only the classifier head trains (KOALA's baseline); full: every weight.
+    trainable: Literal["head", "full"] = "head"
+    weighted: bool = True
+    # Pretraining of the server model's backbone (used with model: server).
+    pretrain: VisionPretrain = Field(default_factory=VisionPretrain)

@@ -1,0 +1,34 @@
+"""FedCoLLM: FedAvg of the clients' SLM adapter, then co-tuning of the server's LLM and the
+global SLM by mutual distillation (Fan et al., arXiv:2411.11707).
+
+``config.py`` (settings), ``cotune.py`` (Eqs. 4-6, the server's co-tuning), ``algorithm.py``
+(the server's round; the clients run FedAvg's ``train`` handler).
+"""
+
+from __future__ import annotations
+
+from fedkt.methods import register
+from fedkt.methods.base import Method
+from fedkt.methods.fedavg import client_train
+from fedkt.methods.uploads import ADAPTER, NUMBER
+from fedkt.train.lm import client_evaluate
+
+from .algorithm import FedCoLLMServer
+from .config import FedCoLLMConfig
+from .cotune import CrossTokenizerKL, cotune, cotune_losses, kd_gradient_ratios, kd_mask, mutual_kl
+
+__all__ = ["METHOD", "CrossTokenizerKL", "FedCoLLMConfig", "FedCoLLMServer", "cotune",
+           "cotune_losses", "kd_gradient_ratios", "kd_mask", "mutual_kl"]
+
+METHOD = register(Method(
+    name="fedcollm", config=FedCoLLMConfig, server=FedCoLLMServer,
+    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
+    server_sees="SLM adapter", clients_see="global SLM adapter",
+    # Algorithm 1 steps 2-3: the SLM's LoRA theta_k (co-tuning happens on the server).
+    uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
+             "evaluate": {}},
+    tiny_config="fedcollm/tiny",
+    summary="FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
+    paper="Fan et al., FedCoLLM: A Parameter-Efficient Federated Co-tuning Framework for "
+          "Large and Small Language Models, arXiv:2411.11707",
+))

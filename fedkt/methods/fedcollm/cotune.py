@@ -1,0 +1,209 @@
+"""FedCoLLM's server step: co-tuning the LLM and the global SLM on D_a (Eqs. 4-6).
+
+Fan, Kang, Ma, Fan, Chen, Yang, "FedCoLLM: A Parameter-Efficient Federated Co-tuning
+Framework for Large and Small Language Models", arXiv:2411.11707, Algorithm 1 lines 14-18::
+
+    L^f = L_FT^f(omega) + lambda * L_KD^f,   L_KD^f = KL(g || f)   (LLM adapter omega)
+    L^g = L_FT^g(theta) + lambda * L_KD^g,   L_KD^g = KL(f || g)   (SLM adapter theta)
+    L_2 = L^f + L^g                                                 (Eq. 6)
+
+(lambda is ``method.kd_weight``).  When f and g share a tokenizer the KL terms compare
+full next-token distributions position by position (:func:`mutual_kl`); when they do not,
+:class:`CrossTokenizerKL` aligns both sequences and compares mapped top-K distributions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedkt.alignment.bridge import TokenBridge
+from fedkt.alignment.vocab import vocab_hash
+from fedkt.data.lm_batches import IGNORE_INDEX
+from fedkt.losses import kl_div
+from fedkt.precision import autocast, grad_scaler
+from fedkt.train.lm import LM, lm_batches
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import grad_norm, make_optimizer, step
+
+from .config import FedCoLLMConfig
+
+__all__ = ["CoTuneLosses", "CrossTokenizerKL", "cotune", "cotune_losses", "kd_gradient_ratios",
+           "kd_mask", "mutual_kl", "same_tokenizer"]
+
+
+@dataclass
+class CoTuneLosses:
+    """One co-tuning batch: the parts of Eqs. 4-6 (all scalars in the graph)."""
+
+    ft_llm: Tensor  # L_FT^f
+    ft_slm: Tensor  # L_FT^g
+    kd_llm: Tensor  # L_KD^f = KL(g || f): the LLM learns from the SLM
+    kd_slm: Tensor  # L_KD^g = KL(f || g): the SLM learns from the LLM
+    llm: Tensor  # L^f = L_FT^f + lambda * L_KD^f
+    slm: Tensor  # L^g = L_FT^g + lambda * L_KD^g
+
+    @property
+    def total(self) -> Tensor:
+        """Eq. 6: ``L^f + L^g``; omega appears only in L^f and theta only in L^g unless
+        ``cotune_gradients: joint`` leaves the KD targets in the graph."""
+        return self.llm + self.slm
+
+
+def kd_mask(batch: dict[str, Tensor], positions: str) -> Tensor:
+    """[B, L] bool: logits at t count when token t + 1 is a target (or any real token)."""
+    nxt = batch["labels"] != IGNORE_INDEX if positions == "target" else batch["attention_mask"] > 0
+    mask = torch.zeros_like(nxt, dtype=torch.bool)
+    mask[:, :-1] = nxt[:, 1:]
+    return mask
+
+
+def mutual_kl(
+    f_logits: Tensor,
+    g_logits: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    *,
+    detach_targets: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """FedCoLLM's two KD terms: ``(KL(f || g), KL(g || f))``, the first argument the target.
+
+    ``KL(f || g)`` teaches g (the SLM's term, Eq. 5) and ``KL(g || f)`` teaches f (the
+    LLM's, Eq. 4).  With ``detach_targets`` each target is a constant, so each term's
+    gradient reaches only its student (the paper's per-model update, Algorithm 1
+    lines 16-17); without it both terms reach both models.
+    """
+    f_t, g_t = (f_logits.detach(), g_logits.detach()) if detach_targets else (f_logits, g_logits)
+    return kl_div(f_t, g_logits, temperature, mask), kl_div(g_t, f_logits, temperature, mask)
+
+
+class CrossTokenizerKL:
+    """FedCoLLM's two KL terms between an LLM (f) and an SLM (g) with different tokenizers,
+    through one :class:`~fedkt.alignment.bridge.TokenBridge` each way: each KL compares the
+    teacher side's top-K distribution, mapped into the other vocabulary, with the student
+    side's full distribution (:meth:`TokenBridge.kl <fedkt.alignment.bridge.TokenBridge.kl>`)."""
+
+    def __init__(self, f_tokenizer: Any, g_tokenizer: Any, top_k: int) -> None:
+        self.f2g = TokenBridge(f_tokenizer, g_tokenizer)
+        self.g2f = TokenBridge(g_tokenizer, f_tokenizer)
+        self.top_k = top_k
+
+    def mutual_kl(self, f_logits: Tensor, g_logits: Tensor, f_batch: dict[str, Tensor],
+                  g_batch: dict[str, Tensor], positions: str, temperature: float, *,
+                  detach_targets: bool = False) -> tuple[Tensor, Tensor]:
+        """``(KL(f || g), KL(g || f))`` across tokenizers, as :func:`mutual_kl`."""
+        g_from_f, f_from_g = self.f2g.align_batch(f_batch, g_batch)
+        f_t, g_t = ((f_logits.detach(), g_logits.detach()) if detach_targets
+                    else (f_logits, g_logits))
+        kl_fg = self.f2g.kl(f_t, g_logits, g_from_f, kd_mask(g_batch, positions), temperature,
+                            self.top_k)
+        kl_gf = self.g2f.kl(g_t, f_logits, f_from_g, kd_mask(f_batch, positions), temperature,
+                            self.top_k)
+        return kl_fg, kl_gf
+
+
+def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str, Tensor],
+                  g_batch: dict[str, Tensor], method: FedCoLLMConfig,
+                  bridge: CrossTokenizerKL | None = None) -> CoTuneLosses:
+    """Eqs. 4-6 on one D_a batch (``f_batch`` tokenized for the LLM, ``g_batch`` for the SLM)."""
+    f_out, g_out = llm(**f_batch), slm(**g_batch)
+    detach = method.cotune_gradients == "own"
+    if bridge is None:
+        if not torch.equal(f_batch["input_ids"], g_batch["input_ids"]):
+            raise ValueError("fedcollm: the LLM and SLM batches differ; a shared tokenizer "
+                             "must give identical token ids")
+        vocab = min(f_out.logits.shape[-1], g_out.logits.shape[-1])  # padded embeddings differ
+        kl_fg, kl_gf = mutual_kl(f_out.logits[..., :vocab].float(),
+                                 g_out.logits[..., :vocab].float(), method.temperature,
+                                 kd_mask(g_batch, method.kd_positions), detach_targets=detach)
+    else:
+        kl_fg, kl_gf = bridge.mutual_kl(f_out.logits, g_out.logits, f_batch, g_batch,
+                                        method.kd_positions, method.temperature,
+                                        detach_targets=detach)
+    lam = method.kd_weight
+    return CoTuneLosses(ft_llm=f_out.loss, ft_slm=g_out.loss, kd_llm=kl_gf, kd_slm=kl_fg,
+                        llm=f_out.loss + lam * kl_gf,  # L^f (Eqs. 4-5)
+                        slm=g_out.loss + lam * kl_fg)  # L^g
+
+
+def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
+           bridge: CrossTokenizerKL | None = None) -> dict[str, float]:
+    """Server step of Algorithm 1: co-tune omega and theta on D_a (Eqs. 4-6), in place.
+
+    Each step back-propagates ``L^f + L^g`` (Eq. 6) once: with the KD targets detached
+    (``cotune_gradients: own``) omega receives exactly grad L^f and theta grad L^g.  The
+    LLM's optimiser steps omega with ``llm_lr``, the SLM's steps theta with ``slm_lr``.
+    """
+    method: FedCoLLMConfig = cfg.method
+    epochs = max(1, math.ceil(method.cotune_epochs))
+    f_batches: list[dict[str, Tensor]] = []
+    g_batches: list[dict[str, Tensor]] = []
+    for epoch in range(epochs):  # same seed and records: both sides see the same examples
+        g_batches += lm_batches(cfg, slm.tokenizer, records, seed=seed + epoch)
+        if bridge is not None:
+            f_batches += lm_batches(cfg, llm.tokenizer, records, seed=seed + epoch)
+    if bridge is None:
+        f_batches = g_batches
+    total = max(1, math.ceil(method.cotune_epochs * len(g_batches) / epochs))
+    total = min(method.cotune_max_steps or total, total, len(g_batches))
+    if total == 0 or not g_batches:
+        return {}
+    f_params = [p for p in llm.model.parameters() if p.requires_grad]
+    g_params = [p for p in slm.model.parameters() if p.requires_grad]
+    opt_f, sched_f = make_optimizer(f_params, cfg.training, total, lr=method.llm_lr)
+    opt_g, sched_g = make_optimizer(g_params, cfg.training, total, lr=method.slm_lr)
+    f_dev = next(llm.model.parameters()).device
+    g_dev = next(slm.model.parameters()).device
+    scaler = grad_scaler(cfg, f_dev)
+    ratios: dict[str, float] = {}
+
+    def batch_loss(i: int, batches: tuple[dict[str, Tensor], dict[str, Tensor]]
+                   ) -> tuple[Tensor, dict[str, Tensor]]:
+        f_batch = {k: v.to(f_dev) for k, v in batches[0].items()}
+        g_batch = {k: v.to(g_dev) for k, v in batches[1].items()}
+        with autocast(cfg, f_dev):  # the KL terms cast logits to fp32
+            parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, method, bridge)
+        if i == 0:  # diagnostics on the round's first batch (no effect on training)
+            ratios.update(kd_gradient_ratios(parts, f_params, g_params))
+        return parts.total, {name: getattr(parts, name) for name in  # Eq. 6: L^f + L^g
+                             ("llm", "slm", "ft_llm", "ft_slm", "kd_llm", "kd_slm")}
+
+    # One backward of L^f + L^g; each optimiser steps its own adapter at its own rate.
+    stats = run_steps(zip(f_batches[:total], g_batches[:total], strict=True), batch_loss,
+                      lambda loss: step(loss, [opt_f, opt_g], clip=[f_params, g_params],
+                                        max_grad_norm=cfg.training.max_grad_norm,
+                                        scaler=scaler, schedules=[sched_f, sched_g]),
+                      modules=[llm.model, slm.model], seed=seed, total=total,
+                      desc="fedcollm co-tune")
+    # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
+    return ({f"cotune_{k}": v for k, v in stats.means().items()} | {"cotune_steps": total}
+            | {f"cotune_{k}": v for k, v in ratios.items()})
+
+
+def kd_gradient_ratios(parts: CoTuneLosses, f_params: list[Tensor], g_params: list[Tensor]
+                       ) -> dict[str, float]:
+    """How much of each adapter's co-tuning gradient the distillation contributes.
+
+    ``kd_grad_ratio_llm = ||grad_omega (L_2 - L_FT^f)|| / ||grad_omega L_FT^f||``: the norm of
+    everything but the LLM's own task loss (its KD term; with ``joint`` gradients also the
+    SLM's) against the task loss's; ``kd_grad_ratio_slm`` likewise for theta.  Computed on
+    the retained graph, so the update that follows is unchanged.
+    """
+    out = {}
+    for name, ft, params in (("llm", parts.ft_llm, f_params), ("slm", parts.ft_slm, g_params)):
+        kd = grad_norm(parts.total - ft, params)  # 0 with lambda = 0: nothing else reaches them
+        out[f"kd_grad_ratio_{name}"] = kd / max(grad_norm(ft, params), 1e-30)
+    return out
+
+
+def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict]) -> bool:
+    """Whether LLM and SLM tokenize D_a identically (then no alignment is needed)."""
+    if vocab_hash(f_tok) != vocab_hash(g_tok):
+        return False
+    f = lm_batches(cfg, f_tok, records, seed=None, batch_size=1)
+    g = lm_batches(cfg, g_tok, records, seed=None, batch_size=1)
+    return all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(f, g, strict=True))

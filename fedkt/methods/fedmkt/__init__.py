@@ -1,0 +1,58 @@
+"""FedMKT: mutual knowledge transfer between a server LLM and heterogeneous client SLMs by
+top-K logits on a public set (Fan et al., COLING 2025), and its LLM2SLM baseline.
+
+``config.py`` (settings), ``distill.py`` (Algorithm 2, Eqs. 5-10), ``algorithm.py`` (the
+server's round and the client handlers).  Knowledge sets, token alignment and targets
+are shared pieces in :mod:`fedkt.alignment`.
+"""
+
+from __future__ import annotations
+
+from fedkt.methods import register
+from fedkt.methods.base import Method
+from fedkt.methods.uploads import ADAPTER, NUMBER, TOPK
+from fedkt.train.lm import client_evaluate, saved_client_lm
+
+from .algorithm import (
+    S0,
+    FedMKTServer,
+    client_adopt,
+    client_distill,
+    client_train_and_share,
+)
+from .config import FedMKTConfig, LLM2SLMConfig
+from .distill import distill, dual_min_ce, lambda_mix
+
+__all__ = ["LLM2SLM", "METHOD", "S0", "FedMKTConfig", "FedMKTServer", "LLM2SLMConfig",
+           "distill", "dual_min_ce", "lambda_mix"]
+
+_HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distill,
+             "adopt": client_adopt, "evaluate": client_evaluate}
+# Algorithm 1: S_k = the top-K logits of every position on the public set and the
+# per-sample losses, named by public index; the SLM's LoRA never leaves (but with
+# post_fedavg, an extension, which averages the SLM adapters after step 7).
+_UPLOADS = {"train_and_share": {"train_loss": NUMBER, "vocab_size": NUMBER, "k": NUMBER,
+                                "topk": TOPK},
+            "distill": {"kd_loss": NUMBER, "adapter": ADAPTER, "num_examples": NUMBER},
+            "adopt": {}, "evaluate": {}}
+_PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and Small "
+          "Language Models, COLING 2025 (arXiv:2406.02224)")
+
+METHOD = register(Method(
+    name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
+    client_model=saved_client_lm, model_lr=True,
+    server_sees="SLM top-K logits on public data", clients_see="LLM top-K logits on public data",
+    uploads=_UPLOADS, tiny_config="fedmkt/tiny",
+    summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
+            "SLMs (token alignment, DualMinCE)",
+    paper=_PAPER,
+))
+LLM2SLM = register(Method(
+    name="llm2slm", config=LLM2SLMConfig, server=FedMKTServer, handlers=_HANDLERS,
+    client_model=saved_client_lm, model_lr=True,
+    server_sees="nothing", clients_see="LLM top-K logits on public data",
+    # Knowledge only flows LLM -> SLM: clients send losses only.
+    uploads={**_UPLOADS, "train_and_share": {"train_loss": NUMBER}}, tiny_config="fedmkt/tiny",
+    summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
+    paper=_PAPER,
+))

@@ -1,0 +1,309 @@
+"""FedMKT: federated mutual knowledge transfer between a server LLM and client SLMs.
+
+Fan, Ma, Kang, Gu, Song, Fan, Chen, Yang, "FedMKT: Federated Mutual Knowledge Transfer
+for Large and Small Language Models", COLING 2025 (arXiv:2406.02224), Algorithms 1-2,
+Appendix A (the steps of a round) and B (token alignment).
+
+The server holds an LLM with a LoRA adapter; client k holds its own SLM (any
+architecture and tokenizer) with a LoRA adapter that never leaves it.  Both sides
+know the public set D_p (``data.split``: the ``public`` part).  One round:
+
+1. client k trains its LoRA on its private data with the task loss (Eq. 4);
+2. it computes its knowledge set S_k on D_p: per-sample loss and the top-K logits of
+   every position (:class:`~fedkt.alignment.TopKLogits`, 6 bytes an entry), and uploads
+   it (no text: samples are named by their index in D_p);
+3. the server maps each S_k into the LLM's token space: positions through the sequence
+   alignment of the two tokenizations of each public sample (computed once per
+   tokenizer pair, cached in memory and on disk), ids through the MinED vocabulary
+   mapping (:mod:`fedkt.alignment`);
+4. DualMinCE (Algorithm 2, :func:`dual_min_ce`): per public sample the client logits
+   with the smallest loss are used only if that loss is below the LLM's own loss on
+   the sample; otherwise the sample gets no distillation (it is not in S~), or, with
+   ``fallback_to_own: true`` (FATE-LLM's "greater" strategy), the LLM's own top-K;
+   a position without an aligned teacher position gets a one-hot target on the
+   ground-truth token (Appendix B 3(d); ``unaligned``);
+5. the server trains its LoRA on D_p with L2 = lam L_FT + (1 - lam) L_KD (Eqs. 5, 7, 9);
+6. the server computes S_0 on D_p with its new adapter and sends it to every client;
+7. client k maps S_0 into its own token space, applies DualMinCE against its own
+   loss (its S_k of step 2) and trains on L3 = lam L_FT + (1 - lam) L_KD (Eqs. 6, 8, 10).
+
+``L_KD`` is the cross-entropy of the student against the softmax of the selected top-K
+logits (:func:`~fedkt.alignment.sparse_kd_loss`, no dense [B, L, V] target).
+
+Settings: heterogeneous (every client its own model), homogeneous (one client model;
+``post_fedavg`` averages the client adapters after step 7 as FATE-LLM's option does),
+one-to-one (one client).  ``llm2slm`` is the baseline where the LLM stays frozen and
+only teaches: steps 2-5 are skipped and S_0 travels once (clients keep it on disk).
+
+Messages per round and client: one ``train_and_share`` call (steps 1-2) and one
+``distill`` call (step 7, and the client's evaluation).  S_0 is the held object ``s0``
+(:mod:`fedkt.methods.holdings`, version = the round whose step 6 made it): a client is
+sent it only when it does not hold that version (LLM2SLM: once).
+
+Knowledge sets, their wire format and the targets built from them are in
+:mod:`fedkt.alignment` (``knowledge``, ``targets``, one cross-tokenizer ``bridge``);
+DualMinCE and the distillation step are in :mod:`.distill`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedkt.alignment.knowledge import (
+    PublicSet,
+    knowledge_set,
+    pack_topk,
+    packed_entries,
+    unpack_topk,
+    vocab_size,
+)
+from fedkt.alignment.targets import Received, build_targets, to_receiver
+from fedkt.alignment.topk import TopKLogits
+from fedkt.config import ModelConfig
+from fedkt.errors import ConfigError
+from fedkt.methods.base import ClientContext, Clients, Server, mean_number
+from fedkt.payload import Payload, PayloadError
+from fedkt.precision import autocast
+from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, server_lm, train_lm
+
+from .config import FedMKTConfig
+from .distill import DIAGNOSTICS, distill, dual_min_ce
+
+S0 = "s0"  # the held object: the server's knowledge set S_0, by the round that made it
+
+
+def other_losses(others: list[Received], own: TopKLogits) -> Tensor:
+    """[M, N]: each received set's per-sample loss (``inf`` where it sent nothing)."""
+    n = own.values.shape[0]
+    return torch.stack([o.losses for o in others]) if others else torch.zeros(0, n)
+
+
+class FedMKTServer(Server[FedMKTConfig]):
+    """Algorithm 1, server side: align the clients' S_k, DualMinCE, train, send S_0."""
+
+    def setup(self) -> None:
+        cfg, m = self.cfg, self.method
+        if cfg.server is None:
+            raise ConfigError("server: fedmkt needs the server's LLM (server: {name: ...})")
+        if not cfg.clients.models:
+            raise ConfigError("clients.models: fedmkt needs the clients' SLM(s)")
+        models = {c.model_dump_json(exclude={"lr"}) for c in cfg.clients.models}
+        if m.post_fedavg and len(models) > 1:
+            raise ConfigError("method.post_fedavg: averaging client adapters needs one model "
+                              "shared by all clients (the homogeneous setting)")
+        records = self.data().public
+        if not records:
+            raise ConfigError("data.split: fedmkt transfers knowledge on the public set, which "
+                              "is empty; use split scheme 'fedmkt' or public_fraction > 0")
+        self.llm = server_lm(cfg)
+        self.adapter = self.llm.trainable()
+        self.public = PublicSet.build(cfg, self.llm.tokenizer, records)
+        self.global_adapter: dict[str, Tensor] | None = None
+        self.s0: TopKLogits | None = None  # S_0 of the current adapter
+        self.s0_version = 0  # round whose step 6 made S_0 (0: the initial adapter)
+        self._client_sides: dict[str, tuple[Any, PublicSet]] = {}
+
+    def own_knowledge(self) -> TopKLogits:
+        """S_0 of the LLM's current adapter (recomputed after training or a resume)."""
+        if self.s0 is None:
+            with autocast(self.cfg, self.llm.model):
+                self.s0 = knowledge_set(self.llm.reset(self.adapter), self.public,
+                                        self.method.top_k, batch_size=self.cfg.eval.batch_size,
+                                        reduction=self.method.selection_loss)
+        return self.s0
+
+    def client_side(self, cid: int) -> tuple[Any, PublicSet]:
+        """Client ``cid``'s tokenizer and its tokenization of D_p (for step 3)."""
+        mcfg: ModelConfig = self.cfg.clients.model_for(cid)
+        key = mcfg.model_dump_json()
+        if key not in self._client_sides:
+            tok = _tokenizer(mcfg)
+            self._client_sides[key] = (tok, PublicSet.build(self.cfg, tok, self.data().public))
+        return self._client_sides[key]
+
+    def round(self, rnd: int, clients: Clients) -> dict[str, float]:
+        m: FedMKTConfig = self.method
+        # 1-2. clients train on private data (Eq. 4) and share S_k (not in LLM2SLM)
+        msg = Payload(share=m.llm_training)
+        replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
+        metrics: dict[str, float] = {}
+        loss = mean_number(replies, "train_loss")
+        if loss is not None:
+            metrics["train/client_loss"] = loss
+        if m.llm_training:
+            metrics.update(self.learn_from_clients(rnd, replies, clients))
+            self.s0, self.s0_version = None, rnd
+        # 6. S_0 of the (new) adapter goes to every client that lacks this version
+        s0 = pack_topk(self.own_knowledge())
+        msgs = {cid: self.holdings.offer(Payload(vocab_size=self.s0.vocab_size, k=m.top_k),
+                                         cid, S0, self.s0_version, s0) for cid in replies}
+        # 7. clients align S_0, DualMinCE against their own loss, train on L3
+        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs), which
+            # every client then adopts and evaluates (an extension: the paper does not average)
+            got, self.global_adapter = clients.aggregate(
+                "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
+            clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
+        else:
+            got = clients.call("distill", msgs)
+        self.holdings.confirm(msgs, got, S0, self.s0_version)
+        kd = mean_number(got, "kd_loss")
+        if kd is not None:
+            metrics["train/client_kd_loss"] = kd
+        return metrics
+
+    def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
+                           ) -> dict[str, float]:
+        """Steps 3-5: validate and align each S_k, DualMinCE, train the LLM on L2.
+
+        A client whose S_k fails validation is excluded from the round (with the reason).
+        """
+        m: FedMKTConfig = self.method
+        own = self.own_knowledge()
+
+        def receive(cid: int, reply: Payload) -> tuple[Received, dict]:
+            source = f"client {cid}"
+            tok, pub = self.client_side(cid)
+            packed = reply.state("topk", source=source, finite=False)
+            if reply.get("k") != m.top_k:
+                raise PayloadError(f"{source}: field 'k' is {reply.get('k')!r}, "
+                                   f"expected {m.top_k}")
+            topk = unpack_topk(packed, vocab_size(tok), m.top_k, source)  # on receipt
+            # 3. SLM -> LLM tokens
+            return to_receiver(topk, tok, pub, self.llm.tokenizer, self.public, source), packed
+
+        checked = clients.validate(dict(sorted(replies.items())), receive, "train_and_share")
+        rejected = len(replies) - len(checked)
+        others: list[Received] = [aligned for aligned, _ in checked.values()]
+        entries = tensor_bytes = 0
+        for _, packed in checked.values():
+            e, b = packed_entries(packed)
+            entries, tensor_bytes = entries + e, tensor_bytes + b
+        # 4. DualMinCE (Algorithm 2); 5. L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9)
+        selection = dual_min_ce(own.losses, other_losses(others, own))
+        targets = build_targets(own, others, self.public, selection,
+                                fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
+        stats = distill(self.cfg, self.llm.reset(self.adapter), self.data().public, targets,
+                        epochs=m.server_kd_epochs, lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"),
+                        desc="server kd")
+        self.adapter = self.llm.trainable()
+        out = {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
+               "train/kd_from_clients": targets.fraction_from_others(),
+               "train/kd_one_hot": stats["kd_one_hot"],
+               **{f"train/{k}": stats[k] for k in DIAGNOSTICS},
+               "train/topk_entries": entries, "train/rejected_clients": rejected}
+        if entries:
+            out["train/topk_bytes_per_entry"] = tensor_bytes / entries
+        return out
+
+    def evaluate(self, rnd: int) -> dict[str, float]:
+        return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
+
+    def server_model(self) -> LM:
+        return self.llm.reset(self.adapter)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        state = {f"llm.{k}": v for k, v in self.adapter.items()}
+        if self.global_adapter is not None:
+            state.update({f"slm.{k}": v for k, v in self.global_adapter.items()})
+        state["s0_version"] = torch.tensor([self.s0_version], dtype=torch.int64)
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.adapter = {k[4:]: v for k, v in state.items() if k.startswith("llm.")}
+        slm = {k[4:]: v for k, v in state.items() if k.startswith("slm.")}
+        self.global_adapter = slm or None
+        if "s0_version" in state:
+            self.s0_version = int(state["s0_version"][0])
+        self.s0 = None
+
+
+# --------------------------------------------------------------------------- client side
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(mcfg: ModelConfig) -> Any:
+    """A model's tokenizer, loaded once per process."""
+    from fedkt.models import load_tokenizer
+
+    key = mcfg.model_dump_json()
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_tokenizer(mcfg)
+    return _TOKENIZERS[key]
+
+
+def _client_public(ctx: ClientContext, lm: LM) -> PublicSet:
+    return PublicSet.build(ctx.cfg, lm.tokenizer, ctx.data().public)
+
+
+def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
+    """Steps 1-2: train the LoRA on private data (Eq. 4), compute S_k, upload it if asked."""
+    m: FedMKTConfig = ctx.method
+    lm = client_lm(ctx.cfg, ctx.cid)
+    lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
+    lr = ctx.cfg.clients.model_for(ctx.cid).lr  # D.1: each SLM's own rate
+    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), lr=lr,
+                     desc=f"{ctx.name} train")
+    ctx.save_state("adapter", lm.trainable())
+    with autocast(ctx.cfg, lm.model):
+        own = knowledge_set(lm, _client_public(ctx, lm), m.top_k,
+                            batch_size=ctx.cfg.eval.batch_size, reduction=m.selection_loss)
+    packed = pack_topk(own)
+    ctx.save_state("own_topk", packed)  # for this client's own DualMinCE in step 7
+    loss = stats["loss"] if math.isfinite(stats["loss"]) else 0.0
+    metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
+    reply = Payload(train_loss=loss, metrics=metrics)
+    if msg.get("share"):
+        entries, nbytes = packed_entries(packed)
+        reply.update(topk=packed, vocab_size=own.vocab_size, k=m.top_k)
+        metrics.update({"train/topk_entries": entries, "train/topk_bytes_per_entry": nbytes / entries
+                        if entries else 0.0})
+    return reply
+
+
+def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
+    """Step 7: align S_0 to this client's tokens, DualMinCE, train on L3 (Eqs. 6, 8, 10)."""
+    m: FedMKTConfig = ctx.method
+    lm = client_lm(ctx.cfg, ctx.cid)
+    lm.reset(ctx.load_state("adapter"))
+    public = _client_public(ctx, lm)
+    own_packed = ctx.load_state("own_topk")
+    if own_packed is None:
+        raise RuntimeError(f"{ctx.name}: no knowledge set of its own on disk; 'train_and_share' "
+                           "must run before 'distill'")
+    own = unpack_topk(own_packed, vocab_size(lm.tokenizer), m.top_k, f"{ctx.name} (own)")
+    server_tok = _tokenizer(ctx.cfg.server)
+    packed = ctx.received(msg, S0, finite=False)  # sent now, or kept from an earlier round
+    s0 = unpack_topk(packed, vocab_size(server_tok), m.top_k, "server")  # validated on receipt
+    server_public = PublicSet.build(ctx.cfg, server_tok, ctx.data().public)
+    aligned = to_receiver(s0, server_tok, server_public, lm.tokenizer, public, "server")
+    selection = dual_min_ce(own.losses, other_losses([aligned], own))  # Algorithm 2
+    targets = build_targets(own, [aligned], public, selection,
+                            fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
+    stats = distill(ctx.cfg, lm, ctx.data().public, targets, epochs=m.client_kd_epochs,
+                    lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
+                    seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
+    ctx.save_state("adapter", lm.trainable())
+    metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
+               "train/kd_from_server": targets.fraction_from_others(),
+               "train/kd_one_hot": stats["kd_one_hot"],
+               **{f"train/{k}": stats[k] for k in DIAGNOSTICS}}
+    reply = Payload(kd_loss=stats["kd_loss"], metrics=metrics)
+    if m.post_fedavg:  # evaluated in 'adopt', after the averaging
+        reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
+    else:
+        metrics.update(client_test_metrics(ctx, lm))
+    return reply
+
+
+def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:
+    """``post_fedavg``: keep the averaged adapter as this client's model and evaluate it."""
+    lm = client_lm(ctx.cfg, ctx.cid)
+    lm.reset(msg.state("adapter", like=lm.initial, source="server"))
+    ctx.save_state("adapter", lm.trainable())
+    return Payload(metrics=client_test_metrics(ctx, lm))

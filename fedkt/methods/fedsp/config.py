@@ -1,0 +1,119 @@
+"""FedSP's settings, and those of its baselines FedPrompt and FedPrompt-Single."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from fedkt.config import MethodConfig, RunConfig
+
+
+class PromptMessengerConfig(MethodConfig):
+    """Settings shared by FedSP, FedPrompt and FedPrompt-Single (defaults: the paper's and,
+    where the paper is silent, the reference scripts').
+
+    Local and server training use ``training.batch_size``; ``training.prefix_tokens``
+    is the prompt length (40 in the paper); ``training.peft`` is ignored (always
+    prefix tuning).
+    """
+
+    # "auxiliary": FedSP's cut model; "llm": clients hold the whole LLM (FedPrompt).
+    client_model: Literal["auxiliary", "llm"] = "auxiliary"
+    # N real layers of the auxiliary model and where they come from in the LLM.
+    aux_layers: int = Field(1, ge=1)
+    layer_position: Literal["bot", "mid", "top"] = "bot"
+    # N layers run L times (virtual depth L); off: depth N, prefixes of those layers only.
+    cross_layer_sharing: bool = True
+    # Eq. 2 before round 1: the paper runs 5,000 steps at lr 5e-4 on the server's data.
+    distill: bool = True
+    kd_steps: int = Field(5000, ge=0)
+    kd_lr: float = Field(5e-4, gt=0)
+    kd_batch_size: int | None = Field(None, ge=1)
+    # W_S of Eq. 2: learned (paper), or the identity (the reference code's plain MSE, which
+    # makes the auxiliary model's own last hidden states, the ones its head reads, match).
+    kd_map: Literal["learned", "identity"] = "learned"
+    # Keep the distilled auxiliary model in the fedkt cache, keyed by everything that
+    # determines it (LLM weights, spec, data, settings), so runs that share it skip Eq. 2.
+    kd_cache: bool = True
+    # Client: (i) align the auxiliary model with frozen prompts, then (ii) train the prompts.
+    alternating: bool = True
+    align_steps: int = Field(10, ge=1)
+    prompt_steps: int = Field(10, ge=1)
+    # Learning rates (None: training.lr); each method's own default is the reference
+    # scripts' (FedSP 5e-4 for both phases, FedPrompt-Single 5e-3, FedPrompt 5e-2).
+    align_lr: float | None = Field(5e-4, gt=0)
+    prompt_lr: float | None = Field(5e-4, gt=0)
+    # Server: further optimisation of the aggregated prompts in the LLM on its own data
+    # (Sec. 3.2; the reference's MAKE_GLOBAL_TRAIN).  server_prompt_lr None: prompt_lr.
+    server_prompt_steps: int = Field(10, ge=0)
+    server_prompt_lr: float | None = Field(None, gt=0)
+    # Optimiser of every stage (client align, client prompts, server prompts): "paper"
+    # (Sec. 4.3: AdamW, betas (0.9, 0.999), weight decay 0.01, warm-up over 0.1 of the
+    # run's steps then linear decay; one optimiser per client and stage, its state kept
+    # across rounds, the clients' on their disk); "training": training.betas /
+    # weight_decay / warmup_ratio, a fresh AdamW for every phase.
+    optimizer: Literal["paper", "training"] = "paper"
+    # Prompts of a cut without sharing (depth N < L) to and from the LLM's: "repeat" (the
+    # reference's merge_param_dict: upload tiled across the L layers, download the mean of
+    # the L/N blocks) or "slots" (only the prefixes of the layers the cut came from).
+    prompt_transfer: Literal["repeat", "slots"] = "repeat"
+    # Control: the server trains the prompts on its own data alone, the clients take no part.
+    server_only: bool = False
+    # Auxiliary weights that KD and phase (i) update: the N layers + final norm, or also
+    # the embeddings/head (the reference trains everything; costly for a 49k vocabulary).
+    trainable: Literal["layers", "all"] = "layers"
+    # Initial prompts: peft's random prefix (paper) or the LLM's keys/values of server text.
+    prompt_init: Literal["random", "text"] = "random"
+    # Eq. 1: weight each client's prompts by its number of examples (else equal weights).
+    weighted: bool = True
+    # Also score the server's auxiliary model with the prompts (``aux_*`` test metrics).
+    eval_aux: bool = False
+
+    renamed: ClassVar[dict[str, str]] = {"server_lr": "server_prompt_lr"}
+
+    @model_validator(mode="after")
+    def _llm_clients(self) -> PromptMessengerConfig:
+        if self.client_model == "llm" and (self.distill or self.alternating):
+            raise ValueError("client_model 'llm' (FedPrompt): the clients' model is the LLM "
+                             "itself, so set distill: false and alternating: false")
+        if self.server_only and not self.server_prompt_steps:
+            raise ValueError("server_only: the server trains the prompts alone, so "
+                             "server_prompt_steps must be > 0")
+        return self
+
+
+class FedSPConfig(PromptMessengerConfig):
+    name: Literal["fedsp"] = "fedsp"
+
+
+class FedPromptConfig(PromptMessengerConfig):
+    name: Literal["fedprompt"] = "fedprompt"
+    client_model: Literal["auxiliary", "llm"] = "llm"
+    distill: bool = False
+    alternating: bool = False
+    align_lr: float | None = Field(None, gt=0)
+    prompt_lr: float | None = Field(5e-2, gt=0)
+
+
+class FedPromptSingleConfig(PromptMessengerConfig):
+    """A 1-layer model (no sharing, no KD, no alternation); its one-layer prompts are
+    repeated across the LLM's layers on upload and averaged on download (the reference)."""
+
+    name: Literal["fedprompt_single"] = "fedprompt_single"
+    aux_layers: int = Field(1, ge=1)
+    cross_layer_sharing: bool = False
+    distill: bool = False
+    alternating: bool = False
+    align_lr: float | None = Field(None, gt=0)
+    prompt_lr: float | None = Field(5e-3, gt=0)
+
+
+def check_config(cfg: RunConfig) -> None:
+    """The server holds the LLM; the clients' model derives from it."""
+    name = cfg.method.name
+    if cfg.server is None:
+        raise ValueError(f"server: {name} needs the server's LLM (server: {{name: ...}})")
+    if cfg.clients.models:
+        raise ValueError(f"clients.models: {name} derives the clients' model from the "
+                         "server's LLM; leave clients.models empty")

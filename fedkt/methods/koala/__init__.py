@@ -1,0 +1,41 @@
+"""KOALA: small models on resource-constrained clients, reverse and forward distillation
+through the server's large model (Chen et al., arXiv:2407.05268).
+
+``config.py`` (settings), ``losses.py`` (Eqs. 2-17), ``reductions.py`` (Table 2),
+``algorithm.py`` (the server's round and the client handlers).
+"""
+
+from __future__ import annotations
+
+from fedkt.methods import register
+from fedkt.methods.base import Method
+from fedkt.methods.uploads import NUMBER, Tensors
+
+from .algorithm import KoalaServer, client_train, client_update
+from .config import KoalaConfig
+from .losses import (
+    BridgingMatrix,
+    forward_distillation_loss,
+    hete_soft_labels,
+    homo_soft_labels,
+    reverse_distillation_loss,
+)
+from .reductions import client_reductions
+
+__all__ = ["METHOD", "BridgingMatrix", "KoalaConfig", "KoalaServer", "client_reductions",
+           "client_train", "client_update", "forward_distillation_loss", "hete_soft_labels",
+           "homo_soft_labels", "reverse_distillation_loss"]
+
+METHOD = register(Method(
+    name="koala", config=KoalaConfig, server=KoalaServer,
+    handlers={"train": client_train, "update": client_update},
+    server_sees="whole small model", clients_see="updated small model",
+    # Algorithm 1 step 1: "uploads it [the small model] with its sample count n_k".
+    uploads={"train": {"model": Tensors(), "num_examples": NUMBER, "train_loss": NUMBER},
+             "update": {}},
+    tiny_config="koala/tiny",
+    summary="small models -> large model's adapter (reverse KD) -> small models (forward "
+            "KD); homo or hete",
+    paper="Chen et al., Federated Knowledge Transfer Fine-tuning Large Server Model with "
+          "Resource-Constrained IoT Clients (KOALA), arXiv:2407.05268",
+))
