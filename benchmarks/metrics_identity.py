@@ -8,9 +8,14 @@ the newer commit adds.
     python benchmarks/metrics_identity.py                 # HEAD~1 against the work tree
     python benchmarks/metrics_identity.py --before main --after . --jobs 2
     python benchmarks/metrics_identity.py --configs quickstart fedmkt/homo
+    python benchmarks/metrics_identity.py --methods            # each method's tiny config
     python benchmarks/metrics_identity.py --configs fedkd/quick --ignore bytes_received
     python benchmarks/metrics_identity.py --after HEAD --record /tmp/ref   # run one side, keep it
     python benchmarks/metrics_identity.py --against /tmp/ref               # compare with it
+
+``--methods`` adds every registered method on the tiny config it declares
+(``Method.tiny_config``), as ``CONFIG@METHOD`` (``--set method.name=METHOD``), so methods
+that share one tiny config (LLM2SLM, FedPrompt, the baselines) are checked too.
 
 ``--before`` / ``--after`` are git revisions (checked out into temporary worktrees) or
 ``.`` (this checkout as it is, uncommitted changes included).  Each config runs in its
@@ -66,6 +71,24 @@ def tiny_configs(code: Path) -> list[str]:
     return names
 
 
+def method_configs(skip: list[str]) -> list[str]:
+    """Every registered method on the tiny config it declares, as ``CONFIG@METHOD``, but
+    those that are ``CONFIG`` itself (a config of ``skip`` already runs that method)."""
+    import yaml
+
+    from fedkt.methods import available, get_method
+
+    out = []
+    for name in available():
+        config = get_method(name).tiny_config
+        if not config:
+            continue
+        own = yaml.safe_load((ROOT / "fedkt" / "configs" / f"{config}.yaml").read_text())
+        if not (config in skip and own["method"]["name"] == name):
+            out.append(f"{config}@{name}")
+    return out
+
+
 def checkout(rev: str, tmp: Path) -> Path:
     """``.`` is this checkout; anything else becomes a detached worktree under ``tmp``."""
     if rev == ".":
@@ -83,11 +106,14 @@ def run_config(code: Path, name: str, out: Path, fallback: Path | None = None
     checkout's)."""
     env = {**os.environ, "PYTHONPATH": str(code), "FLWR_TELEMETRY_ENABLED": "0",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    path = code / "fedkt" / "configs" / f"{name}.yaml"
+    config, _, method = name.partition("@")
+    path = code / "fedkt" / "configs" / f"{config}.yaml"
     if not path.is_file() and fallback is not None:
-        path = fallback / "fedkt" / "configs" / f"{name}.yaml"
+        path = fallback / "fedkt" / "configs" / f"{config}.yaml"
     cmd = [sys.executable, "-m", "fedkt.cli", "run", str(path),
            "--set", f"output_dir={out}", "--set", "runtime.torch_threads=1", "--overwrite", "-q"]
+    if method:
+        cmd += ["--set", f"method.name={method}"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out.parent)
     if done.returncode != 0:
         return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
@@ -95,22 +121,32 @@ def run_config(code: Path, name: str, out: Path, fallback: Path | None = None
                            (out / "metrics.jsonl").read_text().splitlines())
 
 
+BYTES = ("bytes_sent", "bytes_received", "eval_bytes")
+
+
 def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str,
             ignore: frozenset[str] = frozenset()) -> str:
-    """``identical`` or what differs first (keys only the newer side has are allowed,
-    ``ignore`` keys are not compared)."""
+    """``identical``, ``BYTES ONLY`` with the byte changes (every other value identical: a
+    change of what travels, e.g. a renamed field), or what differs first (keys only the
+    newer side has are allowed, ``ignore`` keys are not compared)."""
     if isinstance(before, str) or isinstance(after, str):
         return f"failed: before {before if isinstance(before, str) else 'ok'}, after " \
                f"{after if isinstance(after, str) else 'ok'}"
     if len(before) != len(after):
         return f"DIFFERS: {len(before)} rows before, {len(after)} after"
+    deltas: dict[str, set[int]] = {}
     for i, (a, b) in enumerate(zip(before, after, strict=True)):
         a = {k: v for k, v in a.items() if k not in ignore}
-        shared = {k: b[k] for k in a if k in b}
-        if a != shared:
-            keys = sorted(k for k in a if a.get(k) != b.get(k))
+        keys = sorted(k for k in a if k in b and a[k] != b[k] or k not in b)
+        if any(k not in BYTES or k not in b for k in keys):
             return f"DIFFERS at row {i} ({a.get('round')}, {a.get('participant')}): {keys}"
-    return "identical"
+        who = "server" if a.get("participant") == "server" else "clients"
+        for k in keys:
+            deltas.setdefault(f"{who} {k}", set()).add(b[k] - a[k])
+    if not deltas:
+        return "identical"
+    return "BYTES ONLY: " + "; ".join(
+        f"{k} {', '.join(f'{d:+d}' for d in sorted(v))}" for k, v in sorted(deltas.items()))
 
 
 def main() -> int:
@@ -118,6 +154,8 @@ def main() -> int:
     parser.add_argument("--before", default="HEAD~1")
     parser.add_argument("--after", default=".")
     parser.add_argument("--configs", nargs="*", help="config names (default: every tiny one)")
+    parser.add_argument("--methods", action="store_true",
+                        help="also every registered method on its tiny config (CONFIG@METHOD)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--ignore", nargs="*", default=[],
                         help="metrics keys not compared (say why where you report it)")
@@ -132,21 +170,23 @@ def main() -> int:
         if args.record is None and args.against is None:
             sides = {"before": checkout(args.before, tmp), **sides}
         names = args.configs or tiny_configs(sides["after"])
+        if args.methods:
+            names = [*names, *method_configs(names)]
         work = [(side, code, name) for name in names for side, code in sides.items()]
 
         def one(item: tuple[str, Path, str]) -> tuple[str, str, Any]:
             side, code, name = item
-            out = tmp / side / name.replace("/", "_")
+            out = tmp / side / name.replace("/", "_").replace("@", "-")
             out.parent.mkdir(parents=True, exist_ok=True)
             return side, name, run_config(code, name, out, fallback=ROOT)
 
         def kept(name: str) -> Path:
-            return (args.record or args.against) / f"{name.replace('/', '__')}.json"
+            return (args.record or args.against) / f"{name.replace('/', '__')}.json"  # @ stays
 
         before = args.against or args.before
         print(f"before: {before}   after: {args.after}", flush=True)
         got: dict[str, dict[str, Any]] = {}
-        bad = 0
+        bad = bytes_only = 0
         if args.record is not None:
             args.record.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -169,11 +209,13 @@ def main() -> int:
                 count = len(rows) if isinstance(rows, list) else "-"
                 print(f"{name:32s} {count!s:>5} rows  {verdict}", flush=True)
                 bad += verdict != "identical"
+                bytes_only += verdict.startswith("BYTES ONLY")
         for code in sides.values():
             if code != ROOT:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(code)], capture_output=True)
-    print(f"{len(names) - bad} of {len(names)} {'recorded' if args.record else 'identical'}")
+    print(f"{len(names) - bad} of {len(names)} {'recorded' if args.record else 'identical'}"
+          + (f"; {bytes_only} differ in bytes only" if bytes_only else ""))
     return 1 if bad else 0
 
 

@@ -174,9 +174,10 @@ def record_fedkd_run(config: Path, overrides: Sequence[str] = (), keep: Path | N
     ``update`` is the dense update the method handed to SVD compression. ``keep``: the
     run folder to keep (a normal run, e.g. for ``fedkt report``); default a temporary one.
     """
+    import fedkt.exchange as exchange  # noqa: PLC0415
+    import fedkt.methods.fedkd.algorithm as fedkd  # noqa: PLC0415
     from fedkt.config import load_config  # noqa: PLC0415
     from fedkt.config_catalog import resolve_config  # noqa: PLC0415
-    from fedkt.methods import fedkd  # noqa: PLC0415
     from fedkt.models.install import check_installed  # noqa: PLC0415
     from fedkt.runner import run_job  # noqa: PLC0415
     from fedkt.runtime.base import default_state_root  # noqa: PLC0415
@@ -187,32 +188,33 @@ def record_fedkd_run(config: Path, overrides: Sequence[str] = (), keep: Path | N
     if cfg.method.name != "fedkd" or not cfg.method.compress:
         raise SystemExit(f"{config}: expected a fedkd config with compress: true")
     records: list[dict] = []
-    state = {"round": 0, "role": "upload"}
-    encode, aggregate = fedkd.encode_update, fedkd.GlobalModelSync.aggregate
+    # Every encode is the server's (the aggregate, "download") but those inside a client's
+    # upload_update ("upload"); the server encodes after its clients of the same round.
+    state = {"round": 1, "role": "download"}
+    encode, upload = exchange.encode_update, fedkd.upload_update
 
     def recording_encode(update: dict[str, Tensor], T: float | None) -> dict[str, Tensor]:
         records.append({**state, "T": T, "update": {k: v.detach().clone()
                                                    for k, v in update.items()}})
         return encode(update, T)
 
-    def recording_aggregate(self, replies, T, weighted, rnd):  # noqa: ANN001, ANN202
-        state.update(round=rnd, role="download")
+    def recording_upload(ctx, update, T):  # noqa: ANN001, ANN202
+        state.update(round=ctx.rnd, role="upload")
         try:
-            return aggregate(self, replies, T, weighted, rnd)
+            return upload(ctx, update, T)
         finally:
-            state.update(round=rnd + 1, role="upload")
+            state.update(role="download")
 
-    state["round"] = 1
-    fedkd.encode_update = recording_encode
-    fedkd.GlobalModelSync.aggregate = recording_aggregate
+    exchange.encode_update = recording_encode
+    fedkd.upload_update = recording_upload
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = keep if keep is not None else Path(tmp) / "run"
             cfg = cfg.model_copy(update={"output_dir": str(out)})
             rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     finally:
-        fedkd.encode_update = encode
-        fedkd.GlobalModelSync.aggregate = aggregate
+        exchange.encode_update = encode
+        fedkd.upload_update = upload
     return records, rows
 
 

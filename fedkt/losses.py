@@ -1,4 +1,4 @@
-"""Distillation losses of the methods in fedkt, as pure torch functions.
+"""Generic distillation losses, as pure torch functions.
 
 Shapes: logits are ``[B, C]`` (one prediction per sample) or ``[B, L, V]`` (one per
 token); ``mask`` is ``[B, L]`` (1/True = position counts) and only applies to the
@@ -17,14 +17,11 @@ student towards a teacher is therefore ``kl_div(teacher_logits, student_logits)`
 Nothing is detached unless a function says so: detach a target yourself when only
 one side should learn.
 
-Papers and the equations implemented here:
-
-* FedKD: Wu et al., "Communication-efficient federated learning via knowledge
-  distillation", Nature Communications 13, 2032 (2022), Eqs. 1-7.
-* KOALA: Chen et al., "Federated Knowledge Transfer Fine-tuning Large Server Model
-  with Resource-Constrained IoT Clients" (arXiv:2407.05268), Eqs. 2-3, 8-11, 13-14.
-* FedCoLLM: Fan et al., mutual KL between the server LLM and the client SLM, Eqs. 4-6.
-* FedMKT: Fan et al., the lambda mix of fine-tuning and distillation losses, Eqs. 9-10.
+The methods' own losses are written in their packages, by equation number, from these
+pieces: FedKD's Eqs. 1-7 (``fedkt/methods/fedkd/losses.py``), KOALA's Eqs. 2-17
+(``fedkt/methods/koala/losses.py``), FedCoLLM's mutual KL (``fedkt/methods/fedcollm/
+cotune.py``) and FedMKT's lambda mix (``fedkt/methods/fedmkt/distill.py``); the sparse
+top-K losses across tokenizers are in :mod:`fedkt.alignment.topk`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""Cross-tokenizer alignment for FedMKT (Fan et al., Sec. 3.2 and Appendix B).
+"""Cross-tokenizer alignment (FedMKT, Fan et al., Sec. 3.2 and Appendix B; FedCoLLM).
 
 * :mod:`~fedkt.alignment.vocab`: MinED vocabulary mapping (source id -> target id).
 * :mod:`~fedkt.alignment.sequence`: token-position alignment of two tokenizations.
-* :mod:`~fedkt.alignment.topk`: top-K logit transport, projection and sparse KD loss.
+* :mod:`~fedkt.alignment.bridge`: :class:`TokenBridge`, one model's ids and positions in
+  another's (both maps, cached), and the KL between their distributions.
+* :mod:`~fedkt.alignment.topk`: top-K logit transport, projection, sparse KD / KL losses.
+* :mod:`~fedkt.alignment.knowledge`: knowledge sets on a public set and their wire format.
+* :mod:`~fedkt.alignment.targets`: KD targets built from received knowledge sets.
 """
 
+from fedkt.alignment.bridge import TokenBridge
 from fedkt.alignment.sequence import (
     Alignment,
     align_corpus,
@@ -12,7 +17,7 @@ from fedkt.alignment.sequence import (
     clear_alignment_cache,
     reference_dp_alignment,
 )
-from fedkt.alignment.topk import PAD_VALUE, TopKLogits, project_topk, sparse_kd_loss
+from fedkt.alignment.topk import PAD_VALUE, TopKLogits, project_topk, sparse_kd_loss, sparse_kl
 from fedkt.alignment.vocab import (
     VocabScheme,
     brute_force_mapping,
@@ -32,6 +37,7 @@ from fedkt.alignment.vocab import (
 __all__ = [
     "PAD_VALUE",
     "Alignment",
+    "TokenBridge",
     "TopKLogits",
     "VocabScheme",
     "align_corpus",
@@ -49,6 +55,7 @@ __all__ = [
     "special_ids",
     "special_token_mapping",
     "sparse_kd_loss",
+    "sparse_kl",
     "token_bytes",
     "vocab_hash",
     "vocab_mapping",

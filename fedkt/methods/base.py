@@ -353,7 +353,7 @@ class Method:
     # after the round before ``ctx.rnd``, for evaluation outside the round loop
     # (:mod:`fedkt.eval.harness`); None: the clients keep no model of their own.
     client_model: Callable[[ClientContext], LM] | None = None
-    # Trains through :func:`fedkt.training.train_lm` on ``client_lm`` / ``server_lm``: a
+    # Trains through :func:`fedkt.train.lm.train_lm` on ``client_lm`` / ``server_lm``: a
     # per-model ``lr`` (``server.lr``, ``clients.models[i].lr``) applies.
     model_lr: bool = False
     # (cfg) -> None: raises ValueError naming the key when the run config does not suit

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from fedkt.methods import register
 from fedkt.methods.base import Method
-from fedkt.methods.fedavg import client_train
-from fedkt.methods.uploads import ADAPTER, NUMBER
-from fedkt.train.lm import client_evaluate
+from fedkt.methods.fedavg import METHOD as FEDAVG
 
 from .algorithm import FedCoLLMServer
 from .config import FedCoLLMConfig
@@ -22,12 +20,10 @@ __all__ = ["METHOD", "CrossTokenizerKL", "FedCoLLMConfig", "FedCoLLMServer", "co
 
 METHOD = register(Method(
     name="fedcollm", config=FedCoLLMConfig, server=FedCoLLMServer,
-    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
-    server_sees="SLM adapter", clients_see="global SLM adapter",
-    # Algorithm 1 steps 2-3: the SLM's LoRA theta_k (co-tuning happens on the server).
-    uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
-             "evaluate": {}},
-    tiny_config="fedcollm/tiny",
+    # Algorithm 1 steps 1-3 are FedAvg's: its client handlers, so its uploads (the SLM's
+    # LoRA theta_k and n_k); the co-tuning happens on the server.
+    handlers=dict(FEDAVG.handlers), uploads=FEDAVG.uploads, aggregates=True,
+    server_sees="SLM adapter", clients_see="global SLM adapter", tiny_config="fedcollm/tiny",
     summary="FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
     paper="Fan et al., FedCoLLM: A Parameter-Efficient Federated Co-tuning Framework for "
           "Large and Small Language Models, arXiv:2411.11707",

@@ -22,10 +22,11 @@ know the public set D_p (``data.split``: the ``public`` part).  One round:
    ``fallback_to_own: true`` (FATE-LLM's "greater" strategy), the LLM's own top-K;
    a position without an aligned teacher position gets a one-hot target on the
    ground-truth token (Appendix B 3(d); ``unaligned``);
-5. the server trains its LoRA on D_p with L2 = lam L_FT + (1 - lam) L_KD (Eqs. 5, 7, 9);
+5. the server trains its LoRA on D_p with L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9;
+   lambda is ``method.ft_weight``);
 6. the server computes S_0 on D_p with its new adapter and sends it to every client;
 7. client k maps S_0 into its own token space, applies DualMinCE against its own
-   loss (its S_k of step 2) and trains on L3 = lam L_FT + (1 - lam) L_KD (Eqs. 6, 8, 10).
+   loss (its S_k of step 2) and trains on L3 = lambda L_FT + (1 - lambda) L_KD (Eqs. 6, 8, 10).
 
 ``L_KD`` is the cross-entropy of the student against the softmax of the selected top-K
 logits (:func:`~fedkt.alignment.sparse_kd_loss`, no dense [B, L, V] target).
