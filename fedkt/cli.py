@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 EPILOG = """examples:
@@ -324,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # A config's deprecated keys (e.g. runtime.client_cpus): Python hides DeprecationWarnings
+    # outside __main__, but whoever wrote the config should learn the new key.
+    warnings.filterwarnings("default", category=DeprecationWarning, module=r"fedkt\.config")
     if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch or pydantic needed
         try:
             return args.func(args)

@@ -220,7 +220,7 @@ def test_deployed_secure_fedavg_matches_local(tmp_path):
                                          flwr_home=tmp_path / "home" / f"node{cid}",
                                          log_file=tmp_path / "logs" / f"supernode{cid}.log"))
         deployed = small_config(tmp_path / "deployed", *SECURE, "rounds=1", "runtime.name=flower",
-                                f"runtime.superlink=127.0.0.1:{port}")
+                                f"runtime.flower.superlink=127.0.0.1:{port}")
         submit_job(deployed, quiet=True)
     finally:
         for proc in reversed(procs):
