@@ -65,7 +65,11 @@ def _run_config(run_dir: Path, overrides: list[str]):
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a fedkt run folder (no config.yaml)")
-    return load_config(path, overrides)
+    with warnings.catch_warnings():
+        # fedkt wrote this file; one written before the runtime sections lists every flat
+        # runtime key, which moves into its section without a word.
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"fedkt\.config")
+        return load_config(path, overrides)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

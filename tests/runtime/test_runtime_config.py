@@ -131,3 +131,19 @@ def test_fedkt_run_shows_the_deprecation(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "DeprecationWarning: runtime.client_cpus is now runtime.flower_sim.client_cpus" \
         in done.stderr and "rounds" in done.stderr
+
+
+def test_a_run_folder_written_before_the_sections_resumes_without_warnings(tmp_path):
+    """A run folder's config.yaml (fedkt's own dump) of before lists every flat key."""
+    from fedkt.cli import _run_config
+
+    data = {"method": {"name": "fedavg"}, "data": {"dataset": {"name": "intent_recognition"}},
+            "runtime": {"name": "local", "client_cpus": 1.0, "client_gpus": 0.0,
+                        "superlink": "127.0.0.1:9093", "federation": None, "insecure": True,
+                        "root_certificates": None, "timeout": 3600.0, "torch_threads": 1,
+                        "device": "auto"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = _run_config(tmp_path, [f"output_dir={tmp_path}"])
+    assert cfg.runtime == RuntimeConfig(torch_threads=1)
