@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 EPILOG = """examples:
@@ -64,7 +65,11 @@ def _run_config(run_dir: Path, overrides: list[str]):
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a fedkt run folder (no config.yaml)")
-    return load_config(path, overrides)
+    with warnings.catch_warnings():
+        # fedkt wrote this file; one written before a key was renamed (the runtime sections,
+        # method.lam, ...) loads under the new names without a word.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"fedkt\.config")
+        return load_config(path, overrides)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -200,27 +200,75 @@ class ClientsConfig(_Strict):
         return self.models[0] if len(self.models) == 1 else self.models[cid]
 
 
-class RuntimeConfig(_Strict):
-    """Transport: ``local`` (in-process), ``flower-sim`` or ``flower`` (deployment)."""
+class FlowerSimSettings(_Strict):
+    """``flower-sim``: resources per simulated client (a Ray actor each)."""
 
-    name: Literal["local", "flower-sim", "flower"] = "local"
-    # flower-sim: resources per simulated client.
     client_cpus: float = Field(1.0, gt=0)
     client_gpus: float = Field(0.0, ge=0)
-    # flower: the SuperLink's control address used by ``fedkt run``.
+
+
+class FlowerSettings(_Strict):
+    """``flower`` (deployment): how ``fedkt run`` reaches the SuperLink."""
+
+    # The SuperLink's control address used by ``fedkt run``.
     superlink: str = "127.0.0.1:9093"
     federation: str | None = None
-    # flower: plain HTTP to the SuperLink; false: TLS (see docs/deployment.md).
+    # Plain HTTP to the SuperLink; false: TLS (see docs/deployment.md).
     insecure: bool = True
-    # flower with insecure=false: CA certificate (PEM) that signed the SuperLink's
+    # With insecure=false: CA certificate (PEM) that signed the SuperLink's
     # certificate, e.g. ca.crt of `fedkt deploy certs` (None: the system's CAs).
     root_certificates: str | None = None
+
+
+# Each transport's own settings: section -> its model.
+_RUNTIME_SECTIONS: dict[str, type[BaseModel]] = {"flower_sim": FlowerSimSettings,
+                                                 "flower": FlowerSettings}
+
+
+class RuntimeConfig(_Strict):
+    """Transport: ``local`` (in-process), ``flower-sim`` or ``flower`` (deployment).
+
+    ``timeout``, ``torch_threads`` and ``device`` apply to every transport; a
+    transport's own settings are in its section (``flower_sim``, ``flower``).
+    """
+
+    name: Literal["local", "flower-sim", "flower"] = "local"
     # Seconds to wait for a client's reply before excluding it.
     timeout: float = Field(3600.0, gt=0)
     # torch intra-op threads for client and server work (None: one per physical core, or
     # $OMP_NUM_THREADS when set).
     torch_threads: int | None = Field(None, ge=1)
     device: str = "auto"
+    flower_sim: FlowerSimSettings = Field(default_factory=FlowerSimSettings)
+    flower: FlowerSettings = Field(default_factory=FlowerSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, values: Any) -> Any:
+        """The flat keys of before the sections (``runtime.client_cpus``, ...) still work:
+        each moves into its section, with a FutureWarning naming the new key."""
+        if not isinstance(values, dict):
+            return values
+        moved = {key: section for key in values if key not in cls.model_fields
+                 for section, model in _RUNTIME_SECTIONS.items() if key in model.model_fields}
+        if not moved:
+            return values
+        values = dict(values)
+        for key, section in moved.items():
+            given = values.get(section)
+            if isinstance(given, BaseModel):
+                given = given.model_dump(exclude_unset=True)
+            if given is None:
+                given = {}
+            elif not isinstance(given, dict):
+                continue  # the section itself is invalid; validation names it
+            new = f"runtime.{section}.{key}"
+            if key in given:
+                raise ValueError(f"{section}.{key}: given twice, as runtime.{key} (the old "
+                                 f"key) and as {new}; keep only {new}")
+            warnings.warn(f"runtime.{key} is now {new}", FutureWarning, stacklevel=1)
+            values[section] = {**given, key: values.pop(key)}
+        return values
 
 
 class SecureAggregationConfig(_Strict):
@@ -328,8 +376,7 @@ class MethodConfig(_Strict):
             if new in values:
                 raise ValueError(f"{old}: it was renamed {new}, which is also given; "
                                  f"keep only {new}")
-            warnings.warn(f"method.{old} is now method.{new}; the old name still works but "
-                          "will be removed", FutureWarning, stacklevel=2)
+            warnings.warn(f"method.{old} is now method.{new}", FutureWarning, stacklevel=1)
             values = {k if k != old else new: v for k, v in values.items()}
         return values
 
@@ -460,7 +507,7 @@ def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
             msg = msg.removeprefix("Value error, ")
             named, sep, rest = msg.partition(": ")  # a cross-field check naming its key
             if sep and named.replace(".", "").replace("_", "").isalnum():
-                key, msg = f"{key}.{named}" if key else prefix + named, rest
+                key, msg = f"{key.rstrip('.')}.{named}" if key else prefix + named, rest
         given = e.get("input")
         shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {_short(given)})"
         lines.append(f"  {key or '<top>'}: {msg}{shown}")
@@ -608,6 +655,13 @@ Lists of models are indexed: `--set clients.models.0.name=tiny-gpt2`.
 
 Speed settings (`training.precision`, `runtime.torch_threads`, bf16 on CPUs and GPUs):
 [performance](performance.md).
+
+`runtime`: `timeout`, `torch_threads` and `device` apply to every transport; each
+transport's own settings are a section (`runtime.flower_sim.*`, `runtime.flower.*`). The
+flat keys of earlier versions (`runtime.client_cpus`, `runtime.superlink`, ...) still
+work: they move into their section with a `FutureWarning` naming the new key; giving
+both the old and the new key is an error. Renamed method keys load the same way
+(`method.lam` is now `method.ft_weight`, ...; docs/architecture.md, vocabulary).
 
 Generated by `python -m fedkt.config --write`; a test keeps it current.
 

@@ -1,4 +1,4 @@
-"""Fault injection at the transport: crashed clients and malformed replies.
+"""Fault injection for tests and drills: crashed clients, malformed replies, failing handlers.
 
 :class:`FaultyTransport` wraps any transport (tests and ``benchmarks/faults.py``
 wrap :class:`fedkt.runtime.local.LocalTransport`).  A *plan* says which fault, if
@@ -12,8 +12,15 @@ any, client ``cid`` shows in round ``rnd``:
 
 Plans are pure functions of ``(cid, rnd)`` (and a seed), so a round that is
 re-run or resumed meets the same faults; round 0 (the evaluation before training)
-is never faulted.  For ``FEDKT_INJECT_FAULT`` (a handler
-that raises) see :func:`fedkt.runtime.base.handle_request`.
+is never faulted.
+
+:func:`fail_handlers` (or the context manager :func:`failing_handlers`) works on the
+client side instead: client ``cid``'s handlers raise :class:`InjectedFault` in round
+``rnd``, so the server receives the client's error reply, as for any handler that fails.
+It acts in the process that calls it (where the ``local`` runtime runs its clients); a
+client in another process (a Flower SuperNode, a simulation worker) opts in through a
+plugin, ``FEDKT_PLUGINS=module:function``, whose function calls it.  Nothing is injected
+unless one of these is called.
 """
 
 from __future__ import annotations
@@ -21,11 +28,15 @@ from __future__ import annotations
 import json
 import random
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from fedkt.payload import dumps, loads
+from fedkt.methods import get_method
+from fedkt.methods.base import ClientContext, Handler
+from fedkt.payload import Payload, dumps, loads
 from fedkt.runtime.base import ENVELOPE, ERROR, Transport
 
 CRASH = "crash"
@@ -130,3 +141,70 @@ class FaultyTransport:
 
     def close(self) -> None:
         self.inner.close()
+
+
+# ------------------------------------------------------------------ failing handlers
+
+HandlerFaults = Iterable[tuple[int, int]] | str
+
+
+class InjectedFault(RuntimeError):
+    """A client handler's failure injected by :func:`fail_handlers`."""
+
+
+def parse_handler_faults(spec: HandlerFaults) -> frozenset[tuple[int, int]]:
+    """``"CID:ROUND[,CID:ROUND...]"`` (or pairs) -> ``{(cid, round), ...}``."""
+    if not isinstance(spec, str):
+        return frozenset((int(cid), int(rnd)) for cid, rnd in spec)
+    faults = set()
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        cid, _, rnd = item.partition(":")
+        try:
+            faults.add((int(cid), int(rnd)))
+        except ValueError:
+            raise ValueError(f"handler fault {item!r}: expected CID:ROUND, e.g. 1:2") from None
+    return frozenset(faults)
+
+
+@dataclass(frozen=True)
+class _Failing:
+    """A client handler that raises for the ``(cid, round)`` pairs in ``faults``."""
+
+    handler: Handler
+    faults: frozenset[tuple[int, int]]
+
+    def __call__(self, ctx: ClientContext, msg: Payload) -> Payload:
+        if (ctx.cid, ctx.rnd) in self.faults:
+            raise InjectedFault(f"injected fault: client {ctx.cid}, round {ctx.rnd}")
+        return self.handler(ctx, msg)
+
+
+def fail_handlers(method: str, faults: HandlerFaults) -> Callable[[], None]:
+    """Make every client handler of ``method`` raise :class:`InjectedFault` for client
+    ``cid`` in round ``rnd``, for each ``(cid, rnd)`` in ``faults`` (pairs, or the text
+    ``"CID:ROUND[,CID:ROUND...]"``), in this process; returns a function that undoes it.
+
+    Calling it again replaces the faults installed before (wrappers never nest), so a
+    plugin that runs before every request may call it each time.
+    """
+    faults = parse_handler_faults(faults)
+    handlers = get_method(method).handlers
+    before = dict(handlers)
+    for name, handler in before.items():
+        inner = handler.handler if isinstance(handler, _Failing) else handler
+        handlers[name] = _Failing(inner, faults)
+
+    def undo() -> None:
+        handlers.update(before)
+
+    return undo
+
+
+@contextmanager
+def failing_handlers(method: str, faults: HandlerFaults) -> Iterator[None]:
+    """:func:`fail_handlers` for the duration of a ``with`` block."""
+    undo = fail_handlers(method, faults)
+    try:
+        yield
+    finally:
+        undo()

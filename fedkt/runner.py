@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -133,7 +132,6 @@ def run_job(
             for split, values in per_split.items():
                 recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
         _write_client_predictions(cfg, recorder, rnd, traffic)
-        _test_pause(rnd)
         _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
@@ -228,17 +226,6 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
     _write_client_predictions(cfg, recorder, 0, traffic)
     if not quiet:
         print(recorder.round_table(0), flush=True)
-
-
-def _test_pause(rnd: int) -> None:
-    """Test hook: with ``FEDKT_PAUSE_IN_ROUND=N`` the server stops for
-    ``FEDKT_PAUSE_SECONDS`` (default 600) in round N, after the clients replied and
-    the round's metrics rows were written but before its checkpoint, and says so on
-    stderr; tests kill the process there (tests/test_kill_resume.py)."""
-    if os.environ.get("FEDKT_PAUSE_IN_ROUND", "") == str(rnd):
-        print(f"fedkt: FEDKT_PAUSE_IN_ROUND={rnd}: pausing before the checkpoint",
-              file=sys.stderr, flush=True)
-        time.sleep(float(os.environ.get("FEDKT_PAUSE_SECONDS", "600")))
 
 
 def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],

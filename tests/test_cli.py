@@ -10,6 +10,7 @@ import yaml
 from fedkt.cli import main
 from fedkt.tracking import without_timings
 from tests.conftest import small_config
+from tests.fault_injection import client_faults
 
 
 def write_config(tmp_path, *overrides, name="run"):
@@ -50,15 +51,14 @@ def test_dataset_missing_mapped_field_is_named(tmp_path, capsys):
     assert "tweets.jsonl" in err and "'tweet'" in err
 
 
-def test_client_failure_then_resume_matches_uninterrupted_run(tmp_path, capsys, monkeypatch):
+def test_client_failure_then_resume_matches_uninterrupted_run(tmp_path, capsys):
     clean_path, clean = write_config(tmp_path, "rounds=3", name="clean")
     assert main(["run", str(clean_path), "-q"]) == 0
     path, cfg = write_config(tmp_path, "rounds=3", name="faulty")
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "0:2")
-    assert main(["run", str(path), "-q"]) == 1
+    with client_faults("fedavg", "0:2"):
+        assert main(["run", str(path), "-q"]) == 1
     err = capsys.readouterr().err
     assert "round 2" in err and "client 0" in err and f"fedkt resume {cfg.run_dir}" in err
-    monkeypatch.delenv("FEDKT_INJECT_FAULT")
     assert main(["resume", str(cfg.run_dir), "-q"]) == 0
     assert rows(cfg.run_dir) == rows(clean.run_dir)
     # A finished run is not overwritten by accident.

@@ -86,3 +86,36 @@ def test_configuration_reference_is_current():
 
     doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
     assert config_reference() in doc, "run: python -m fedkt.config --write"
+
+
+# Renamed method keys (docs/architecture.md, vocabulary): (method, old key, new key, value).
+RENAMED = [("fedmkt", "lam", "ft_weight", 0.5), ("fedcollm", "kd_lambda", "kd_weight", 0.0),
+           ("fedcollm", "lr_llm", "llm_lr", 1e-3), ("fedcollm", "lr_slm", "slm_lr", 2e-3),
+           ("fedsp", "server_lr", "server_prompt_lr", 1e-2)]
+
+
+@pytest.mark.parametrize("method, old, new, value", RENAMED)
+def test_a_renamed_method_key_loads_under_its_new_name_with_a_warning(method, old, new, value):
+    import warnings
+
+    from fedkt.methods import get_method
+
+    config = get_method(method).config
+    assert config.renamed.get(old) == new and new in config.model_fields
+    assert old not in config.model_fields
+    with pytest.warns(FutureWarning, match=rf"^method\.{old} is now method\.{new}$"):
+        got = config.model_validate({"name": method, old: value})
+    assert getattr(got, new) == value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new key: no warning
+        assert config.model_validate({"name": method, new: value}) == got
+    with pytest.raises(ValueError, match=rf"{old}: it was renamed {new}, which is also given"):
+        config.model_validate({"name": method, old: value, new: value})
+
+
+def test_a_renamed_key_in_a_config_file_is_named_when_both_are_given(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump({"method": {"name": "fedmkt", "lam": 0.5, "ft_weight": 0.5},
+                                    "data": {"dataset": {"name": "intent_recognition"}}}))
+    with pytest.raises(ConfigError, match=r"method\.lam: it was renamed ft_weight"):
+        load_config(path)

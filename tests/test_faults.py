@@ -68,3 +68,46 @@ def test_malformed_reply_fails_round_without_min_replies(make_config):
 def test_participants_validated_naming_key(make_config, ids, why):
     with pytest.raises(ConfigError, match=rf"clients: .*'participants'.*{re.escape(why)}"):
         make_config("clients.num_clients=4", f"clients.participants={ids}")
+
+
+def test_failing_handlers_only_when_asked_for_the_named_clients_and_rounds(make_config,
+                                                                          monkeypatch):
+    """:func:`fedkt.faults.fail_handlers`: the client's handler raises in the named rounds,
+    installing again replaces (never nests), and undoing restores the handlers."""
+    from fedkt.faults import fail_handlers, failing_handlers, parse_handler_faults
+    from fedkt.methods import registry
+    from fedkt.methods.base import Method, Server
+    from fedkt.methods.fedavg import FedAvgConfig
+    from fedkt.payload import Payload
+    from fedkt.runtime.base import RuntimeClients
+
+    def echo(ctx, msg):
+        return Payload(cid=ctx.cid)
+
+    handlers = {"echo": echo}
+    monkeypatch.setitem(registry._REGISTRY, "fedavg", Method("echo", FedAvgConfig, Server,
+                                                             handlers))
+    cfg = make_config("clients.num_clients=3", "clients.min_replies=1")
+
+    def excluded(rnd):
+        clients = RuntimeClients(cfg, LocalTransport(cfg.run_dir / "clients"))
+        clients.start_round(rnd)
+        clients.call("echo", {cid: Payload() for cid in clients.ids})
+        return clients.traffic.excluded
+
+    assert parse_handler_faults("1:2, 0:3") == {(1, 2), (0, 3)} == parse_handler_faults(
+        [(1, 2), ("0", "3")])
+    with pytest.raises(ValueError, match="expected CID:ROUND"):
+        parse_handler_faults("1-2")
+    assert excluded(2) == {}  # nothing injected unless asked
+    with failing_handlers("fedavg", "1:2,2:2"):
+        assert excluded(1) == {}
+        got = excluded(2)
+        assert sorted(got) == [1, 2]
+        assert "InjectedFault: injected fault: client 1, round 2" in got[1]
+        undo = fail_handlers("fedavg", "0:1")  # again: replaces the faults
+        assert list(excluded(1)) == [0] and excluded(2) == {}
+        assert handlers["echo"].handler is echo  # one wrapper, around the handler
+        undo()
+        assert sorted(excluded(2)) == [1, 2]
+    assert handlers == {"echo": echo} and excluded(2) == {}

@@ -1,16 +1,15 @@
 """SIGKILL `fedkt run` mid-round, `fedkt resume` it: the result equals an uninterrupted run.
 
 The server is killed (a) reliably inside round 2 after the clients replied and the
-round's metrics rows were written, but before its checkpoint (test hook
-``FEDKT_PAUSE_IN_ROUND``, see :func:`fedkt.runner._test_pause`), and (b) for FedAvg
-once more, as soon as the resumed run has checkpointed round 2 (so somewhere in
-round 3, wherever it happens to be).
+round's metrics rows were written, but before its checkpoint (``fedkt run`` started
+through ``python -m tests.paused_run 2``, which pauses there, see tests/paused_run.py),
+and (b) for FedAvg once more, as soon as the resumed run has checkpointed round 2 (so
+somewhere in round 3, wherever it happens to be).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,15 +24,14 @@ from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, read_rows, without_timings
 from tests.conftest import ROOT
-
-PAUSE_LINE = "FEDKT_PAUSE_IN_ROUND=2: pausing"
+from tests.paused_run import PAUSE_LINE
 
 
 def _fedkt(*args: str, pause: int | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDKT_PAUSE")}
-    if pause is not None:
-        env["FEDKT_PAUSE_IN_ROUND"] = str(pause)
-    return subprocess.Popen([sys.executable, "-m", "fedkt.cli", *args, "-q"], cwd=ROOT, env=env,
+    """``fedkt ARGS -q`` in a child process; ``pause``: it stops in that round before the
+    checkpoint (and says so on stderr) until killed."""
+    main = ["fedkt.cli"] if pause is None else ["tests.paused_run", str(pause)]
+    return subprocess.Popen([sys.executable, "-m", *main, *args, "-q"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -51,11 +49,11 @@ def _latest(run_dir) -> int:
 
 
 def _kill_when_paused(proc: subprocess.Popen, run_dir) -> None:
-    """Wait for the hook's line on stderr, check where the run stands, SIGKILL it."""
+    """Wait for the pause's line on stderr, check where the run stands, SIGKILL it."""
     seen = []
     for line in proc.stderr:  # blocks until the server pauses (or exits)
         seen.append(line)
-        if PAUSE_LINE in line:
+        if PAUSE_LINE.format(rnd=2) in line:
             break
     else:
         pytest.fail(f"fedkt run ended (rc {proc.wait()}) without pausing:\n{''.join(seen)}")
@@ -92,9 +90,7 @@ def test_sigkill_mid_round_then_resume_equals_clean_run(make_config, tmp_path, m
         assert 2 <= _latest(run_dir) < rounds
 
     done = subprocess.run([sys.executable, "-m", "fedkt.cli", "resume", str(run_dir), "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith("FEDKT_PAUSE")})
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 
     clean_cfg = make_config(f"rounds={rounds}", method=method, name="clean")

@@ -13,7 +13,6 @@ A transport only moves bytes: ``exchange({cid: request_bytes}) -> {cid: reply_by
 from __future__ import annotations
 
 import logging
-import os
 import random
 import traceback
 from collections import defaultdict
@@ -349,15 +348,6 @@ def default_state_root(cfg: RunConfig) -> Path:
 FALLBACK_STATE_ROOT = Path("fedkt-client-state")
 
 
-def _injected_fault(ctx: ClientContext) -> None:
-    """Fault injection for tests and drills: ``FEDKT_INJECT_FAULT=CID:ROUND[,CID:ROUND]``."""
-    spec = os.environ.get("FEDKT_INJECT_FAULT", "")
-    for item in filter(None, spec.split(",")):
-        cid, _, rnd = item.partition(":")
-        if int(cid) == ctx.cid and int(rnd) == ctx.rnd:
-            raise RuntimeError(f"injected fault (FEDKT_INJECT_FAULT={spec})")
-
-
 def _fixed(seconds: float) -> str:
     """Seconds as fixed-width text: a reply's size must not depend on how long work took."""
     return f"{seconds:015.6f}"
@@ -397,7 +387,6 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                             step=int(env["step"]),
                             state_dir=Path(state_root or FALLBACK_STATE_ROOT) / f"client_{ctx_cid}",
                             evaluate=bool(env["evaluate"]))
-        _injected_fault(ctx)
         set_threads(cfg.runtime.torch_threads)
         seed_everything(ctx.seed("handler"))
         with predictions.capture() as tables:

@@ -3,7 +3,7 @@
 The ServerApp and ClientApp are built in this process around the job's config
 (no FAB, no SuperLink): ``num_clients`` virtual SuperNodes whose
 ``partition-id`` is the fedkt client id, each client running in a Ray actor
-with ``runtime.client_cpus`` CPUs and ``runtime.client_gpus`` GPUs.
+with ``runtime.flower_sim.client_cpus`` CPUs and ``runtime.flower_sim.client_gpus`` GPUs.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def backend_config(cfg: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
 
     ``quiet``: the workers' output is not relayed (client errors still reach the
     server in the replies)."""
-    rt = cfg.runtime
+    rt = cfg.runtime.flower_sim
     cpus = os.cpu_count() or 1
     want = math.ceil(rt.client_cpus * cfg.clients.num_clients)
     init_args: dict[str, Any] = {

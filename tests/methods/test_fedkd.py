@@ -30,6 +30,7 @@ from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.encoder import text_batches, trainable_state
 from tests.conftest import needs_models
+from tests.fault_injection import client_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -253,10 +254,10 @@ def test_round_sends_svd_factors_and_keeps_clients_in_sync(tmp_path):
     assert all(torch.equal(again.global_state[k], v) for k, v in server.global_state.items())
 
 
-def test_failed_client_is_resent_the_whole_student(tmp_path, monkeypatch):
+def test_failed_client_is_resent_the_whole_student(tmp_path):
     cfg = fedkd_config(tmp_path, "rounds=2", "clients.min_replies=1", "eval.every=5")
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # client 1 fails in round 1
-    rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    with client_faults("fedkd", "1:1"):  # client 1 fails in round 1
+        rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     failed = [r for r in rows if r["participant"] == "client_1" and r.get("excluded")]
     assert [r["round"] for r in failed] == [1]
     server, _ = server_and_clients(cfg)
@@ -275,14 +276,12 @@ def test_failed_client_is_resent_the_whole_student(tmp_path, monkeypatch):
     assert [r["round"] for r in test] == [0, 2]  # round 0 (eval.round0), then eval.every
 
 
-def test_resume_after_a_failed_round_is_exact(tmp_path, monkeypatch):
+def test_resume_after_a_failed_round_is_exact(tmp_path):
     full = fedkd_config(tmp_path, "rounds=2", "eval.every=5", name="full")
     run_job(full, LocalTransport(default_state_root(full)), quiet=True)
     cfg = fedkd_config(tmp_path, "rounds=2", "eval.every=5", name="crashed")
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "0:2,1:2")  # both clients fail in round 2
-    with pytest.raises(RoundError):
+    with client_faults("fedkd", "0:2,1:2"), pytest.raises(RoundError):  # both fail in round 2
         run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-    monkeypatch.delenv("FEDKT_INJECT_FAULT")
     rows = run_job(cfg, LocalTransport(default_state_root(cfg)), resume=True, quiet=True)
     a = load_file(str(sorted(full.run_dir.glob("checkpoints/*/server.safetensors"))[-1]))
     b = load_file(str(sorted(cfg.run_dir.glob("checkpoints/*/server.safetensors"))[-1]))

@@ -37,6 +37,7 @@ from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.lm import LM
 from tests.conftest import needs_models
+from tests.fault_injection import client_faults
 
 torch.set_num_threads(1)
 PREFIX = TrainingConfig(peft="prefix", prefix_tokens=4)
@@ -369,11 +370,11 @@ def test_smollm2_auxiliary_model_and_prompts():
             rtol=1e-3, atol=1e-3)
 
 
-def test_a_client_failing_setup_is_excluded_and_gets_the_model_next_round(tmp_path, monkeypatch):
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # client 1 fails every call of round 1
+def test_a_client_failing_setup_is_excluded_and_gets_the_model_next_round(tmp_path):
     cfg = fedsp_config(tmp_path / "run", "clients.num_clients=3", "clients.min_replies=2")
     transport = Capturing(default_state_root(cfg))
-    rows = run_job(cfg, transport, quiet=True)
+    with client_faults("fedsp", "1:1"):  # client 1 fails every call of round 1
+        rows = run_job(cfg, transport, quiet=True)
     setups = [cid for call in transport.requests for cid, r in call.items() if "aux_model" in r]
     assert setups == [0, 1, 2, 1]  # round 1 to everyone (1 fails), round 2 to client 1 again
     trained = {(r["round"], r["participant"]) for r in rows

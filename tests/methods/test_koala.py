@@ -34,6 +34,7 @@ from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 from fedkt.train.pretrain import VisionPretrain, pretrained_model, server_pretrain_records
 from fedkt.train.vision import predict_logits
+from tests.fault_injection import client_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"name": "mobilenet_v3_small", "tiny": {"width_mult": 0.25}}
@@ -325,7 +326,7 @@ def test_hete_round_distils_every_client_model_and_returns_it(tmp_path):
         server_and_clients(koala_config(tmp_path, f"clients.models={HETE}", name="bad"))
 
 
-def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path, monkeypatch):
+def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path):
     from fedkt.runtime.base import RoundError
 
     def config(name):
@@ -348,10 +349,8 @@ def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path, m
         assert sent and all(nbytes <= s < nbytes * 1.2 for s in sent)
     # Same seed, same numbers, also when round 2 fails once and the run is resumed.
     cfg_b = config("b")
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:2")
-    with pytest.raises(RoundError, match="client 1"):
+    with client_faults("koala", "1:2"), pytest.raises(RoundError, match="client 1"):
         run_job(cfg_b, LocalTransport(default_state_root(cfg_b)), quiet=True)
-    monkeypatch.delenv("FEDKT_INJECT_FAULT")
     b = run_job(cfg_b, LocalTransport(default_state_root(cfg_b)), resume=True, quiet=True)
     assert numbers(b) == a
 

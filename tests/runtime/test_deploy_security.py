@@ -25,6 +25,7 @@ from fedkt.runtime.flower_deploy import (
     TLS,
     DeploymentError,
     FlowerProcess,
+    flower_child_env,
     free_port,
     list_supernodes,
     register_supernodes,
@@ -79,7 +80,8 @@ def secure(tmp_path_factory):
     files = certs.generate_certs(root / "certs", nodes=5)
     port = free_port()
     superlink = f"127.0.0.1:{port}"
-    env = {"PYTHONPATH": _module_root(_sim)}
+    # The probe's folder, and this fedkt (the one a Flower process gets without PYTHONPATH).
+    env = {"PYTHONPATH": os.pathsep.join([_module_root(_sim), flower_child_env()["PYTHONPATH"]])}
     procs: list[FlowerProcess] = []
     fed = None
     try:
@@ -129,9 +131,9 @@ def _wait_exit(proc: FlowerProcess, timeout: float = REFUSED_WAIT) -> str:
 def config(run_dir, fed: SecureFederation, **method):
     cfg = _sim.probe_config(run_dir, **method)
     cfg.runtime.name = "flower"
-    cfg.runtime.superlink = fed.superlink
-    cfg.runtime.insecure = False
-    cfg.runtime.root_certificates = fed.ca
+    cfg.runtime.flower.superlink = fed.superlink
+    cfg.runtime.flower.insecure = False
+    cfg.runtime.flower.root_certificates = fed.ca
     cfg.clients.min_replies = 1
     return cfg
 
@@ -224,10 +226,10 @@ def test_supernode_without_the_ca_certificate_cannot_connect(secure):
 def test_control_api_needs_the_ca_certificate(secure, probe, tmp_path):
     # flwr hides the TLS error ("unavailable"); fedkt's message points at the certificate.
     with pytest.raises(DeploymentError, match=r"(?s)TLS: is the SuperLink's certificate signed "
-                       r"by runtime.root_certificates=the system CAs.*unavailable"):
+                       r"by runtime.flower.root_certificates=the system CAs.*unavailable"):
         list_supernodes(secure.superlink)  # TLS with the system's CAs only
     cfg = config(tmp_path / "job", secure)
-    cfg.runtime.insecure = True  # plain HTTP to the HTTPS port
+    cfg.runtime.flower.insecure = True  # plain HTTP to the HTTPS port
     with pytest.raises(DeploymentError, match=r"could not start the job .*plain HTTP"):
         submit_job(cfg, quiet=True)
 
@@ -262,7 +264,7 @@ def test_secure_commands_and_clear_errors(tmp_path):
         supernode_command(0, 2, insecure=True, auth_private_key=str(files.node_keys[0][0]))
     with pytest.raises(DeploymentError, match="--auth-supernode-private-key: no such file"):
         supernode_command(0, 2, insecure=False, auth_private_key=str(tmp_path / "k"))
-    with pytest.raises(DeploymentError, match="runtime.root_certificates: no such file"):
+    with pytest.raises(DeploymentError, match="runtime.flower.root_certificates: no such file"):
         write_cli_config(tmp_path / "home", "127.0.0.1:1", insecure=False,
                          root_certificates="missing-ca.crt")
     conf = write_cli_config(tmp_path / "home", "127.0.0.1:1", insecure=False,

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from fedkt.runner import run_job
-from fedkt.runtime.flower_deploy import free_port, start_superlink, start_supernode, submit_job
+from fedkt.runtime.flower_deploy import (
+    flower_child_env,
+    free_port,
+    start_superlink,
+    start_supernode,
+    submit_job,
+)
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 
@@ -32,7 +38,8 @@ def _module_root(module) -> str:
 def federation(tmp_path, probe, monkeypatch):
     """A SuperLink and two SuperNodes; all their processes end with the test."""
     port = free_port()
-    env = {"PYTHONPATH": _module_root(_sim)}
+    # The probe's folder, and this fedkt (the one a Flower process gets without PYTHONPATH).
+    env = {"PYTHONPATH": os.pathsep.join([_module_root(_sim), flower_child_env()["PYTHONPATH"]])}
     # The processes learn about the probe method from the run config, not their environment.
     plugins = os.environ["FEDKT_PLUGINS"]
     monkeypatch.delenv("FEDKT_PLUGINS")
@@ -59,7 +66,7 @@ def federation(tmp_path, probe, monkeypatch):
 def config(run_dir, superlink, **method):
     cfg = _sim.probe_config(run_dir, **method)
     cfg.runtime.name = "flower"
-    cfg.runtime.superlink = superlink
+    cfg.runtime.flower.superlink = superlink
     cfg.clients.min_replies = 1
     return cfg
 
@@ -127,7 +134,7 @@ def test_fedavg_job_on_superlink_matches_local_run(federation, tmp_path):
     local_cfg = small_config(tmp_path / "local")
     local = run_job(local_cfg, LocalTransport(default_state_root(local_cfg)), quiet=True)
     deployed_cfg = small_config(tmp_path / "deployed", "runtime.name=flower",
-                                f"runtime.superlink={superlink}")
+                                f"runtime.flower.superlink={superlink}")
     rows = submit_job(deployed_cfg, quiet=True)
     strip = without_timings(local)
     assert without_timings(rows) == strip

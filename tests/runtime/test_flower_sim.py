@@ -80,7 +80,7 @@ def probe_config(run_dir, **method) -> RunConfig:
         "method": {"name": NAME, **method},
         "clients": {"num_clients": 2},
         "data": {"dataset": {"name": "intent_recognition"}},
-        "runtime": {"name": "flower-sim", "client_cpus": 1, "timeout": 120},
+        "runtime": {"name": "flower-sim", "flower_sim": {"client_cpus": 1}, "timeout": 120},
     })
 
 

@@ -10,6 +10,7 @@ from fedkt.runner import client_state_root, final_metrics, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
+from tests.fault_injection import client_faults
 
 
 def local(cfg):
@@ -56,21 +57,20 @@ def test_same_seed_same_numbers_other_seed_differs(make_config):
     assert final_metrics(a)["server"]["loss"] != final_metrics(c)["server"]["loss"]
 
 
-def test_client_failure_names_client_and_resume_matches_clean_run(make_config, monkeypatch):
+def test_client_failure_names_client_and_resume_matches_clean_run(make_config):
     clean = _run(make_config("rounds=3", name="clean"), quiet=True)
     cfg = make_config("rounds=3", name="faulty")
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:2")
-    with pytest.raises(RoundError, match=r"round 2.*client 1: .*injected fault"):
+    with client_faults("fedavg", "1:2"), \
+            pytest.raises(RoundError, match=r"round 2.*client 1: .*injected fault"):
         run_job(cfg, local(cfg), quiet=True)
-    monkeypatch.delenv("FEDKT_INJECT_FAULT")
     resumed = run_job(cfg, local(cfg), resume=True, quiet=True)
     assert max(r["round"] for r in resumed) == 3
     assert _numbers(resumed) == _numbers(clean)
 
 
-def test_min_replies_lets_round_proceed_without_failed_client(make_config, monkeypatch):
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "0:1")
-    rows = _run(make_config("rounds=1", "clients.min_replies=1"), quiet=True)
+def test_min_replies_lets_round_proceed_without_failed_client(make_config):
+    with client_faults("fedavg", "0:1"):
+        rows = _run(make_config("rounds=1", "clients.min_replies=1"), quiet=True)
     excluded = [r for r in rows if r.get("excluded")]
     assert len(excluded) == 1 and excluded[0]["participant"] == "client_0"
     assert "injected fault" in excluded[0]["excluded"]

@@ -15,6 +15,7 @@ from fedkt.runner import SERVER_STATE, final_metrics, run, run_job
 from fedkt.runtime.base import RoundError, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.runtime.secagg import REST
+from tests.fault_injection import client_faults
 
 SECURE = ("secure_aggregation.enabled=true", "secure_aggregation.max_weight=64")
 THREE = ("clients.num_clients=3", "rounds=1")
@@ -107,12 +108,11 @@ class DroppingTransport(LocalTransport):
         return grid, nodes
 
 
-def test_a_client_dropping_out_within_the_threshold_is_recovered(make_config, monkeypatch):
+def test_a_client_dropping_out_within_the_threshold_is_recovered(make_config):
     over = ("clients.num_clients=4", "rounds=1", "clients.min_replies=3")
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # the plain run without client 1
     plain = make_config(*over, name="plain")
-    run_job(plain, LocalTransport(default_state_root(plain)), quiet=True)
-    monkeypatch.delenv("FEDKT_INJECT_FAULT")
+    with client_faults("fedavg", "1:1"):  # the plain run without client 1
+        run_job(plain, LocalTransport(default_state_root(plain)), quiet=True)
     cfg = make_config(*over, *SECURE, name="secure")
     rows = run_job(cfg, DroppingTransport(default_state_root(cfg), drop=[1]), quiet=True)
     a, b = _state(plain), _state(cfg)
@@ -125,14 +125,13 @@ def test_a_client_dropping_out_within_the_threshold_is_recovered(make_config, mo
     assert server["clients_replied"] == 3
 
 
-def test_a_failing_client_adds_nothing_and_is_excluded_with_its_reason(make_config,
-                                                                       monkeypatch):
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "1:1")  # client 1's handler raises in round 1
+def test_a_failing_client_adds_nothing_and_is_excluded_with_its_reason(make_config):
     over = ("clients.num_clients=3", "rounds=1", "clients.min_replies=2")
     plain = make_config(*over, name="plain")
-    run_job(plain, LocalTransport(default_state_root(plain)), quiet=True)
     cfg = make_config(*over, *SECURE, name="secure")
-    rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    with client_faults("fedavg", "1:1"):  # client 1's handler raises in round 1
+        run_job(plain, LocalTransport(default_state_root(plain)), quiet=True)
+        rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     a, b = _state(plain), _state(cfg)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < ATOL  # weight 0: no effect
     row = next(r for r in rows if r["participant"] == "client_1" and r["split"] == "train")
@@ -161,14 +160,14 @@ def test_secure_aggregation_is_refused_where_the_server_needs_each_upload(make_c
         make_config("secure_aggregation.enabled=true", "secure_aggregation.num_shares=2")
 
 
-def test_flower_simulation_runs_the_same_protocol_with_the_same_numbers(make_config,
-                                                                       monkeypatch):
-    monkeypatch.setenv("FEDKT_INJECT_FAULT", "2:1")  # client 2 drops out in round 1
+def test_flower_simulation_runs_the_same_protocol_with_the_same_numbers(make_config):
     over = ("clients.num_clients=4", "rounds=1", "clients.min_replies=3", *SECURE)
     local = make_config(*over, name="local")
-    rows_local = run_job(local, LocalTransport(default_state_root(local)), quiet=True)
     sim = make_config(*over, "runtime.name=flower-sim", name="sim")
-    rows = run(sim, quiet=True)
+    # Client 2 drops out in round 1, here and in the simulation's worker processes.
+    with client_faults("fedavg", "2:1", workers=True):
+        rows_local = run_job(local, LocalTransport(default_state_root(local)), quiet=True)
+        rows = run(sim, quiet=True)
     a, b = _state(local), _state(sim)
     # Same Flower workflow and mod, same seeded stochastic rounding, the same dropout
     # recovery: the same aggregate, bit for bit.
@@ -220,7 +219,7 @@ def test_deployed_secure_fedavg_matches_local(tmp_path):
                                          flwr_home=tmp_path / "home" / f"node{cid}",
                                          log_file=tmp_path / "logs" / f"supernode{cid}.log"))
         deployed = small_config(tmp_path / "deployed", *SECURE, "rounds=1", "runtime.name=flower",
-                                f"runtime.superlink=127.0.0.1:{port}")
+                                f"runtime.flower.superlink=127.0.0.1:{port}")
         submit_job(deployed, quiet=True)
     finally:
         for proc in reversed(procs):

@@ -93,14 +93,15 @@ def cmd_superlink(args: argparse.Namespace) -> int:
         f" --root-certificates {tls.ca_certfile}" if tls else "")
     auth = " --auth-key supernode-N.key" if args.enable_supernode_auth else ""
     run_sec = "" if insecure else (
-        f" --set runtime.insecure=false --set runtime.root_certificates={tls.ca_certfile}"
+        " --set runtime.flower.insecure=false"
+        f" --set runtime.flower.root_certificates={tls.ca_certfile}"
         if tls else "")
     mode = "plain HTTP" if insecure else "TLS" + (
         " + SuperNode authentication" if args.enable_supernode_auth else "")
     print(f"fedkt: SuperLink ({mode}) listening on {args.host}:{args.port} (pid {proc.pid}); "
           f"start one SuperNode per client with\n  fedkt deploy supernode --client-id N "
           f"--num-clients M --superlink {shown}:{args.port}{sec}{auth}\nand submit jobs with\n"
-          f"  fedkt run CONFIG --set runtime.name=flower --set runtime.superlink={shown}:"
+          f"  fedkt run CONFIG --set runtime.name=flower --set runtime.flower.superlink={shown}:"
           f"{args.port}{run_sec}\nCtrl-C stops it.", flush=True)
     return _wait_forever([proc])
 
@@ -161,7 +162,7 @@ def add_deploy_commands(subparsers: Any) -> None:
         "deploy", help="start Flower processes for the 'flower' runtime",
         description="Start a Flower SuperLink (once) and one SuperNode per client, then run "
                     "jobs with `fedkt run CONFIG --set runtime.name=flower --set "
-                    "runtime.superlink=HOST:PORT`. `fedkt deploy certs` makes TLS "
+                    "runtime.flower.superlink=HOST:PORT`. `fedkt deploy certs` makes TLS "
                     "certificates and SuperNode keys. See docs/deployment.md.")
     sub = deploy.add_subparsers(dest="deploy_command", required=True, metavar="COMMAND")
 

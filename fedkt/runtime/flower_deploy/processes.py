@@ -335,6 +335,6 @@ def start_supernode(partition_id: int, num_partitions: int,
 def _tls_hint(insecure: bool, root_certificates: str | None) -> str:
     """What to check when ``flwr`` cannot reach a SuperLink (it hides TLS errors)."""
     if insecure:
-        return " (plain HTTP: does the SuperLink use TLS? then set runtime.insecure=false)"
-    return (" (TLS: is the SuperLink's certificate signed by runtime.root_certificates="
+        return " (plain HTTP: does the SuperLink use TLS? then set runtime.flower.insecure=false)"
+    return (" (TLS: is the SuperLink's certificate signed by runtime.flower.root_certificates="
             f"{root_certificates or 'the system CAs'} and valid for this host name?)")

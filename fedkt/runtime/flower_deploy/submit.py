@@ -78,7 +78,8 @@ def write_cli_config(flwr_home: Path | str, superlink: str, *, insecure: bool = 
         conn["federation"] = federation
     if root_certificates and not insecure:
         # Flower wants an absolute path.
-        conn["root-certificates"] = _existing_file(root_certificates, "runtime.root_certificates")
+        conn["root-certificates"] = _existing_file(root_certificates,
+                                                   "runtime.flower.root_certificates")
     path = Path(flwr_home) / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
@@ -106,7 +107,7 @@ def _cli_home() -> Iterator[Path]:
 
 def submit_job(cfg: RunConfig, job: Any = None, *, resume: bool = False, quiet: bool = False,
                connect_timeout: float = 600.0) -> list[dict[str, Any]]:
-    """Run (or resume) a job on the SuperLink at ``runtime.superlink``; returns its rows.
+    """Run (or resume) a job on the SuperLink at ``runtime.flower.superlink``; returns its rows.
 
     ``job`` is not called here: the SuperLink's ServerApp process runs
     :func:`fedkt.runner.run_job` itself (``fedkt.runtime.flower_app:server_app``).
@@ -128,7 +129,7 @@ def submit_job(cfg: RunConfig, job: Any = None, *, resume: bool = False, quiet: 
     )
 
     job = deployable_config(cfg)
-    rt = job.runtime
+    rt = job.runtime.flower
     plugins = [*method_plugins(job.method.name),
                *filter(None, os.environ.get(PLUGINS_ENV, "").split(","))]
     with _cli_home() as home:
