@@ -276,6 +276,7 @@ def test_failed_client_is_resent_the_whole_student(tmp_path):
     assert [r["round"] for r in test] == [0, 2]  # round 0 (eval.round0), then eval.every
 
 
+@pytest.mark.slow  # FedKD's resume is checked by the conformance test
 def test_resume_after_a_failed_round_is_exact(tmp_path):
     full = fedkd_config(tmp_path, "rounds=2", "eval.every=5", name="full")
     run_job(full, LocalTransport(default_state_root(full)), quiet=True)

@@ -417,6 +417,7 @@ def test_config_checks(make_config):
                     method="fedcollm", name="ignored")
 
 
+@pytest.mark.slow  # FedMKT's and LLM2SLM's resume are checked by the conformance test
 def test_resume_after_a_round_gives_the_same_numbers(make_config):
     full = mkt_config(make_config, "rounds=2", "clients.models=[{name: tiny-opt}, "
                       "{name: tiny-bloom}]", name="full")

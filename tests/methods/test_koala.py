@@ -34,7 +34,6 @@ from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 from fedkt.train.pretrain import VisionPretrain, pretrained_model, server_pretrain_records
 from fedkt.train.vision import predict_logits
-from tests.fault_injection import client_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"name": "mobilenet_v3_small", "tiny": {"width_mult": 0.25}}
@@ -326,17 +325,11 @@ def test_hete_round_distils_every_client_model_and_returns_it(tmp_path):
         server_and_clients(koala_config(tmp_path, f"clients.models={HETE}", name="bad"))
 
 
-def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path):
-    from fedkt.runtime.base import RoundError
-
-    def config(name):
-        return koala_config(tmp_path, "method.mode=hete", f"clients.models={HETE}", name=name)
-
-    def numbers(rows):
-        return without_timings(rows)
-
-    cfg_a = config("a")
-    a = numbers(run_job(cfg_a, LocalTransport(default_state_root(cfg_a)), quiet=True))
+def test_koala_hete_run_evaluates_everyone_and_counts_model_bytes(tmp_path):
+    """A hete run with two small-model architectures: every participant is evaluated and
+    each client's upload is its model (resume and determinism: the conformance test)."""
+    cfg_a = koala_config(tmp_path, "method.mode=hete", f"clients.models={HETE}", name="a")
+    a = without_timings(run_job(cfg_a, LocalTransport(default_state_root(cfg_a)), quiet=True))
     tests = {r["participant"] for r in a if r["split"] == "test"}
     assert tests == {"server", "client_0", "client_1", "client_2"}
     # Small models travel both ways: each client's upload is at least its model's size.
@@ -347,12 +340,6 @@ def test_koala_run_is_deterministic_resumable_and_counts_model_bytes(tmp_path):
         sent = [r["bytes_sent"] for r in a if r["participant"] == f"client_{cid}"
                 and r["split"] == "train"]
         assert sent and all(nbytes <= s < nbytes * 1.2 for s in sent)
-    # Same seed, same numbers, also when round 2 fails once and the run is resumed.
-    cfg_b = config("b")
-    with client_faults("koala", "1:2"), pytest.raises(RoundError, match="client 1"):
-        run_job(cfg_b, LocalTransport(default_state_root(cfg_b)), quiet=True)
-    b = run_job(cfg_b, LocalTransport(default_state_root(cfg_b)), resume=True, quiet=True)
-    assert numbers(b) == a
 
 
 # --------------------------------------------------------------------------- pretraining

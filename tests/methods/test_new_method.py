@@ -14,17 +14,10 @@ from pathlib import Path
 
 from fedkt.config import ConfigError
 from fedkt.methods import available, get_method, registry
-from fedkt.runner import client_state_root, run_job
-from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
-from tests.methods.test_conformance import check_method
+from tests.conformance import check_method, conformance
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _rows(cfg) -> list[dict]:
-    rows = run_job(cfg, LocalTransport(client_state_root(cfg)), quiet=True)
-    return without_timings(rows)
 
 
 def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_config,
@@ -47,10 +40,11 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
     assert get_method("toy") is toy.METHOD and "toy" in available()
     assert registry.plugin_module("toy") == "toy_method.algorithm"  # fresh processes import it
     assert get_method("fedavg") is not toy.METHOD
-    # The copy computes what the original does: the same numbers; the requests are 3 bytes
+    # The copy carries its declaration (uploads, tiny config): it conforms like any method ...
+    got = without_timings(check_method("toy", tmp_path / "conformance").run.rows)
+    # ... and computes what the original does: the same numbers; the requests are 3 bytes
     # shorter each, "toy" being the method's name in their envelope instead of "fedavg".
-    got = _rows(make_config(method="toy", name="toy"))
-    want = _rows(make_config(method="fedavg", name="fedavg"))
+    want = without_timings(conformance("fedavg").run.rows)
     assert len(got) == len(want) > 8
     for g, w in zip(got, want, strict=True):
         assert {k: v for k, v in g.items() if not k.startswith("bytes")} == \
@@ -59,5 +53,3 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
             assert (w["bytes_sent"] - g["bytes_sent"]) % 3 == 0 and \
                 0 < w["bytes_sent"] - g["bytes_sent"] < 100
             assert g["bytes_received"] == w["bytes_received"]
-    # The copy carries its declaration (uploads, tiny config): it conforms like any method.
-    check_method("toy", tmp_path / "conformance")

@@ -57,6 +57,7 @@ def test_same_seed_same_numbers_other_seed_differs(make_config):
     assert final_metrics(a)["server"]["loss"] != final_metrics(c)["server"]["loss"]
 
 
+@pytest.mark.slow  # tests/test_cli.py runs the same failure and resume through the CLI
 def test_client_failure_names_client_and_resume_matches_clean_run(make_config):
     clean = _run(make_config("rounds=3", name="clean"), quiet=True)
     cfg = make_config("rounds=3", name="faulty")

@@ -112,7 +112,7 @@ class FedKDServer(Server[FedKDConfig]):
         loaded = {k[len("global."):]: v for k, v in state.items() if k.startswith("global.")}
         if set(loaded) != set(self.global_state):
             raise ValueError("checkpoint does not hold this model's global state")
-        self.global_state = {k: v.clone() for k, v in loaded.items()}
+        self.global_state = {k: loaded[k].clone() for k in self.global_state}  # model order
         self.version = int(state["version"].item())
 
 

@@ -1,0 +1,105 @@
+"""Conformance checks of a registered method (``tests/methods/test_conformance.py`` runs them
+for every method; ``tests/methods/test_new_method.py`` for a copied one).
+
+:func:`check_method` runs the method's tiny config (``Method.tiny_config``, with
+``method.name`` set to the method's) for two rounds on the local runtime through a
+transport that records the exact bytes every client sends back, and asserts:
+
+1. every client handler is declared (``Method.uploads``) and every reply stays within its
+   declaration (:func:`fedkt.methods.uploads.undeclared`);
+2. payload inspection is clean: no private text or image in any reply's bytes, no
+   base-model weight by name or value (:mod:`tests.inspection`);
+3. resume is exact: a copy of the run folder as a crash in round 2 leaves it (round 2's
+   metrics and client state written, no checkpoint) resumes to the same metrics rows and
+   the same final server state and holdings as the run that was not interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from fedkt.config import RunConfig
+from fedkt.methods import get_method
+from fedkt.runner import run_job
+from fedkt.runtime.base import default_state_root
+from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, without_timings
+from tests.inspection import check_reply, private_needles
+from tests.trust_helpers import RecordedRun, RecordingTransport, scratch, tiny_config
+
+
+@dataclass
+class Conformance:
+    """What :func:`check_method` found (for tests that look further)."""
+
+    run: RecordedRun
+    resumed_rows: list[dict]
+
+
+_DONE: dict[str, Conformance] = {}
+
+
+def conformance(name: str) -> Conformance:
+    """:func:`check_method` of ``name``, once per test session (its runs are kept)."""
+    if name not in _DONE:
+        _DONE[name] = check_method(name, scratch() / "conformance" / name)
+    return _DONE[name]
+
+
+def check_method(name: str, root: Path) -> Conformance:
+    """Run ``name`` on its tiny config and assert the three properties above."""
+    torch.set_num_threads(1)
+    method = get_method(name)
+    assert set(method.uploads) == set(method.handlers), \
+        f"{name}: uploads declared for {sorted(method.uploads)}, handlers {sorted(method.handlers)}"
+    # Two rounds, evaluated before training and after the last (round 0 and 2).
+    cfg = tiny_config(name, root, "rounds=2", "eval.every=2", name="straight")
+    transport = RecordingTransport(LocalTransport(default_state_root(cfg)))
+    rows = run_job(cfg, transport, quiet=True)
+    run = RecordedRun(cfg, rows, transport.calls)
+
+    # 1-2. every reply within its declaration; nothing private or base leaves a client
+    replies = run.replies()
+    if not method.handlers:
+        assert run.calls == [], f"{name}: clients must never be called"
+    else:
+        assert replies, f"{name}: no client replied"
+        assert {c.cid for c in replies} == set(cfg.client_ids())
+        needles = private_needles(run)
+        assert needles, "the run's private data has records to look for"
+        bases: dict = {}
+        for call in replies:
+            check_reply(run, call.cid, call.handler, call.reply, needles, bases)
+
+    # 3. crash in round 2 after its rows and the clients' state were written: resume
+    crashed = resumed_copy(cfg, root / "crashed")
+    resumed = run_job(crashed, LocalTransport(default_state_root(crashed)), resume=True,
+                      quiet=True)
+    assert without_timings(resumed) == without_timings(rows), \
+        f"{name}: the resumed run's metrics differ"
+    for file in (SERVER_STATE, HOLDINGS):
+        a, b = (c.run_dir / "checkpoints" / "round_0002" / file for c in (cfg, crashed))
+        if file == SERVER_STATE:
+            sa, sb = load_file(str(a)), load_file(str(b))
+            assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), \
+                f"{name}: the resumed run's server state differs"
+        else:
+            assert json.loads(a.read_text()) == json.loads(b.read_text()), \
+                f"{name}: the resumed run's holdings differ"
+    return Conformance(run, resumed)
+
+
+def resumed_copy(cfg: RunConfig, where: Path) -> RunConfig:
+    """A copy of ``cfg``'s finished run folder as a crash in its last round leaves it: the
+    round's rows, predictions and client state written, its checkpoint not."""
+    shutil.copytree(cfg.run_dir, where)
+    last = cfg.rounds
+    shutil.rmtree(where / "checkpoints" / f"round_{last:04d}")
+    RunRecorder(where, resume=True).mark_complete(last - 1, {"state": SERVER_STATE})
+    return cfg.model_copy(update={"output_dir": str(where)})
