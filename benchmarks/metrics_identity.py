@@ -108,7 +108,9 @@ def run_config(code: Path, name: str, out: Path, fallback: Path | None = None
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     config, _, method = name.partition("@")
     path = code / "fedkt" / "configs" / f"{config}.yaml"
-    if not path.is_file() and fallback is not None:
+    if config.endswith((".yaml", ".yml")):  # a file of one's own: the same on both sides
+        path = Path(config).resolve()
+    elif not path.is_file() and fallback is not None:
         path = fallback / "fedkt" / "configs" / f"{config}.yaml"
     cmd = [sys.executable, "-m", "fedkt.cli", "run", str(path),
            "--set", f"output_dir={out}", "--set", "runtime.torch_threads=1", "--overwrite", "-q"]
@@ -153,7 +155,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", default="HEAD~1")
     parser.add_argument("--after", default=".")
-    parser.add_argument("--configs", nargs="*", help="config names (default: every tiny one)")
+    parser.add_argument("--configs", nargs="*",
+                        help="shipped config names or YAML paths, each optionally @METHOD "
+                             "(default: every shipped tiny config)")
     parser.add_argument("--methods", action="store_true",
                         help="also every registered method on its tiny config (CONFIG@METHOD)")
     parser.add_argument("--jobs", type=int, default=2)
@@ -176,12 +180,12 @@ def main() -> int:
 
         def one(item: tuple[str, Path, str]) -> tuple[str, str, Any]:
             side, code, name = item
-            out = tmp / side / name.replace("/", "_").replace("@", "-")
+            out = tmp / side / name.replace("/", "_").replace("@", "-").lstrip("_")
             out.parent.mkdir(parents=True, exist_ok=True)
             return side, name, run_config(code, name, out, fallback=ROOT)
 
         def kept(name: str) -> Path:
-            return (args.record or args.against) / f"{name.replace('/', '__')}.json"  # @ stays
+            return (args.record or args.against) / f"{name.replace('/', '__')}.json"
 
         before = args.against or args.before
         print(f"before: {before}   after: {args.after}", flush=True)

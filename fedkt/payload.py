@@ -157,7 +157,10 @@ def loads(data: bytes, source: str = "peer") -> Payload:
     (n,) = struct.unpack("<Q", data[4:12])
     try:
         header = json.loads(data[12 : 12 + n])
-        tensors = st_load(bytes(data[12 + n :])) if len(data) > 12 + n else {}
+        # In name order: safetensors hands tensors back in an order that changes from call
+        # to call, and sums over a state's tensors must not depend on it.
+        tensors = dict(sorted(st_load(bytes(data[12 + n :])).items())) \
+            if len(data) > 12 + n else {}
     except Exception as exc:  # noqa: BLE001 - any parse failure is a malformed payload
         raise PayloadError(f"{source}: malformed payload: {exc}") from None
     if not (isinstance(header, dict) and isinstance(header.get("meta"), dict)
@@ -177,7 +180,6 @@ def loads(data: bytes, source: str = "peer") -> Payload:
         else:
             prefix = key + _SEP
             out[key] = {k[len(prefix) :]: t for k, t in tensors.items() if k.startswith(prefix)}
-    # Keep the sender's key order.
     return out
 
 

@@ -22,9 +22,7 @@ from fedkt.config import RunConfig, load_config
 from fedkt.config_catalog import resolve_config
 from fedkt.methods import get_method
 from fedkt.payload import Payload, loads
-from fedkt.runner import run_job
-from fedkt.runtime.base import ENVELOPE, default_state_root
-from fedkt.runtime.local import LocalTransport
+from fedkt.runtime.base import ENVELOPE
 
 # --------------------------------------------------------------------------- transports
 
@@ -146,7 +144,6 @@ class RecordedRun:
 
 
 _ROOT: Path | None = None
-_RUNS: dict[str, RecordedRun] = {}
 
 
 def scratch() -> Path:
@@ -159,15 +156,12 @@ def scratch() -> Path:
 
 
 def recorded_run(method: str) -> RecordedRun:
-    """One real 1-round job of ``method`` on its tiny config, every reply's bytes kept
-    (cached)."""
-    if method not in _RUNS:
-        torch.set_num_threads(1)
-        cfg = tiny_config(method, scratch() / method)
-        transport = RecordingTransport(LocalTransport(default_state_root(cfg)))
-        rows = run_job(cfg, transport, quiet=True)
-        _RUNS[method] = RecordedRun(cfg, rows, transport.calls)
-    return _RUNS[method]
+    """The real run of ``method`` on its tiny config that the conformance test records (two
+    rounds, every reply's bytes kept; once per test session).  A test that replays its
+    replies with a 1-round config gets round 1's."""
+    from tests.conformance import conformance  # it builds on this module
+
+    return conformance(method).run
 
 
 def flat_tensors(payload: dict[str, Any]) -> dict[str, torch.Tensor]:

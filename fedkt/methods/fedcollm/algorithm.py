@@ -88,7 +88,7 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         # How far co-tuning moved theta, against how far the clients' round moved it.
         stats["theta_shift_local"] = update_norm({k: averaged[k] - sent[k] for k in sent})
         stats["theta_shift_cotune"] = update_norm({k: self.theta[k] - averaged[k]
-                                                   for k in averaged})
+                                                   for k in self.theta})
         # 5. theta goes back to the clients at the start of the next round
         return {**metrics, **{f"train/{k}": v for k, v in stats.items()}}
 
