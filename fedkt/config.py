@@ -331,6 +331,9 @@ class EvalConfig(_Strict):
     # Write each evaluation's per-example predictions (predictions/round_NNNN/*.json.gz),
     # which `fedkt report --baseline` and suites pair for confidence intervals.
     predictions: bool = True
+    # Draw the run's curves (plots/*.png: one figure per metric, about 0.1 s each) when it
+    # ends; off for sweeps and tests that only read metrics.jsonl.
+    plots: bool = True
     # Evaluate every participant before any training, as round 0 (the zero-shot row).
     # None: on for every method but zero_shot (whose round 1 is that evaluation).
     round0: bool | None = None

@@ -139,7 +139,8 @@ def run_job(
         print(recorder.summary())
     else:
         recorder.summary()
-    recorder.plot()
+    if cfg.eval.plots:
+        recorder.plot()
     if cfg.eval.harness:  # lm-evaluation-harness on the final models (fedkt[harness])
         run_after_job(cfg, run_dir, server, quiet=quiet)
     if cfg.eval.compare_round0 and not quiet:

@@ -37,7 +37,7 @@ def small_config(run_dir: Path, *overrides: str, method: str = "fedavg") -> RunC
                  "max_private_per_client": 32, "max_length": 64},
         "training": {"lr": 2e-3, "batch_size": 8},
         "runtime": {"torch_threads": 1},
-        "eval": {"batch_size": 32},
+        "eval": {"batch_size": 32, "plots": False},  # curves only where a test reads them
     }
     return parse_config(apply_overrides(data, list(overrides)), "test config")
 

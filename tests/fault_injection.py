@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from unittest import mock
 
 from fedkt.faults import fail_handlers, failing_handlers
 
@@ -28,19 +29,12 @@ def client_faults(method: str, spec: str, *, workers: bool = False) -> Iterator[
     """Client CID's handlers of ``method`` raise ``InjectedFault`` ("injected fault: ...")
     in round ROUND, for each ``CID:ROUND`` of ``spec`` (comma-separated), until the block
     ends; ``workers``: also in Flower simulation workers started within the block."""
-    saved = {key: os.environ.get(key) for key in (ENV, PLUGINS_ENV)}
+    env = {}
     if workers:
-        os.environ[ENV] = json.dumps({"method": method, "faults": spec})
-        os.environ[PLUGINS_ENV] = ",".join(filter(None, [saved[PLUGINS_ENV], PLUGIN]))
-    try:
-        with failing_handlers(method, spec):
-            yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        env = {ENV: json.dumps({"method": method, "faults": spec}),
+               PLUGINS_ENV: ",".join(filter(None, [os.environ.get(PLUGINS_ENV), PLUGIN]))}
+    with mock.patch.dict(os.environ, env), failing_handlers(method, spec):
+        yield
 
 
 def install() -> None:

@@ -127,7 +127,7 @@ def tiny_config(method: str, root: Path, *overrides: str, name: str = "run") -> 
     assert spec, f"method {method!r} declares no tiny_config"
     return load_config(resolve_config(spec), [f"method.name={method}", "rounds=1",
                                               f"name={name}", f"output_dir={root / name}",
-                                              *overrides])
+                                              "eval.plots=false", *overrides])
 
 
 # --------------------------------------------------------------------------- runs

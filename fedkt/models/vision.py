@@ -590,15 +590,21 @@ def build_vision_model(
     return builder(num_classes, in_channels, image_size, **kwargs)
 
 
-def _replace_last_linear(model: nn.Module, num_classes: int) -> nn.Module:
-    last_name = None
+def _last_linear(model: nn.Module, what: str) -> tuple[nn.Module, str]:
+    """The module holding ``model``'s last ``nn.Linear`` layer (its classifier) and its name
+    there; ``what`` says what it is needed for, in the error."""
+    last = None
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            last_name = name
-    if last_name is None:
-        raise ValueError("model has no nn.Linear classifier to replace")
-    parent_name, _, attr = last_name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
+            last = name
+    if last is None:
+        raise ValueError(f"model has no nn.Linear classifier {what}")
+    parent_name, _, attr = last.rpartition(".")
+    return (model.get_submodule(parent_name) if parent_name else model), attr
+
+
+def _replace_last_linear(model: nn.Module, num_classes: int) -> nn.Module:
+    parent, attr = _last_linear(model, "to replace")
     old = getattr(parent, attr)
     setattr(parent, attr, nn.Linear(old.in_features, num_classes))
     return model
@@ -689,14 +695,7 @@ class ExternalClassifier(nn.Module):
     def __init__(self, model: nn.Module, in_channels: int, input_size: int | None = None,
                  normalize: bool = False) -> None:
         super().__init__()
-        last = None
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Linear):
-                last = name
-        if last is None:
-            raise ValueError("model has no nn.Linear classifier to use as its head")
-        parent_name, _, attr = last.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+        parent, attr = _last_linear(model, "to use as its head")
         self.head = getattr(parent, attr)
         setattr(parent, attr, nn.Identity())
         self.backbone = model

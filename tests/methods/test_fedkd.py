@@ -51,7 +51,7 @@ def fedkd_config(tmp_path, *overrides: str, method: str = "fedkd", name: str = "
                  "max_private_per_client": 16, "max_length": 32},
         "training": {"lr": 1e-3, "batch_size": 8, "betas": [0.9, 0.999], "warmup_ratio": 0.0},
         "runtime": {"torch_threads": 1},
-        "eval": {"batch_size": 16},
+        "eval": {"batch_size": 16, "plots": False},
     }
     return parse_config(apply_overrides(data, list(overrides)), "test config")
 

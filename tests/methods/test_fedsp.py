@@ -58,7 +58,7 @@ def fedsp_config(run_dir, *overrides: str, method: str = "fedsp"):
                  "max_private_per_client": 16, "max_public": 16, "max_length": 48},
         "training": {"lr": 5e-3, "batch_size": 8, "prefix_tokens": 4},
         "runtime": {"torch_threads": 1},
-        "eval": {"batch_size": 16, "clients": False},
+        "eval": {"batch_size": 16, "clients": False, "plots": False},
     }
     return parse_config(apply_overrides(data, list(overrides)), "fedsp test config")
 

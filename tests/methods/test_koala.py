@@ -73,6 +73,7 @@ def koala_config(tmp_path, *overrides: str, method: str = "koala", name: str = "
         "training": {"lr": 3e-3, "batch_size": 16, "local_epochs": 1,
                      "betas": [0.9, 0.999], "weight_decay": 1e-6, "max_grad_norm": None},
         "runtime": {"torch_threads": 1},
+        "eval": {"plots": False},
     }
     return parse_config(apply_overrides(data, list(overrides)), "test config")
 

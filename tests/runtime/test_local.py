@@ -26,11 +26,14 @@ def _numbers(rows):
 
 
 def test_fedavg_run_writes_metrics_bytes_and_checkpoints(make_config):
-    cfg = make_config()
+    cfg = make_config("eval.plots=true")
     rows = run_job(cfg, local(cfg), quiet=True)
     run_dir = cfg.run_dir
     assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.md").is_file()
     assert list((run_dir / "plots").glob("*.png"))
+    no_plots = make_config("eval.plots=false", name="no_plots")  # sweeps: metrics only
+    run_job(no_plots, local(no_plots), quiet=True)
+    assert not (no_plots.run_dir / "plots").exists()
     assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["round"] == 2
     written = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert written == rows
