@@ -18,11 +18,12 @@ large model f (the LLM) with its own LoRA adapter omega and the auxiliary set D_
        L^g = L_FT^g(theta) + lambda * L_KD^g,   L_KD^g = KL(f || g)   (SLM adapter theta)
        L_2 = L^f + L^g                                                 (Eq. 6)
 
-   (lambda is ``method.kd_weight``.)  Each adapter descends its own loss (Algorithm 1 lines 16-17): omega by grad L^f and
-   theta by grad L^g, with the other model's output a fixed (detached) target in each KD
-   term, KL(target || student) as in FATE-LLM.  ``cotune_gradients: joint`` instead
-   back-propagates L^f + L^g with nothing detached, so each adapter also learns from the
-   other's KD term (a symmetric KL at about twice the weight).  Two AdamW optimisers step
+   (lambda is ``method.kd_weight``.)  Each adapter descends its own loss (Algorithm 1
+   lines 16-17): omega by grad L^f and theta by grad L^g, with the other model's output a
+   fixed (detached) target in each KD term, KL(target || student) as in FATE-LLM.
+   ``cotune_gradients: joint`` instead back-propagates L^f + L^g with nothing detached,
+   so each adapter also learns from the other's KD term (a symmetric KL at about twice
+   the weight).  Two AdamW optimisers step
    omega and theta, each with its own learning rate (``llm_lr``, ``slm_lr``);
 5. the distilled theta goes back to the clients in the next round.
 

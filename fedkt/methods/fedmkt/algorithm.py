@@ -262,8 +262,8 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     if msg.get("share"):
         entries, nbytes = packed_entries(packed)
         reply.update(topk=packed, vocab_size=own.vocab_size, k=m.top_k)
-        metrics.update({"train/topk_entries": entries, "train/topk_bytes_per_entry": nbytes / entries
-                        if entries else 0.0})
+        metrics.update({"train/topk_entries": entries,
+                        "train/topk_bytes_per_entry": nbytes / entries if entries else 0.0})
     return reply
 
 

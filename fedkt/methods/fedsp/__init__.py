@@ -36,12 +36,14 @@ _UPLOADS = {"setup": {"aux_id": HEX_ID, "num_parameters": NUMBER},
                       "train_loss": NUMBER, "align_loss": NUMBER}}
 
 register(Method("fedsp", FedSPConfig, FedSPServer, _HANDLERS, paper=_PAPER, aggregates=True,
-                uploads=_UPLOADS, tiny_config="fedsp/tiny", check=check_config, server_sees="soft prompts",
+                uploads=_UPLOADS, tiny_config="fedsp/tiny", check=check_config,
+                server_sees="soft prompts",
                 clients_see="auxiliary model (once), prompts",
                 summary="soft prompts between the server LLM and clients' KD-initialised "
                         "cut-and-shared auxiliary models"))
 register(Method("fedprompt", FedPromptConfig, FedSPServer, _HANDLERS, paper=_PAPER,
-                aggregates=True, uploads=_UPLOADS, tiny_config="fedsp/tiny", check=check_config, server_sees="soft prompts",
+                aggregates=True, uploads=_UPLOADS, tiny_config="fedsp/tiny", check=check_config,
+                server_sees="soft prompts",
                 clients_see="the whole LLM (once), prompts",
                 summary="FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)"))
 register(Method("fedprompt_single", FedPromptSingleConfig, FedSPServer, _HANDLERS,

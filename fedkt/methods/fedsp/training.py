@@ -101,7 +101,8 @@ def stage_optimizer(cfg: RunConfig, params: list[nn.Parameter], *, lr: float | N
                        if f"{i}.{k}" in saved}
             if moments and tuple(moments["exp_avg"].shape) != tuple(p.shape):
                 raise PayloadError(f"saved optimiser state {i} has shape "
-                                   f"{tuple(moments['exp_avg'].shape)}, the weight {tuple(p.shape)}")
+                                   f"{tuple(moments['exp_avg'].shape)}, "
+                                   f"the weight {tuple(p.shape)}")
             if moments:
                 state[i] = {k: v.to(p.device) for k, v in moments.items()}
         opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
