@@ -30,7 +30,7 @@ from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
-from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder
+from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, atomic_write
 
 log = logging.getLogger("fedkt")
 
@@ -237,9 +237,7 @@ def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
     tmp = folder / (SERVER_STATE + ".tmp")
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
     os.replace(tmp, folder / SERVER_STATE)
-    tmp = folder / (HOLDINGS + ".tmp")
-    tmp.write_text(json.dumps(holdings, sort_keys=True))
-    os.replace(tmp, folder / HOLDINGS)
+    atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
     recorder.mark_complete(rnd, {"state": SERVER_STATE})
     recorder.prune_checkpoints(keep=2)
 

@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "TIMING_KEYS", "RunRecorder", "best_round", "fmt_mb", "fmt_seconds", "format_table", "is_eval",
-    "is_timing", "lower_is_better", "main_metric", "without_timings",
+    "TIMING_KEYS", "RunRecorder", "atomic_write", "best_round", "fmt_mb", "fmt_seconds",
+    "format_table", "is_eval", "is_timing", "lower_is_better", "main_metric", "without_timings",
     "metric_keys", "participant_order", "read_rows", "run_wall_time",
 ]
 
@@ -242,12 +242,12 @@ class RunRecorder:
             return
         data = self.metrics_path.read_bytes()
         if data and not data.endswith(b"\n"):
-            _atomic_write(self.metrics_path, data[: data.rfind(b"\n") + 1].decode())
+            atomic_write(self.metrics_path, data[: data.rfind(b"\n") + 1].decode())
 
     def save_config(self, yaml_text: str) -> Path:
         """Write ``config.yaml``."""
         path = self.run_dir / CONFIG_FILE
-        _atomic_write(path, yaml_text)
+        atomic_write(path, yaml_text)
         return path
 
     def config(self) -> dict[str, Any]:
@@ -278,7 +278,7 @@ class RunRecorder:
         """Drop rows whose round is greater than ``round`` (rows without a round stay)."""
         kept = [row for row in self.rows()
                 if not (_is_number(row.get("round")) and row["round"] > round)]
-        _atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         for folder in (self.run_dir / PREDICTIONS_DIR).glob("round_*"):
             m = _ROUND_DIR.match(folder.name)
             if m and int(m.group(1)) > round:
@@ -347,7 +347,7 @@ class RunRecorder:
             ])
         text = "\n".join([title, "", *facts, "", ""])
         text += format_table(header, table, markdown=True) + "\n" if table else "No metrics.\n"
-        _atomic_write(self.run_dir / SUMMARY_FILE, text)
+        atomic_write(self.run_dir / SUMMARY_FILE, text)
         return text
 
     # ------------------------------------------------------------------ plots
@@ -433,7 +433,7 @@ class RunRecorder:
         info = {"round": int(round), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "checkpoint": f"round_{round:04d}", **{k: _plain(v) for k, v in
                                                         (extra or {}).items()}}
-        _atomic_write(self.checkpoints / LATEST_FILE, json.dumps(info, indent=2) + "\n")
+        atomic_write(self.checkpoints / LATEST_FILE, json.dumps(info, indent=2) + "\n")
 
     def latest(self) -> dict[str, Any] | None:
         """Contents of ``latest.json`` (None if no round was completed)."""
@@ -531,7 +531,7 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

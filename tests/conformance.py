@@ -83,15 +83,12 @@ def check_method(name: str, root: Path) -> Conformance:
                       quiet=True)
     assert without_timings(resumed) == without_timings(rows), \
         f"{name}: the resumed run's metrics differ"
-    for file in (SERVER_STATE, HOLDINGS):
-        a, b = (c.run_dir / "checkpoints" / "round_0002" / file for c in (cfg, crashed))
-        if file == SERVER_STATE:
-            sa, sb = load_file(str(a)), load_file(str(b))
-            assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), \
-                f"{name}: the resumed run's server state differs"
-        else:
-            assert json.loads(a.read_text()) == json.loads(b.read_text()), \
-                f"{name}: the resumed run's holdings differ"
+    straight, again = (c.run_dir / "checkpoints" / "round_0002" for c in (cfg, crashed))
+    sa, sb = (load_file(str(folder / SERVER_STATE)) for folder in (straight, again))
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), \
+        f"{name}: the resumed run's server state differs"
+    ha, hb = (json.loads((folder / HOLDINGS).read_text()) for folder in (straight, again))
+    assert ha == hb, f"{name}: the resumed run's holdings differ"
     return Conformance(run, resumed)
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from fedkt.data.splits import run_data
 from fedkt.methods import get_method
 from fedkt.methods.uploads import undeclared
 from fedkt.payload import loads
@@ -36,7 +35,7 @@ Bases = dict[int, tuple[dict[str, torch.Tensor], set[str]]]
 def private_needles(run: RecordedRun) -> list[bytes]:
     """Every client's private records as bytes: texts of >= 24 characters (UTF-8), or
     each image's float32 pixels."""
-    fd = run_data(run.cfg.data, run.cfg.clients.num_clients, run.cfg.seed)
+    fd = run.data()
     needles = []
     for part in fd.private:
         for record in part:
@@ -87,8 +86,7 @@ def base_weights(run: RecordedRun, cid: int) -> tuple[dict[str, torch.Tensor], s
             trainable_state,
         )
 
-        labels = check_text_classification(run_data(cfg.data, cfg.clients.num_clients,
-                                                    cfg.seed), name)
+        labels = check_text_classification(run.data(), name)
         teacher, _ = build_encoder(encoder_config(cfg), labels, cfg.seed,
                                    pooling=cfg.method.pooling, device="cpu")
         layers = cfg.method.student_layers if name == "fedkd" else cfg.method.layers
@@ -108,7 +106,7 @@ def base_weights(run: RecordedRun, cid: int) -> tuple[dict[str, torch.Tensor], s
         from fedkt.data.images import data_spec
         from fedkt.models.vision import build_model, head_module
 
-        fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+        fd = run.data()
         model = build_model(cfg.server, data_spec(fd), 0)
         head = {f"head.{k}" for k in head_module(model).state_dict()}
         base = disk_state(run, cid, "base")
@@ -201,8 +199,7 @@ def check_predictions(run: RecordedRun, cid: int, handler: str, blob: torch.Tens
     text = gzip.decompress(raw)
     leaked = [n[:40] for n in needles if n in text]
     assert not leaked, f"{where} leak {leaked[:3]}"
-    test_ids = {r["id"] for r in run_data(run.cfg.data, run.cfg.clients.num_clients,
-                                          run.cfg.seed).test}
+    test_ids = {r["id"] for r in run.data().test}
     for scope, table in unpack(raw).items():
         assert set(table.columns) <= PREDICTION_COLUMNS, f"{where} ({scope!r}): columns"
         assert set(table.ids) <= test_ids, f"{where} ({scope!r}): ids outside the test split"
@@ -215,7 +212,7 @@ def _check_whole_model(method: str, run: RecordedRun, cid: int, payload: dict) -
         from fedkt.data.images import data_spec
         from fedkt.models.vision import build_model
 
-        fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+        fd = run.data()
         ref = build_model(cfg.clients.model_for(cid), data_spec(fd), 0).state_dict()
         got = payload["model"]
         assert set(got) == set(ref)
@@ -225,7 +222,7 @@ def _check_whole_model(method: str, run: RecordedRun, cid: int, payload: dict) -
         from fedkt.data.images import data_spec
         from fedkt.models.vision import build_model, head_module
 
-        fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+        fd = run.data()
         ref = head_module(build_model(cfg.server, data_spec(fd), 0)).state_dict()
         got = payload["trainable"]
         assert set(got) == set(ref)

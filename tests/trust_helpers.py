@@ -142,6 +142,12 @@ class RecordedRun:
     def replies(self) -> list[Exchange]:
         return [c for c in self.calls if isinstance(c.reply, bytes)]
 
+    def data(self) -> Any:
+        """The run's federated data (every client's split, as the clients see it)."""
+        from fedkt.data.splits import run_data
+
+        return run_data(self.cfg.data, self.cfg.clients.num_clients, self.cfg.seed)
+
 
 _ROOT: Path | None = None
 

@@ -26,7 +26,7 @@ from fedkt.config import MethodConfig, ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import make_optimizer, pick_device, step
+from fedkt.train.optim import make_optimizer, pick_device, step, trainable
 
 __all__ = [
     "EncoderHead",
@@ -198,7 +198,7 @@ def train_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: lis
     batches = local_steps(cfg.training, tokenizer, records, cfg.data.max_length, seed)
     if not batches:
         return {"loss": float("nan"), "steps": 0, "num_examples": 0, "step_seconds": 0.0}
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable(model)
     opt, sched = make_optimizer(params, cfg.training, len(batches))
     device = next(model.parameters()).device
     scaler = grad_scaler(cfg, device)
@@ -223,9 +223,10 @@ def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
     from fedkt.eval.lm import evaluate_text_classifier
 
     with autocast(cfg, model):
-        return evaluate_text_classifier(model, tokenizer, records, batch_size=cfg.eval.batch_size,
-                                   max_length=cfg.data.max_length,
-                                   positive_label=cfg.eval.positive_label)
+        return evaluate_text_classifier(model, tokenizer, records,
+                                        batch_size=cfg.eval.batch_size,
+                                        max_length=cfg.data.max_length,
+                                        positive_label=cfg.eval.positive_label)
 
 
 def feature_spread(model: nn.Module, tokenizer: Any, texts: list[str], max_length: int) -> float:

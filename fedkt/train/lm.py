@@ -25,7 +25,7 @@ from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import make_optimizer, pick_device, step
+from fedkt.train.optim import make_optimizer, pick_device, step, trainable
 
 __all__ = [
     "LM",
@@ -160,7 +160,7 @@ def train_lm(
     total = min(total, len(batches))
     if total == 0:
         return {"loss": float("nan"), "steps": 0, "num_examples": 0}
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable(model)
     opt, sched = optimizer or make_optimizer(params, tcfg, total,
                                              lr=lr if lr is not None else lm.lr)
     scaler = grad_scaler(tcfg, device)

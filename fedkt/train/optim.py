@@ -5,6 +5,7 @@
 * :func:`step`: one update of one or more optimisers from one loss: zero the gradients,
   back-propagate (scaled for fp16), clip each parameter group to ``max_grad_norm``, step
   the optimisers, then their schedules;
+* :func:`trainable`: the parameters of some modules that require gradients;
 * :func:`grad_norm`: the norm of a loss's gradient on the retained graph (diagnostics);
 * :func:`pick_device`: ``runtime.device`` -> a torch device.
 """
@@ -20,7 +21,7 @@ import torch
 from fedkt.config import TrainingConfig
 from fedkt.privacy import update_norm
 
-__all__ = ["grad_norm", "make_optimizer", "pick_device", "step"]
+__all__ = ["grad_norm", "make_optimizer", "pick_device", "step", "trainable"]
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -28,6 +29,11 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def trainable(*modules: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of ``modules`` that require gradients, in module order."""
+    return [p for module in modules for p in module.parameters() if p.requires_grad]
 
 
 def make_optimizer(params: Any, cfg: TrainingConfig, total_steps: int,

@@ -25,7 +25,7 @@ from fedkt.data.images import DataSpec, image_tensors
 from fedkt.errors import ConfigError
 from fedkt.models.vision import build_model, head_module
 from fedkt.precision import resolve_precision
-from fedkt.train.vision import _device_of, train_vision
+from fedkt.train.vision import device_of, train_vision
 
 __all__ = ["VisionPretrain", "check_pretrain_source", "pretrained_model",
            "server_pretrain_records", "split_server_data"]
@@ -167,7 +167,7 @@ def pretrained_model(
     def pretrain_model(tmp: Path | None = None) -> None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, "pretrain-probe", model_cfg.name))
-            model.head = nn.Linear(model.feature_dim(), n_pre).to(_device_of(model))
+            model.head = nn.Linear(model.feature_dim(), n_pre).to(device_of(model))
         try:
             train_vision(model, (images, labels), epochs=pretrain.epochs,
                              batch_size=pretrain.batch_size, lr=pretrain.lr,

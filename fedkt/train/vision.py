@@ -27,7 +27,8 @@ from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import step
 
-__all__ = ["evaluate_vision", "extract_features", "predict_logits", "train_vision"]
+__all__ = ["device_of", "evaluate_vision", "extract_features", "predict_logits",
+           "train_vision"]
 
 LossFn = Callable[[nn.Module, list[Tensor]], Tensor]
 ExtraLoss = Callable[[nn.Module, list[Tensor], Tensor, int], Tensor]
@@ -43,7 +44,7 @@ def predict_logits(model: nn.Module, inputs: Tensor, batch_size: int = 256,
     was = model.training
     model.eval()
     try:
-        device = _device_of(model)
+        device = device_of(model)
         with autocast(precision, device):
             outs = [model(inputs[i:i + batch_size].to(device)).float().cpu()
                     for i in range(0, len(inputs), batch_size)]
@@ -60,7 +61,7 @@ def extract_features(model: nn.Module, images: Tensor, upto: int | None = None,
     was = model.training
     model.eval()
     try:
-        device = _device_of(model)
+        device = device_of(model)
         outs = []
         for i in range(0, len(images), batch_size):
             with autocast(precision, device):
@@ -72,7 +73,8 @@ def extract_features(model: nn.Module, images: Tensor, upto: int | None = None,
     return torch.cat(outs)
 
 
-def _device_of(model: nn.Module) -> torch.device:
+def device_of(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU for a model without any)."""
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 
@@ -120,7 +122,7 @@ def train_vision(
     if not params:
         raise ValueError("nothing to train: no parameter requires grad")
     opt = torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay)
-    device = _device_of(model)
+    device = device_of(model)
     scaler = grad_scaler(precision, device)
 
     def batches() -> Iterator[list[Tensor]]:

@@ -22,6 +22,7 @@ from fedkt.alignment.targets import Received, build_targets, kd_loss, to_receive
 from fedkt.config import ConfigError
 from fedkt.methods import get_method
 from fedkt.methods.fedmkt import FedMKTConfig, distill, dual_min_ce
+from fedkt.methods.fedmkt.algorithm import other_losses
 from fedkt.payload import Payload, PayloadError, dumps, loads
 from fedkt.precision import autocast
 from fedkt.runner import run_job
@@ -89,10 +90,8 @@ def _topk(values, ids, lengths, losses, vocab=10):
 
 
 def _select(own, others):
-    """FedMKT's selection (Algorithm 2) for build_targets."""
-    n = own.values.shape[0]
-    losses = torch.stack([o.losses for o in others]) if others else torch.zeros(0, n)
-    return dual_min_ce(own.losses, losses)
+    """FedMKT's selection (Algorithm 2) for build_targets, as its server makes it."""
+    return dual_min_ce(own.losses, other_losses(others, own))
 
 
 def _targets(own, other, omask, public, **kw):

@@ -107,19 +107,21 @@ class Classifier:
 class _EncoderFamily:
     kept = "model"
 
-    def check(self, cfg: RunConfig) -> None:
+    @staticmethod
+    def _labels(cfg: RunConfig) -> int:
+        """The task's number of classes; a ConfigError when it is not text classification."""
         from fedkt.data.splits import run_data
 
-        check_text_classification(run_data(cfg.data, cfg.clients.num_clients, cfg.seed),
-                                  cfg.method.name)
+        return check_text_classification(run_data(cfg.data, cfg.clients.num_clients, cfg.seed),
+                                         cfg.method.name)
+
+    def check(self, cfg: RunConfig) -> None:
+        self._labels(cfg)
 
     def build(self, cfg: RunConfig, cid: int | None) -> Classifier:
         """``clients.models[0]`` with its head; ``method.layers``: its first N layers."""
-        from fedkt.data.splits import run_data
-
         m = cfg.method
-        labels = check_text_classification(
-            run_data(cfg.data, cfg.clients.num_clients, cfg.seed), m.name)
+        labels = self._labels(cfg)
         return Classifier(*build_encoder(encoder_config(cfg), labels, cfg.seed, layers=m.layers,
                                          freeze_embeddings=m.freeze_embeddings,
                                          pooling=m.pooling, device=cfg.runtime.device))

@@ -28,7 +28,7 @@ from fedkt.losses import kl_div
 from fedkt.precision import autocast, grad_scaler
 from fedkt.train.lm import LM, lm_batches
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import grad_norm, make_optimizer, step
+from fedkt.train.optim import grad_norm, make_optimizer, step, trainable
 
 from .config import FedCoLLMConfig
 
@@ -152,8 +152,7 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     total = min(method.cotune_max_steps or total, total, len(g_batches))
     if total == 0 or not g_batches:
         return {}
-    f_params = [p for p in llm.model.parameters() if p.requires_grad]
-    g_params = [p for p in slm.model.parameters() if p.requires_grad]
+    f_params, g_params = trainable(llm.model), trainable(slm.model)
     opt_f, sched_f = make_optimizer(f_params, cfg.training, total, lr=method.llm_lr)
     opt_g, sched_g = make_optimizer(g_params, cfg.training, total, lr=method.slm_lr)
     f_dev = next(llm.model.parameters()).device

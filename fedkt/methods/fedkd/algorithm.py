@@ -56,7 +56,7 @@ from fedkt.train.encoder import (
     trainable_state,
 )
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import make_optimizer, step
+from fedkt.train.optim import make_optimizer, step, trainable
 
 from .config import FedKDConfig
 from .losses import fedkd_losses
@@ -143,8 +143,7 @@ def train_fedkd(cfg: Any, models: FedKDModels, records: list[dict], *, seed: int
 
     loop = run_steps(batches, batch_loss,
                      lambda loss: step(loss, [opt], schedules=[sched], scaler=scaler,
-                                       clip=[[p for p in mod.parameters() if p.requires_grad]
-                                             for mod in modules],
+                                       clip=[trainable(mod) for mod in modules],
                                        max_grad_norm=cfg.training.max_grad_norm),
                      modules=modules, seed=seed, total=len(batches), desc="fedkd train")
     stats = loop.means()

@@ -21,7 +21,7 @@ from fedkt.errors import ConfigError
 from fedkt.losses import hidden_mse, kl_div, masked_mean
 from fedkt.precision import upcast
 from fedkt.train.encoder import model_inputs
-from fedkt.train.optim import grad_norm
+from fedkt.train.optim import grad_norm, trainable
 
 if TYPE_CHECKING:
     from .config import FedKDConfig
@@ -292,8 +292,7 @@ def loss_magnitudes(models: FedKDModels, method: FedKDConfig, batch: dict[str, T
              ("teacher_task", "student_task", "teacher_kd", "student_kd", "hidden")}
     layers = layer_list(models.teacher)[2]
     for i, layer in enumerate(layers):
-        params = [p for p in layer.parameters() if p.requires_grad]
-
+        params = trainable(layer)
         task = max(grad_norm(out.teacher_task, params), 1e-30)
         terms[f"grad_ratio/hidden/layer_{i}"] = grad_norm(out.hidden, params) / task
         terms[f"grad_ratio/kd/layer_{i}"] = grad_norm(out.teacher_kd, params) / task

@@ -17,6 +17,7 @@ from torch import nn
 from fedkt.config import RunConfig
 from fedkt.errors import ConfigError
 from fedkt.train.encoder import build_encoder, encoder_config, num_layers
+from fedkt.train.optim import trainable
 
 from .config import FedKDConfig
 
@@ -75,13 +76,9 @@ class FedKDModels:
         return cls(teacher, student, projections.to(device), tokenizer, pairs)
 
     def parameters(self) -> list[nn.Parameter]:
-        return [p for mod in (self.teacher, self.student, self.projections)
-                for p in mod.parameters() if p.requires_grad]
+        return trainable(self.teacher, self.student, self.projections)
 
     def param_groups(self, lr: float, student_lr: float) -> list[dict[str, Any]]:
         """Optimiser groups: teacher and W_h at ``lr``, the student at ``student_lr``."""
-        def trainable(mod: nn.Module) -> list[nn.Parameter]:
-            return [p for p in mod.parameters() if p.requires_grad]
-
-        return [{"params": trainable(self.teacher) + trainable(self.projections), "lr": lr},
+        return [{"params": trainable(self.teacher, self.projections), "lr": lr},
                 {"params": trainable(self.student), "lr": student_lr}]

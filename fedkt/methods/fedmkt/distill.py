@@ -22,7 +22,7 @@ from fedkt.alignment.targets import KDTargets, kd_loss
 from fedkt.config import RunConfig
 from fedkt.precision import upcast
 from fedkt.train.lm import LM, train_lm
-from fedkt.train.optim import grad_norm
+from fedkt.train.optim import grad_norm, trainable
 
 __all__ = ["DIAGNOSTICS", "distill", "dual_min_ce", "lambda_mix"]
 
@@ -83,7 +83,7 @@ def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, 
         kd_sum.append(float(kd.detach()))
         kd_term = lambda_mix(0.0, kd, m.ft_weight)  # (1 - lambda) * L_KD
         if step == 0:  # diagnostic: the KD term's gradient against L_FT's, as weighted
-            params = [p for p in model.parameters() if p.requires_grad]
+            params = trainable(model)
             ft = lambda_mix(1.0, 0.0, m.ft_weight) * upcast(outputs.loss)
             ratio.append(grad_norm(kd_term, params) / max(grad_norm(ft, params), 1e-30))
         return kd_term

@@ -134,6 +134,11 @@ class KoalaServer(Server[KoalaConfig]):
         return self.holdings.offer(Payload(), cid, MODEL, self.versions[key],
                                    self.small[key].state_dict())
 
+    def confirm(self, asked: list[int], replied: dict[int, Payload]) -> None:
+        """After a call that referred to each client's small model: who holds which version."""
+        for cid in asked:
+            self.holdings.confirm([cid], replied, MODEL, self.versions[self.key(cid)])
+
     # ------------------------------------------------------------------ round
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
@@ -141,8 +146,7 @@ class KoalaServer(Server[KoalaConfig]):
         # 1. local training on private data (a client lacking its small model gets it first)
         asked = list(clients.ids)
         replies = clients.call("train", {cid: self.offer(cid) for cid in asked})
-        for cid in asked:
-            self.holdings.confirm([cid], replies, MODEL, self.versions[self.key(cid)])
+        self.confirm(asked, replies)
         checked = clients.validate(replies, lambda c, r: (
             r.state("model", like=self.small[self.key(c)].state_dict(), source=f"client {c}"),
             r.number("num_examples", source=f"client {c}", low=0)), "train")
@@ -188,8 +192,7 @@ class KoalaServer(Server[KoalaConfig]):
         # 5. the updated small models go back to their clients (each evaluates its own)
         back = list(clients.ids) if m.mode == "homo" else list(states)
         got = clients.call("update", {cid: self.offer(cid) for cid in back})
-        for cid in back:
-            self.holdings.confirm([cid], got, MODEL, self.versions[self.key(cid)])
+        self.confirm(back, got)
         return metrics
 
     @torch.no_grad()
