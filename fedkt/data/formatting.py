@@ -87,13 +87,14 @@ def lm_pair(
     return prompt, " " + target
 
 
-def mc_view(
+def choices_view(
     record: dict[str, Any],
     task: str,
     label_names: list[str] | None = None,
     template: str | None = None,
-) -> tuple[str, list[str], int]:
-    """(context, continuations with a leading space, gold index) for likelihood scoring."""
+) -> tuple[str, list[str]]:
+    """(context, continuations with a leading space) for likelihood scoring; reads no label,
+    so it also serves records whose gold label is withheld."""
     if task == "multiple_choice":
         choices = record["choices"]
     elif task == "classification":
@@ -103,7 +104,18 @@ def mc_view(
     else:
         raise DataError(f"mc_view: task {task!r} has no choices to score")
     context = format_prompt(record, task, label_names, template)
-    return context, [" " + c for c in choices], int(record["label"])
+    return context, [" " + c for c in choices]
+
+
+def mc_view(
+    record: dict[str, Any],
+    task: str,
+    label_names: list[str] | None = None,
+    template: str | None = None,
+) -> tuple[str, list[str], int]:
+    """(context, continuations with a leading space, gold index) for likelihood scoring."""
+    context, continuations = choices_view(record, task, label_names, template)
+    return context, continuations, int(record["label"])
 
 
 def check_template(

@@ -29,6 +29,7 @@ from fedkt.eval.timing import timed_evaluation
 __all__ = [
     "eval_classifier",
     "evaluate_text_classifier",
+    "encode_scored",
     "evaluate_causal_lm",
     "generate",
     "mc_accuracy",
@@ -137,6 +138,18 @@ def _encode_pair(
     return (ctx or _start_token(tokenizer)), cont
 
 
+def encode_scored(tokenizer: Any, context: str, continuation: str, max_length: int,
+                  prefix: list[int] | None = None) -> tuple[list[int], int]:
+    """``(token ids, number of continuation tokens at its end)`` of one scored pair, exactly
+    as the scorer sees it (at most ``max_length + 1`` tokens, context cut from the left).
+    ``prefix``: the tokenizer's special prefix (computed when None)."""
+    if prefix is None:
+        prefix = _special_prefix(tokenizer)
+    ctx, cont = _encode_pair(tokenizer, context, continuation, prefix)
+    seq = (ctx + cont)[-(max_length + 1) :]
+    return seq, min(len(cont), len(seq) - 1)
+
+
 def _score_pairs(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -153,11 +166,8 @@ def _score_pairs(
     if max_length < 1 or batch_size < 1:
         raise ValueError("max_length and batch_size must be at least 1")
     prefix = _special_prefix(tokenizer)
-    encoded: list[tuple[list[int], int]] = []
-    for context, continuation in pairs:
-        ctx, cont = _encode_pair(tokenizer, context, continuation, prefix)
-        seq = (ctx + cont)[-(max_length + 1) :]
-        encoded.append((seq, min(len(cont), len(seq) - 1)))
+    encoded = [encode_scored(tokenizer, context, continuation, max_length, prefix)
+               for context, continuation in pairs]
     # Longest first: the first batch is the largest, so memory errors come early.
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))
     results: list[tuple[float, int]] = [(0.0, 0)] * len(encoded)

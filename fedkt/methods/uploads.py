@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ADAPTER", "FLAG", "HEX_ID", "NUMBER", "RUNTIME_FIELDS", "SVD_UPDATE", "Tensor",
+__all__ = ["ADAPTER", "CHOICES", "FLAG", "HEX_ID", "NUMBER", "RUNTIME_FIELDS", "SVD_UPDATE", "Tensor",
            "Tensors", "TOPK", "Uploads", "undeclared"]
 
 
@@ -95,6 +95,9 @@ ADAPTER = Tensors(r"^base_model\.model\.(.+\.)?lora_[AB]\.weight$"
 # A knowledge set on the public set (fedkt.alignment.knowledge.pack_topk; FedMKT).
 TOPK = Tensors(r"^(values|indices|lengths|sample_ids|losses)$",
                exact=frozenset({"values", "indices", "lengths", "sample_ids", "losses"}))
+# Posteriors over a task's choices on the public set (fedkt.alignment.choices.pack; FedMKT
+# with knowledge: choices).
+CHOICES = Tensors(r"^posteriors$", exact=frozenset({"posteriors"}))
 # A model update, per parameter SVD factors or raw, with its shape
 # (fedkt.compression.to_payload; FedKD Eq. 8, encoder FedAvg).
 SVD_UPDATE = Tensors(r"^[\w.]+::(U|S|Vh|raw|shape)$")

@@ -12,7 +12,7 @@ from fedkt.methods.base import Method
 from fedkt.methods.fedavg import METHOD as FEDAVG
 
 from .algorithm import FedCoLLMServer
-from .config import FedCoLLMConfig
+from .config import FedCoLLMConfig, check_config
 from .cotune import CrossTokenizerKL, cotune, cotune_losses, kd_gradient_ratios, kd_mask, mutual_kl
 
 __all__ = ["METHOD", "CrossTokenizerKL", "FedCoLLMConfig", "FedCoLLMServer", "cotune",
@@ -24,6 +24,7 @@ METHOD = register(Method(
     # LoRA theta_k and n_k); the co-tuning happens on the server.
     handlers=dict(FEDAVG.handlers), uploads=FEDAVG.uploads, aggregates=True,
     server_sees="SLM adapter", clients_see="global SLM adapter", tiny_config="fedcollm/tiny",
+    check=check_config,
     summary="FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
     paper="Fan et al., FedCoLLM: A Parameter-Efficient Federated Co-tuning Framework for "
           "Large and Small Language Models, arXiv:2411.11707",

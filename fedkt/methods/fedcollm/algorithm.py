@@ -45,10 +45,10 @@ from fedkt.eval import predictions
 from fedkt.methods.base import Clients, Server
 from fedkt.methods.fedavg import average_client_adapters
 from fedkt.privacy import update_norm
-from fedkt.train.lm import LM, client_lm, evaluate_lm, server_lm
+from fedkt.train.lm import LM, client_lm, evaluate_lm, server_lm, train_lm
 
 from .config import FedCoLLMConfig
-from .cotune import CrossTokenizerKL, cotune, same_tokenizer
+from .cotune import CrossTokenizerKL, cotune, cotune_choices, same_tokenizer
 
 
 class FedCoLLMServer(Server[FedCoLLMConfig]):
@@ -73,18 +73,30 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         self.slm = client_lm(cfg, 0)
         self.omega = self.llm.trainable()
         self.theta = self.slm.trainable()
-        shared = same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public)
-        self.bridge = None if shared else CrossTokenizerKL(
-            self.llm.tokenizer, self.slm.tokenizer, self.method.top_k)
+        self.bridge = None
+        if self.method.knowledge == "choices":  # no token alignment: each scores the choices
+            if self.data().task not in ("classification", "multiple_choice"):
+                raise ConfigError(f"method.knowledge: choices scores the task's choices; the "
+                                  f"dataset is a {self.data().task} task")
+        elif not same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public):
+            self.bridge = CrossTokenizerKL(self.llm.tokenizer, self.slm.tokenizer,
+                                           self.method.top_k)
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         sent = self.theta
         # 1-3. broadcast theta; clients train theta_k (Eq. 3); (secure) FedAvg into theta
         self.theta, metrics = average_client_adapters(self, clients, self.theta)
         averaged = self.theta
+        if self.data().server:  # an extension: the LLM also learns the server's own data
+            metrics.update(self.learn_own_data(rnd))
         # 4. co-tune LLM (omega) and global SLM (theta) on D_a (Eqs. 4-6)
-        stats = cotune(self.cfg, self.llm.reset(self.omega), self.slm.reset(self.theta),
-                       self.data().public, seed=self.seed(rnd, "cotune"), bridge=self.bridge)
+        llm, slm = self.llm.reset(self.omega), self.slm.reset(self.theta)
+        if self.method.knowledge == "choices":  # an extension: KL over the task's choices
+            stats = cotune_choices(self.cfg, llm, slm, self.data().public,
+                                   seed=self.seed(rnd, "cotune"))
+        else:
+            stats = cotune(self.cfg, llm, slm, self.data().public,
+                           seed=self.seed(rnd, "cotune"), bridge=self.bridge)
         self.omega, self.theta = self.llm.trainable(), self.slm.trainable()
         # How far co-tuning moved theta, against how far the clients' round moved it.
         stats["theta_shift_local"] = update_norm({k: averaged[k] - sent[k] for k in sent})
@@ -92,6 +104,16 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
                                                    for k in self.theta})
         # 5. theta goes back to the clients at the start of the next round
         return {**metrics, **{f"train/{k}": v for k, v in stats.items()}}
+
+    def learn_own_data(self, rnd: int) -> dict[str, float]:
+        """An extension (``data.split.server_size``): the LLM trains on the server's own
+        labelled data with the task loss before co-tuning, as clients do on theirs (Eq. 3)."""
+        m: FedCoLLMConfig = self.method
+        stats = train_lm(self.cfg, self.llm.reset(self.omega), self.data().server,
+                         seed=self.seed(rnd, "own"), lr=m.llm_lr or self.cfg.training.lr,
+                         desc="server train")
+        self.omega = self.llm.trainable()
+        return {"train/server_own_loss": stats["loss"]}
 
     def evaluate(self, rnd: int) -> dict[str, dict[str, float]]:
         """Two participants: ``server`` is the LLM (omega), ``global_slm`` the co-tuned

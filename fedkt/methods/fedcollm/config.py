@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from fedkt.config import RunConfig
 from fedkt.methods.fedavg import AdapterAveragingConfig
 
 
@@ -41,6 +42,45 @@ class FedCoLLMConfig(AdapterAveragingConfig):
     kd_positions: Literal["target", "all"] = "target"
     # Different tokenizers only: logits kept per position for the aligned KL.
     top_k: int = Field(128, ge=1)
+    # The weight of each fine-tuning loss L_FT^f, L_FT^g on D_a in L^f and L^g (the paper:
+    # 1).  0 makes co-tuning KD only, in both directions (what an unlabelled D_a needs).
+    ft_weight: float = Field(1.0, ge=0)
+    # What the two models compare on D_a: "logits", their next-token distributions along
+    # the prompt and its gold answer (the paper); "choices", their posteriors over the
+    # task's choices (fedkt.alignment.choices: an extension for classification and
+    # multiple-choice tasks that reads no label of D_a).  With "choices" each model's
+    # posteriors are computed once per round, before co-tuning, and are the other's target.
+    knowledge: Literal["logits", "choices"] = "logits"
+    # The controls for transfer (extensions; knowledge: choices): "real" (the paper);
+    # "shuffled", each model's posteriors permuted across D_a's samples, afresh each round,
+    # before they are the other's target; "self", each model distils towards its own
+    # posteriors (the same steps; nothing comes from the other model: no exchange).
+    teacher: Literal["real", "shuffled", "self"] = "real"
 
     renamed: ClassVar[dict[str, str]] = {"kd_lambda": "kd_weight", "lr_llm": "llm_lr",
                                          "lr_slm": "slm_lr"}
+
+    @model_validator(mode="after")
+    def _teacher_needs_choices(self) -> FedCoLLMConfig:
+        if self.teacher != "real" and self.knowledge != "choices":
+            raise ValueError(f"teacher: {self.teacher!r} permutes or replaces each sample's "
+                             "knowledge, which needs knowledge: choices")
+        return self
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Refuse every path that would read a gold label of D_a when ``data.public_labels``
+    is false (the label-free setting, an extension)."""
+    m = cfg.method
+    if cfg.data.public_labels:
+        return
+    reasons = []
+    if m.ft_weight > 0:
+        reasons.append(f"method.ft_weight is {m.ft_weight}: L_FT on D_a (Eqs. 4-5) reads its "
+                       "labels; set ft_weight: 0 (co-tuning is then KD only, both ways)")
+    if m.knowledge == "logits":
+        reasons.append("method.knowledge is 'logits': the KL terms compare distributions "
+                       "teacher-forced on the gold answer; set knowledge: choices")
+    if reasons:
+        raise ValueError("data.public_labels is false, so no gold label of D_a may be read: "
+                         + "; ".join(reasons))

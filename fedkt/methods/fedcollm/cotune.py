@@ -22,9 +22,11 @@ import torch
 from torch import Tensor
 
 from fedkt.alignment.bridge import TokenBridge
+from fedkt.alignment.choices import choice_knowledge, distill_choices, shuffled
 from fedkt.alignment.vocab import vocab_hash
 from fedkt.data.lm_batches import IGNORE_INDEX
 from fedkt.losses import kl_div
+from fedkt.methods.base import derive_seed
 from fedkt.precision import autocast, grad_scaler
 from fedkt.train.lm import LM, lm_batches
 from fedkt.train.loop import run_steps
@@ -32,7 +34,7 @@ from fedkt.train.optim import grad_norm, make_optimizer, step, trainable
 
 from .config import FedCoLLMConfig
 
-__all__ = ["CoTuneLosses", "CrossTokenizerKL", "cotune", "cotune_losses", "kd_gradient_ratios",
+__all__ = ["CoTuneLosses", "CrossTokenizerKL", "cotune", "cotune_choices", "cotune_losses", "kd_gradient_ratios",
            "kd_mask", "mutual_kl", "same_tokenizer"]
 
 
@@ -124,10 +126,10 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
         kl_fg, kl_gf = bridge.mutual_kl(f_out.logits, g_out.logits, f_batch, g_batch,
                                         method.kd_positions, method.temperature,
                                         detach_targets=detach)
-    lam = method.kd_weight
+    lam, ft = method.kd_weight, method.ft_weight
     return CoTuneLosses(ft_llm=f_out.loss, ft_slm=g_out.loss, kd_llm=kl_gf, kd_slm=kl_fg,
-                        llm=f_out.loss + lam * kl_gf,  # L^f (Eqs. 4-5)
-                        slm=g_out.loss + lam * kl_fg)  # L^g
+                        llm=ft * f_out.loss + lam * kl_gf,  # L^f (Eqs. 4-5)
+                        slm=ft * g_out.loss + lam * kl_fg)  # L^g
 
 
 def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
@@ -181,6 +183,38 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
     return ({f"cotune_{k}": v for k, v in stats.means().items()} | {"cotune_steps": total}
             | {f"cotune_{k}": v for k, v in ratios.items()})
+
+
+def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int
+                   ) -> dict[str, float]:
+    """Step 4 with ``knowledge: choices`` (an extension, for an unlabelled D_a): each model's
+    posteriors over the task's choices on D_a, computed once, are the other's target:
+    omega descends ``ft_weight L_FT^f + lambda KL(g || f)``, theta ``ft_weight L_FT^g +
+    lambda KL(f || g)`` (L_FT: CE on the gold choice; with ``ft_weight: 0`` no label is
+    read).  ``teacher: shuffled`` permutes each target across D_a's samples, ``self`` makes
+    each model its own target (the controls)."""
+    m: FedCoLLMConfig = cfg.method
+    p_f = choice_knowledge(cfg, llm, records, temperature=m.temperature)
+    p_g = choice_knowledge(cfg, slm, records, temperature=m.temperature)
+    if m.teacher == "shuffled":
+        t_f, t_g = shuffled(p_g, derive_seed(seed, "g")), shuffled(p_f, derive_seed(seed, "f"))
+    elif m.teacher == "self":
+        t_f, t_g = p_f, p_g
+    else:
+        t_f, t_g = p_g, p_f  # L_KD^f = KL(g || f): the LLM learns from the SLM, and back
+    every = torch.ones(len(records), dtype=torch.bool)
+    common = {"epochs": m.cotune_epochs, "seed": seed, "kd_weight": m.kd_weight,
+              "ft_weight": m.ft_weight, "temperature": m.temperature,
+              "max_steps": m.cotune_max_steps}
+    f = distill_choices(cfg, llm, records, t_f, every, lr=m.llm_lr or cfg.training.lr,
+                        desc="fedcollm kd llm", **common)
+    g = distill_choices(cfg, slm, records, t_g, every, lr=m.slm_lr or cfg.training.lr,
+                        desc="fedcollm kd slm", **common)
+    # how often each model's choice agreed with the other's before co-tuning
+    agree = float((p_f.argmax(-1) == p_g.argmax(-1)).float().mean()) if len(records) else 0.0
+    return {"cotune_llm": f["loss"], "cotune_kd_llm": f["kd_loss"], "cotune_slm": g["loss"],
+            "cotune_kd_slm": g["kd_loss"], "cotune_steps": f["steps"],
+            "cotune_agreement": agree}
 
 
 def kd_gradient_ratios(parts: CoTuneLosses, f_params: list[Tensor], g_params: list[Tensor]

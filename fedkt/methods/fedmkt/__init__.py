@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fedkt.methods import register
 from fedkt.methods.base import Method
-from fedkt.methods.uploads import ADAPTER, NUMBER, TOPK
+from fedkt.methods.uploads import ADAPTER, CHOICES, NUMBER, TOPK
 from fedkt.train.lm import client_evaluate, saved_client_lm
 
 from .algorithm import (
@@ -20,7 +20,7 @@ from .algorithm import (
     client_distill,
     client_train_and_share,
 )
-from .config import FedMKTConfig, LLM2SLMConfig
+from .config import FedMKTConfig, LLM2SLMConfig, check_config
 from .distill import distill, dual_min_ce, lambda_mix
 
 __all__ = ["LLM2SLM", "METHOD", "S0", "FedMKTConfig", "FedMKTServer", "LLM2SLMConfig",
@@ -30,9 +30,10 @@ _HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distil
              "adopt": client_adopt, "evaluate": client_evaluate}
 # Algorithm 1: S_k = the top-K logits of every position on the public set and the
 # per-sample losses, named by public index; the SLM's LoRA never leaves (but with
-# post_fedavg, an extension, which averages the SLM adapters after step 7).
+# post_fedavg, an extension, which averages the SLM adapters after step 7).  With
+# knowledge: choices (an extension) S_k is the [N, C] choice posteriors instead.
 _UPLOADS = {"train_and_share": {"train_loss": NUMBER, "vocab_size": NUMBER, "k": NUMBER,
-                                "topk": TOPK},
+                                "topk": TOPK, "choices": CHOICES},
             "distill": {"kd_loss": NUMBER, "adapter": ADAPTER, "num_examples": NUMBER},
             "adopt": {}, "evaluate": {}}
 _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and Small "
@@ -42,7 +43,7 @@ METHOD = register(Method(
     name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
     client_model=saved_client_lm, model_lr=True,
     server_sees="SLM top-K logits on public data", clients_see="LLM top-K logits on public data",
-    uploads=_UPLOADS, tiny_config="fedmkt/tiny",
+    uploads=_UPLOADS, tiny_config="fedmkt/tiny", check=check_config,
     summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
             "SLMs (token alignment, DualMinCE)",
     paper=_PAPER,
@@ -53,6 +54,7 @@ LLM2SLM = register(Method(
     server_sees="nothing", clients_see="LLM top-K logits on public data",
     # Knowledge only flows LLM -> SLM: clients send losses only.
     uploads={**_UPLOADS, "train_and_share": {"train_loss": NUMBER}}, tiny_config="fedmkt/tiny",
+    check=check_config,
     summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
     paper=_PAPER,
 ))

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedkt.alignment import choices
 from fedkt.alignment.knowledge import (
     PublicSet,
     knowledge_set,
@@ -64,7 +65,7 @@ from fedkt.alignment.knowledge import (
 )
 from fedkt.alignment.targets import Received, build_targets, to_receiver
 from fedkt.alignment.topk import TopKLogits
-from fedkt.config import ModelConfig
+from fedkt.config import ModelConfig, RunConfig
 from fedkt.errors import ConfigError
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.payload import Payload, PayloadError
@@ -100,21 +101,25 @@ class FedMKTServer(Server[FedMKTConfig]):
         if not records:
             raise ConfigError("data.split: fedmkt transfers knowledge on the public set, which "
                               "is empty; use split scheme 'fedmkt' or public_fraction > 0")
+        if m.knowledge == "choices" and self.data().task not in ("classification",
+                                                                  "multiple_choice"):
+            raise ConfigError(f"method.knowledge: choices scores the task's choices; the "
+                              f"dataset is a {self.data().task} task")
         self.llm = server_lm(cfg)
         self.adapter = self.llm.trainable()
-        self.public = PublicSet.build(cfg, self.llm.tokenizer, records)
+        # D_p tokenized with its gold answers (the top-K logits are taken along them)
+        self.public = (PublicSet.build(cfg, self.llm.tokenizer, records)
+                       if m.knowledge == "logits" else None)
         self.global_adapter: dict[str, Tensor] | None = None
-        self.s0: TopKLogits | None = None  # S_0 of the current adapter
+        self.s0: TopKLogits | Tensor | None = None  # S_0 of the current adapter
         self.s0_version = 0  # round whose step 6 made S_0 (0: the initial adapter)
         self._client_sides: dict[str, tuple[Any, PublicSet]] = {}
 
-    def own_knowledge(self) -> TopKLogits:
-        """S_0 of the LLM's current adapter (recomputed after training or a resume)."""
+    def own_knowledge(self) -> TopKLogits | Tensor:
+        """S_0 of the LLM's current adapter (recomputed after training or a resume): its
+        top-K logits, or with ``knowledge: choices`` its [N, C] posteriors."""
         if self.s0 is None:
-            with autocast(self.cfg, self.llm.model):
-                self.s0 = knowledge_set(self.llm.reset(self.adapter), self.public,
-                                        self.method.top_k, batch_size=self.cfg.eval.batch_size,
-                                        reduction=self.method.selection_loss)
+            self.s0 = own_knowledge(self.cfg, self.llm.reset(self.adapter), self.public)
         return self.s0
 
     def client_side(self, cid: int) -> tuple[Any, PublicSet]:
@@ -135,13 +140,16 @@ class FedMKTServer(Server[FedMKTConfig]):
         loss = mean_number(replies, "train_loss")
         if loss is not None:
             metrics["train/client_loss"] = loss
+        if self.data().server:  # an extension: the LLM also learns the server's own data
+            metrics.update(self.learn_own_data(rnd))
+            self.s0, self.s0_version = None, rnd
         if m.llm_training:
             metrics.update(self.learn_from_clients(rnd, replies, clients))
             self.s0, self.s0_version = None, rnd
         # 6. S_0 of the (new) adapter goes to every client that lacks this version
-        s0 = pack_topk(self.own_knowledge())
-        msgs = {cid: self.holdings.offer(Payload(vocab_size=self.s0.vocab_size, k=m.top_k),
-                                         cid, S0, self.s0_version, s0) for cid in replies}
+        fields, s0 = self.s0_message()
+        msgs = {cid: self.holdings.offer(Payload(fields), cid, S0, self.s0_version, s0)
+                for cid in replies}
         # 7. clients align S_0, DualMinCE against their own loss, train on L3
         if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs), which
             # every client then adopts and evaluates (an extension: the paper does not average)
@@ -156,6 +164,25 @@ class FedMKTServer(Server[FedMKTConfig]):
             metrics["train/client_kd_loss"] = kd
         return metrics
 
+    def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
+        control) permutes S_0's samples, by a permutation fixed for each S_0 version."""
+        m: FedMKTConfig = self.method
+        own = self.own_knowledge()
+        if m.knowledge == "logits":
+            return {"vocab_size": own.vocab_size, "k": m.top_k}, pack_topk(own)
+        if m.teacher == "shuffled":
+            own = choices.shuffled(own, self.seed(self.s0_version, "shuffle"))
+        return {}, choices.pack(own)
+
+    def learn_own_data(self, rnd: int) -> dict[str, float]:
+        """An extension (``data.split.server_size``): the LLM trains on the server's own
+        labelled data with the task loss, as a client does on its private data (Eq. 4)."""
+        stats = train_lm(self.cfg, self.llm.reset(self.adapter), self.data().server,
+                         seed=self.seed(rnd, "own"), lr=self.cfg.server.lr, desc="server train")
+        self.adapter = self.llm.trainable()
+        return {"train/server_own_loss": stats["loss"]}
+
     def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
                            ) -> dict[str, float]:
         """Steps 3-5: validate and align each S_k, DualMinCE, train the LLM on L2.
@@ -163,6 +190,8 @@ class FedMKTServer(Server[FedMKTConfig]):
         A client whose S_k fails validation is excluded from the round (with the reason).
         """
         m: FedMKTConfig = self.method
+        if m.knowledge == "choices":
+            return self.learn_from_clients_choices(rnd, replies, clients)
         own = self.own_knowledge()
 
         def receive(cid: int, reply: Payload) -> tuple[Received, dict]:
@@ -199,6 +228,26 @@ class FedMKTServer(Server[FedMKTConfig]):
         if entries:
             out["train/topk_bytes_per_entry"] = tensor_bytes / entries
         return out
+
+    def learn_from_clients_choices(self, rnd: int, replies: dict[int, Payload],
+                                   clients: Clients) -> dict[str, float]:
+        """Steps 3-5 with ``knowledge: choices`` (an extension): each client's posteriors
+        over the task's choices, validated; per sample a teacher by ``selection``; the LLM
+        trains on lambda CE + (1 - lambda) KL over the choices (no alignment needed)."""
+        m: FedMKTConfig = self.method
+        own = self.own_knowledge()
+        n, c = own.shape
+        checked = clients.validate(
+            dict(sorted(replies.items())),
+            lambda cid, reply: choices.unpack(reply.get(choices.FIELD), n, c, f"client {cid}"),
+            "train_and_share")
+        stats = learn_choices(self.cfg, self.llm.reset(self.adapter), self.data().public, own,
+                              list(checked.values()), epochs=m.server_kd_epochs,
+                              lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"), desc="server kd")
+        self.adapter = self.llm.trainable()
+        return {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
+                "train/kd_from_clients": stats["kd_taken"],
+                "train/rejected_clients": len(replies) - len(checked)}
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
@@ -242,6 +291,42 @@ def _client_public(ctx: ClientContext, lm: LM) -> PublicSet:
     return PublicSet.build(ctx.cfg, lm.tokenizer, ctx.data().public)
 
 
+def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogits | Tensor:
+    """A model's knowledge of D_p: its knowledge set S (the top-K logits along the gold
+    answers, the paper) or, with ``knowledge: choices``, its [N, C] choice posteriors."""
+    m: FedMKTConfig = cfg.method
+    if m.knowledge == "choices":
+        return choices.choice_knowledge(cfg, lm, run_public(cfg), temperature=m.temperature)
+    with autocast(cfg, lm.model):
+        return knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
+                             reduction=m.selection_loss)
+
+
+def run_public(cfg: RunConfig) -> list[dict]:
+    from fedkt.data.splits import run_data
+
+    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed).public
+
+
+def learn_choices(cfg: RunConfig, lm: LM, public: list[dict], own: Tensor,
+                  others: list[Tensor], *, epochs: float, lr: float | None, seed: int,
+                  desc: str) -> dict[str, float]:
+    """Steps 4-5 / 7 with ``knowledge: choices`` (an extension): pick a teacher per sample
+    (``selection``: DualMinCE on the gold choice, the lowest entropy, or always), then
+    L = lambda CE + (1 - lambda) KL(teacher || learner) over the choices.  ``teacher:
+    self`` (the no-exchange control) distils every sample towards the learner's own
+    posteriors instead of the others'."""
+    m: FedMKTConfig = cfg.method
+    rule = {"dual_min_ce": "min_ce"}.get(m.selection, m.selection)
+    if m.teacher == "self":
+        others, rule = [own], "always"
+    gold = (torch.tensor([int(r["label"]) for r in public]) if rule == "min_ce" else None)
+    targets, taken = choices.select(own, others, rule, gold)
+    return choices.distill_choices(cfg, lm, public, targets, taken, epochs=epochs, lr=lr,
+                                   seed=seed, kd_weight=1.0 - m.ft_weight,
+                                   ft_weight=m.ft_weight, temperature=m.temperature, desc=desc)
+
+
 def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     """Steps 1-2: train the LoRA on private data (Eq. 4), compute S_k, upload it if asked."""
     m: FedMKTConfig = ctx.method
@@ -251,14 +336,20 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), lr=lr,
                      desc=f"{ctx.name} train")
     ctx.save_state("adapter", lm.trainable())
-    with autocast(ctx.cfg, lm.model):
-        own = knowledge_set(lm, _client_public(ctx, lm), m.top_k,
-                            batch_size=ctx.cfg.eval.batch_size, reduction=m.selection_loss)
-    packed = pack_topk(own)
-    ctx.save_state("own_topk", packed)  # for this client's own DualMinCE in step 7
     loss = stats["loss"] if math.isfinite(stats["loss"]) else 0.0
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
     reply = Payload(train_loss=loss, metrics=metrics)
+    if m.knowledge == "choices":  # an extension: posteriors over the task's choices
+        own_p = own_knowledge(ctx.cfg, lm, None)
+        ctx.save_state("own_choices", choices.pack(own_p))  # for step 7's selection
+        if msg.get("share"):
+            sent = (choices.shuffled(own_p, ctx.seed("shuffle")) if m.teacher == "shuffled"
+                    else own_p)
+            reply[choices.FIELD] = choices.pack(sent)
+        return reply
+    own = own_knowledge(ctx.cfg, lm, _client_public(ctx, lm))
+    packed = pack_topk(own)
+    ctx.save_state("own_topk", packed)  # for this client's own DualMinCE in step 7
     if msg.get("share"):
         entries, nbytes = packed_entries(packed)
         reply.update(topk=packed, vocab_size=own.vocab_size, k=m.top_k)
@@ -272,6 +363,8 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
     lm.reset(ctx.load_state("adapter"))
+    if m.knowledge == "choices":
+        return _client_distill_choices(ctx, msg, lm)
     public = _client_public(ctx, lm)
     own_packed = ctx.load_state("own_topk")
     if own_packed is None:
@@ -295,6 +388,33 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
                "train/kd_one_hot": stats["kd_one_hot"],
                **{f"train/{k}": stats[k] for k in DIAGNOSTICS}}
     reply = Payload(kd_loss=stats["kd_loss"], metrics=metrics)
+    if m.post_fedavg:  # evaluated in 'adopt', after the averaging
+        reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
+    else:
+        metrics.update(client_test_metrics(ctx, lm))
+    return reply
+
+
+def _client_distill_choices(ctx: ClientContext, msg: Payload, lm: LM) -> Payload:
+    """Step 7 with ``knowledge: choices`` (an extension): S_0's posteriors validated, a
+    teacher per sample against this client's own posteriors of step 2, KD over the choices."""
+    m: FedMKTConfig = ctx.method
+    own_packed = ctx.load_state("own_choices")
+    if own_packed is None:
+        raise RuntimeError(f"{ctx.name}: no posteriors of its own on disk; 'train_and_share' "
+                           "must run before 'distill'")
+    public = ctx.data().public
+    own = choices.unpack(own_packed, len(public), own_packed["posteriors"].shape[-1],
+                         f"{ctx.name} (own)")
+    s0 = choices.unpack(ctx.received(msg, S0), *own.shape, "server")
+    stats = learn_choices(ctx.cfg, lm, public, own, [s0], epochs=m.client_kd_epochs,
+                          lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
+                          seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
+    ctx.save_state("adapter", lm.trainable())
+    metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
+               "train/kd_from_server": stats["kd_taken"]}
+    reply = Payload(kd_loss=stats["kd_loss"] if math.isfinite(stats["kd_loss"]) else 0.0,
+                    metrics=metrics)
     if m.post_fedavg:  # evaluated in 'adopt', after the averaging
         reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
     else:

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fedkt.config import MethodConfig
+from fedkt.config import MethodConfig, RunConfig
 
 
 class FedMKTConfig(MethodConfig):
@@ -49,6 +49,23 @@ class FedMKTConfig(MethodConfig):
     kd_positions: Literal["all", "target"] = "all"
     # Homogeneous setting only: FedAvg of the client adapters after step 7.
     post_fedavg: bool = False
+    # What a model's knowledge of a public sample is: "logits", the top-K logits of every
+    # position of the prompt and its gold answer (the paper); "choices", its posterior over
+    # the task's choices (fedkt.alignment.choices: an extension for classification and
+    # multiple-choice tasks that reads no public label and needs no token alignment).
+    knowledge: Literal["logits", "choices"] = "logits"
+    # Which teacher a learner takes, per public sample: "dual_min_ce" (Algorithm 2: the
+    # other model with the smallest loss on the gold answer, if below the learner's own),
+    # "entropy" (the other model with the lowest entropy, if below the learner's own:
+    # DS-FL's rule, reads no label) or "always" (the mean of the other models).  The last
+    # two are extensions and need knowledge: choices.
+    selection: Literal["dual_min_ce", "entropy", "always"] = "dual_min_ce"
+    # The controls for transfer (extensions; knowledge: choices): "real" (the paper);
+    # "shuffled", every sender permutes its knowledge across the public samples, afresh
+    # each round (the same bytes, marginals and entropies, no per-sample information);
+    # "self", every learner distils towards its own knowledge (the same public steps and
+    # bytes; nothing comes from the other side: the no-exchange arm).
+    teacher: Literal["real", "shuffled", "self"] = "real"
 
     renamed: ClassVar[dict[str, str]] = {"lam": "ft_weight"}
 
@@ -59,6 +76,42 @@ class FedMKTConfig(MethodConfig):
             raise ValueError("server_lr: the LLM's learning rate is now server.lr (a learning "
                              "rate per model, FedMKT D.1); remove method.server_lr")
         return values
+
+    @model_validator(mode="after")
+    def _knowledge_settings(self) -> FedMKTConfig:
+        if self.knowledge == "logits":
+            if self.selection != "dual_min_ce":
+                raise ValueError(f"selection: {self.selection!r} compares posteriors over the "
+                                 "task's choices; set knowledge: choices (or selection: "
+                                 "dual_min_ce)")
+            if self.teacher != "real":
+                raise ValueError(f"teacher: {self.teacher!r} permutes or replaces knowledge per "
+                                 "public sample, which needs knowledge: choices (top-K logits "
+                                 "of samples of different lengths do not permute)")
+        return self
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Refuse every path that would read a gold label of the public set when
+    ``data.public_labels`` is false (the label-free setting, an extension)."""
+    m = cfg.method
+    if cfg.data.public_labels:
+        return
+    reasons = []
+    if m.ft_weight > 0:
+        reasons.append(f"method.ft_weight is {m.ft_weight}: L_FT on the public set (Eqs. 5-6) "
+                       "reads its labels; set ft_weight: 0")
+    if m.knowledge == "logits":
+        reasons.append("method.knowledge is 'logits': the top-K logits are taken by teacher "
+                       "forcing on the gold answer; set knowledge: choices")
+    if m.selection == "dual_min_ce":
+        reasons.append("method.selection is 'dual_min_ce': DualMinCE compares gold losses; "
+                       "set selection: entropy or always")
+    if m.knowledge == "logits" and m.unaligned == "one_hot":
+        reasons.append("method.unaligned is 'one_hot': a one-hot target on the gold token")
+    if reasons:
+        raise ValueError("data.public_labels is false, so no gold label of the public set may "
+                         "be read: " + "; ".join(reasons))
 
 
 class LLM2SLMConfig(FedMKTConfig):

@@ -1,0 +1,238 @@
+"""Choice knowledge: what a model believes of a public sample's class, without its label.
+
+An extension beyond FedMKT and FedCoLLM (their knowledge is conditioned on the gold
+answer: top-K logits along it, or the full distributions of a teacher-forced answer).
+For classification and multiple-choice tasks a model's knowledge of a public sample is
+its posterior over the task's choices,
+
+    p(c | x) = softmax_c( log-likelihood of choice c after the prompt of x / T ),
+
+from the same log-likelihood scoring that evaluates the model (:mod:`fedkt.eval.lm`:
+the choice with the largest posterior is the one its ``accuracy`` counts).  It needs no
+gold label, no teacher forcing and no tokenizer alignment: every model scores the same
+choices in its own tokens, so the [N, C] posteriors of two models compare as they are.
+
+* :func:`choice_knowledge`: a model's [N, C] posteriors on records (no gradient);
+* :func:`choice_logprobs`: the differentiable [B, C] log-posteriors a student trains;
+* :func:`select`: per sample, which teacher to learn from (``entropy``: the DS-FL rule,
+  ``always``, or ``min_ce`` on a gold label, DualMinCE's rule on posteriors);
+* :func:`shuffled`: a teacher's rows permuted across samples (the shuffled-teacher
+  control: the same bytes, marginals and entropies, no per-sample information);
+* :func:`pack` / :func:`unpack`: the wire format (fp32 [N, C]) and its validation;
+* :func:`distill_choices`: a student's KD steps, KL(teacher || student) over the choices
+  (plus, where labels exist and ``ft_weight > 0``, CE on the gold choice).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedkt.config import RunConfig
+from fedkt.payload import Payload, PayloadError, check_tensor
+from fedkt.precision import autocast, grad_scaler, upcast
+from fedkt.train.lm import LM
+from fedkt.train.loop import run_steps
+from fedkt.train.optim import make_optimizer, step, trainable
+
+__all__ = ["FIELD", "choice_knowledge", "choice_logprobs", "distill_choices", "encode", "entropy",
+           "pack", "select", "shuffled", "unpack"]
+
+FIELD = "choices"  # the payload field: {"posteriors": fp32 [N, C]}
+_ROW_SUM_TOL = 1e-3
+
+
+def _views(cfg: RunConfig, records: Sequence[dict]) -> list[tuple[str, list[str]]]:
+    """(context, continuations) of each record; reads no label."""
+    from fedkt.data.formatting import choices_view
+    from fedkt.data.splits import run_data
+
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    if fd.task not in ("classification", "multiple_choice"):
+        raise ValueError(f"choice knowledge needs a classification or multiple-choice task; "
+                         f"{fd.name or 'the dataset'} is {fd.task}")
+    return [choices_view(r, fd.task, fd.label_names, fd.template) for r in records]
+
+
+Encoded = list[list[tuple[list[int], int]]]  # [sample][choice] -> (token ids, choice length)
+
+
+def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict]) -> Encoded:
+    """Every record's choices tokenized exactly as the scorer tokenizes them
+    (:func:`fedkt.eval.lm.encode_scored`); reads no label."""
+    from fedkt.eval.lm import encode_scored
+
+    return [[encode_scored(tokenizer, ctx, cont, cfg.data.max_length) for cont in conts]
+            for ctx, conts in _views(cfg, records)]
+
+
+def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
+                    temperature: float = 1.0) -> Tensor:
+    """[B, C] log-posteriors over each sample's choices, in the graph.
+
+    ``encoded[b][c]``: (token ids, continuation length) of sample b's choice c (:func:`encode`).  Each choice's score is
+    the sum of its tokens' log-probabilities (the scorer's ``accuracy``), divided by
+    ``temperature``, then normalised over the choices.
+    """
+    flat = [pair for row in encoded for pair in row]
+    width = max(len(seq) for seq, _ in flat) - 1
+    device = next(model.parameters()).device
+    ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(flat), width), dtype=torch.long)
+    for i, (seq, _) in enumerate(flat):
+        ids[i, : len(seq) - 1] = torch.tensor(seq[:-1])
+        mask[i, : len(seq) - 1] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    logprobs = upcast(logits).log_softmax(-1)
+    scores = []
+    for i, (seq, n) in enumerate(flat):
+        end = len(seq) - 1
+        targets = torch.tensor(seq[-n:], device=logprobs.device) if n else None
+        scores.append(logprobs[i, end - n : end].gather(-1, targets[:, None]).sum()
+                      if n else logprobs.new_zeros(()))
+    c = len(encoded[0])
+    return (torch.stack(scores).view(len(encoded), c) / temperature).log_softmax(-1)
+
+
+def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
+                     temperature: float = 1.0) -> Tensor:
+    """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient)."""
+    from fedkt.eval.lm import score_choices
+
+    views = _views(cfg, records)
+    with torch.no_grad(), autocast(cfg, lm.model):
+        scores = score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
+                               [v[1] for v in views], batch_size=cfg.eval.batch_size,
+                               max_length=cfg.data.max_length)
+    return (torch.tensor(scores, dtype=torch.float64) / temperature).softmax(-1).float()
+
+
+def entropy(p: Tensor) -> Tensor:
+    """Entropy of each row (nats)."""
+    p = p.double()
+    return -(p * p.clamp_min(1e-30).log()).sum(-1)
+
+
+def select(own: Tensor, others: Sequence[Tensor], rule: str,
+           gold: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per sample, the teacher distribution and whether to learn from it.
+
+    ``own`` [N, C]: the learner's posteriors; ``others``: the other models' [N, C].
+    ``entropy`` (DS-FL's rule): the other model with the lowest entropy, taken where it is
+    below the learner's own; ``always``: the mean of the others, everywhere; ``min_ce``:
+    DualMinCE's rule on a gold label (``gold`` [N]): the other with the smallest CE,
+    taken where it is below the learner's.  Returns (targets [N, C], taken [N] bool).
+    """
+    if not others:
+        return own.clone(), torch.zeros(own.shape[0], dtype=torch.bool)
+    stack = torch.stack(list(others)).double()  # [M, N, C]
+    if rule == "always":
+        return stack.mean(0).float(), torch.ones(own.shape[0], dtype=torch.bool)
+    if rule == "entropy":
+        score, own_score = entropy(stack), entropy(own)
+    elif rule == "min_ce":
+        if gold is None:
+            raise ValueError("select: the min_ce rule needs the gold labels")
+        idx = gold.long()[None, :, None].expand(stack.shape[0], -1, 1)
+        score = -stack.gather(2, idx).squeeze(2).clamp_min(1e-30).log()
+        own_score = -own.double().gather(1, gold.long()[:, None]).squeeze(1).clamp_min(1e-30).log()
+    else:
+        raise ValueError(f"select: unknown rule {rule!r}")
+    best = score.argmin(0)  # [N]: first minimum on ties
+    best_score = score.gather(0, best[None]).squeeze(0)
+    targets = stack.gather(0, best[None, :, None].expand(1, -1, stack.shape[2])).squeeze(0)
+    return targets.float(), best_score < own_score
+
+
+def shuffled(knowledge: Tensor, seed: int) -> Tensor:
+    """``knowledge``'s rows in a seeded random order: each sample gets another sample's
+    posterior (the same bytes, marginals and entropies; no per-sample information)."""
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 27]).permutation(knowledge.shape[0])
+    return knowledge[torch.from_numpy(perm)]
+
+
+def pack(knowledge: Tensor) -> dict[str, Tensor]:
+    """The wire format: ``{"posteriors": float32 [N, C]}``."""
+    return {"posteriors": knowledge.float().contiguous()}
+
+
+def unpack(packed: Any, n: int, c: int, source: str) -> Tensor:
+    """Validate a received :func:`pack` (names the sender and the field) -> [N, C]."""
+    payload = Payload({FIELD: packed})
+    state = payload.state(FIELD, source=source)
+    if set(state) != {"posteriors"}:
+        raise PayloadError(f"{source}: field {FIELD!r} should hold only 'posteriors', got "
+                           f"{sorted(state)}")
+    p = state["posteriors"]
+    check_tensor(p, f"{source}: field {FIELD!r}['posteriors']", shape=(n, c),
+                 dtype=torch.float32, low=0.0, high=1.0)
+    sums = p.double().sum(-1)
+    if n and float((sums - 1).abs().max()) > _ROW_SUM_TOL:
+        raise PayloadError(f"{source}: field {FIELD!r}['posteriors']: rows must sum to 1 "
+                           f"(found sums in [{float(sums.min()):.4f}, {float(sums.max()):.4f}])")
+    return p
+
+
+def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
+                    taken: Tensor, *, epochs: float, lr: float | None, seed: int,
+                    kd_weight: float, ft_weight: float = 0.0, temperature: float = 1.0,
+                    max_steps: int | None = None, desc: str = "kd") -> dict[str, float]:
+    """Train ``lm`` on ``records``: ``kd_weight * KL(target || student)`` over the choices
+    of the samples ``taken``, plus ``ft_weight * CE`` on the gold choice of every sample
+    (only where labels exist: ``ft_weight`` 0 reads none).
+
+    Samples are batched in a seeded order (``training.batch_size``), ``ceil(epochs)``
+    passes cut at ``epochs`` of them (and at ``max_steps``), with the run's AdamW and
+    schedule.
+    Returns the mean loss and KL, the steps and the share of samples taken.
+    """
+    n = len(records)
+    use = list(range(n)) if ft_weight > 0 else [i for i in range(n) if bool(taken[i])]
+    out = {"loss": float("nan"), "kd_loss": float("nan"), "steps": 0,
+           "kd_taken": float(taken.float().mean()) if n else 0.0}
+    if not use:
+        return out
+    encoded = encode(cfg, lm.tokenizer, records)
+    gold = (torch.tensor([int(r["label"]) for r in records]) if ft_weight > 0 else None)
+    bs = cfg.training.batch_size
+    passes = max(1, math.ceil(epochs))
+    batches: list[list[int]] = []
+    for p in range(passes):
+        order = np.random.default_rng([int(seed) & 0xFFFFFFFF, p]).permutation(len(use))
+        batches += [[use[j] for j in order[s : s + bs]] for s in range(0, len(use), bs)]
+    total = min(len(batches), max(1, math.ceil(epochs * math.ceil(len(use) / bs))),
+                max_steps or len(batches))
+    model = lm.model
+    params = trainable(model)
+    opt, sched = make_optimizer(params, cfg.training, total, lr=lr if lr is not None else lm.lr)
+    device = next(model.parameters()).device
+    scaler = grad_scaler(cfg.training, device)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    tgt = targets.double().clamp_min(1e-30)
+
+    def batch_loss(i: int, idx: list[int]) -> tuple[Tensor, dict[str, Tensor]]:
+        with autocast(cfg.training, device):
+            logq = choice_logprobs(model, [encoded[j] for j in idx], pad, temperature)
+        rows = torch.tensor(idx)
+        w = taken[rows].to(logq.device, torch.float32)
+        t = tgt[rows].to(logq.device)
+        kl_rows = (t * (t.log() - logq.double())).sum(-1).float()
+        kl = (kl_rows * w).sum() / w.sum().clamp_min(1.0)
+        loss = kd_weight * kl
+        if gold is not None:
+            loss = loss + ft_weight * F.nll_loss(logq, gold[rows].to(logq.device))
+        return loss, {"kd_loss": kl}
+
+    stats = run_steps(batches[:total], batch_loss,
+                      lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
+                                        max_grad_norm=cfg.training.max_grad_norm, scaler=scaler),
+                      modules=[model], seed=seed, total=total, desc=desc)
+    out.update(loss=stats.loss, kd_loss=stats.means().get("kd_loss", float("nan")),
+               steps=stats.steps)
+    return out
