@@ -9,6 +9,7 @@ the method registers (see :mod:`fedkt.methods`).
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -106,6 +107,10 @@ class SplitConfig(_Strict):
     scheme: Literal["fedmkt", "holdout"] = "holdout"
     test_size: int | float = Field(0.2, gt=0)
     public_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    # The server's own labelled records (FederatedData.server): a count, or a fraction in
+    # (0, 1) of the training records (what the test holdout leaves), cut after the test set
+    # and before the scheme's public / private parts (0: none; the splits are then unchanged).
+    server_size: int | float = Field(0, ge=0)
     # Optional: the test set comes from another dataset (e.g. a dedicated test file).
     test_dataset: DatasetConfig | None = None
 
@@ -116,6 +121,48 @@ class PartitionConfig(_Strict):
     scheme: Literal["iid", "dirichlet"] = "iid"
     alpha: float = Field(1.0, gt=0)
     min_size: int = Field(1, ge=0)
+
+
+# A class filter: "0-2", "3,4,5,6", "0-2,7", a list of class indices, or one index.
+ClassSpec = int | str | list[int]
+_CLASS_SPEC = re.compile(r"\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*")
+
+
+def _check_class_spec(spec: ClassSpec | None, key: str) -> None:
+    """Syntax of a class filter (the range is checked against the task's classes on load)."""
+    if spec is None:
+        return
+    if isinstance(spec, str):
+        if not _CLASS_SPEC.fullmatch(spec):
+            raise ValueError(f"{key}: expected class indices like '0-2', '3,4,5,6' or a list "
+                             f"of integers, got {spec!r}")
+        return
+    items = [spec] if isinstance(spec, int) else spec
+    if not items or any(c < 0 for c in items) or len(set(items)) != len(items):
+        raise ValueError(f"{key}: expected distinct class indices >= 0, got {spec!r}")
+
+
+class ClassFilterConfig(_Strict):
+    """Text (and image) classification: the classes each part keeps (None: all).
+
+    Applied after the split and partition, in order: every part keeps its records of
+    the listed classes (labels are not renumbered), then the caps apply.
+    """
+
+    # The server's own labelled records (data.split.server_size).
+    server: ClassSpec | None = None
+    # Each client's private records.
+    private: ClassSpec | None = None
+    # The public set (before its labels are withheld; not with data.public_dataset).
+    public: ClassSpec | None = None
+    # The test set.
+    test: ClassSpec | None = None
+
+    @model_validator(mode="after")
+    def _specs(self) -> ClassFilterConfig:
+        for key in ("server", "private", "public", "test"):
+            _check_class_spec(getattr(self, key), key)
+        return self
 
 
 class DataConfig(_Strict):
@@ -131,6 +178,28 @@ class DataConfig(_Strict):
     # classes are as frequent as its largest one, after the cap (FedKD's positive
     # oversampling on SMM4H). Examples per round grow accordingly.
     oversample: bool = False
+    # false: the public records reach every side without their gold fields (label;
+    # target and references), FederatedData.public_labels is false; test and private
+    # records keep theirs. Methods refuse the steps that would read a public label.
+    public_labels: bool = True
+    # An off-distribution public set: unlabelled text from another dataset, its fields
+    # mapped onto the task's input fields (fields: {text: prompt} puts DialogSum's
+    # dialogues in an intent task's text), shuffled (seeded) and capped by max_public.
+    # Needs public_labels: false. The task's own public part (split.public_fraction,
+    # scheme fedmkt's first fifth) is still cut, and goes unused.
+    public_dataset: DatasetConfig | None = None
+    # Class filters of each part (classification): see ClassFilterConfig.
+    classes: ClassFilterConfig = Field(default_factory=ClassFilterConfig)
+
+    @model_validator(mode="after")
+    def _public_source(self) -> DataConfig:
+        if self.public_dataset is not None and self.public_labels:
+            raise ValueError("public_dataset: an off-distribution public set has no labels; "
+                             "set data.public_labels: false")
+        if self.public_dataset is not None and self.classes.public is not None:
+            raise ValueError("classes.public: data.public_dataset has no labels to filter by; "
+                             "remove classes.public")
+        return self
 
 
 class TrainingConfig(_Strict):

@@ -26,12 +26,12 @@ which is never modified, so copies of the record list share the pixels.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from fedkt.config import DatasetConfig
 from fedkt.data import images as I
+from fedkt.data.classes import parse_class_spec
 from fedkt.data.dataset import DataError, Dataset
 
 __all__ = [
@@ -165,21 +165,7 @@ def _read(cfg: DatasetConfig) -> tuple[I.ImageData, str]:
 
 def parse_classes(text: str, num_classes: int) -> list[int]:
     """``fields.classes`` (``"0-4"``, ``"5,6,7"``, ``"0-2,7"``) -> class indices, in order."""
-    out: list[int] = []
-    for part in str(text).split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
-        try:
-            got = list(range(int(m[1]), int(m[2]) + 1)) if m else [int(part)]
-        except ValueError:
-            raise DataError(f"fields.classes: expected class indices like '0-4' or '5,6,7', "
-                            f"got {text!r}") from None
-        out += got
-    bad = [c for c in out if not 0 <= c < num_classes]
-    if not out or bad or len(set(out)) != len(out):
-        raise DataError(f"fields.classes: {text!r} must name distinct classes in "
-                        f"0..{num_classes - 1}")
-    return out
+    return parse_class_spec(text, num_classes, "fields.classes")
 
 
 def load_image_records(cfg: DatasetConfig) -> Dataset:

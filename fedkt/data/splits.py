@@ -6,16 +6,18 @@ do not depend on Python's hash randomisation or on call order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from fedkt.config import DataConfig, PartitionConfig, SplitConfig
+from fedkt.data.classes import filter_classes, parse_class_spec
+from fedkt.data.public import load_public_texts, without_labels
 from fedkt.data.records import DataError, Dataset, load_dataset_records
 
 # Purposes, so that each random draw has its own stream.
-_SPLIT, _TEST_ORDER, _IID, _DIRICHLET = 1, 2, 3, 4
+_SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER = 1, 2, 3, 4, 5
 MAX_DIRICHLET_TRIES = 100
 
 
@@ -41,12 +43,13 @@ def _count(size: int | float, n: int, what: str) -> int:
 def make_splits(
     dataset: Dataset, split: SplitConfig, num_clients: int, seed: int
 ) -> dict[str, list[dict[str, Any]]]:
-    """Cut a dataset into ``public``, ``private_pool`` and ``test`` record lists.
+    """Cut a dataset into ``server``, ``public``, ``private_pool`` and ``test`` record lists.
 
     ``test`` is ``split.test_dataset`` if given, else a seeded holdout of ``test_size``.
-    Scheme ``fedmkt``: the rest is cut into ``num_clients + 1`` equal parts, the first
+    Then ``server`` is the first ``split.server_size`` of the rest (none by default).
+    Scheme ``fedmkt``: what is left is cut into ``num_clients + 1`` equal parts, the first
     public and the others, in order, the private pool (client k's part is the pool's
-    k-th slice).  Scheme ``holdout``: a ``public_fraction`` of the rest is public.
+    k-th slice).  Scheme ``holdout``: a ``public_fraction`` of it is public.
     All lists are in seeded random order.
     """
     if num_clients < 1:
@@ -65,6 +68,10 @@ def make_splits(
         test = [records[i] for i in perm[:n_test]]
         train_idx = perm[n_test:]
 
+    server_idx = train_idx[:0]
+    if split.server_size:
+        n_server = _count(split.server_size, len(train_idx), "split.server_size")
+        server_idx, train_idx = train_idx[:n_server], train_idx[n_server:]
     n_train = len(train_idx)
     if split.scheme == "fedmkt":
         part = n_train // (num_clients + 1)
@@ -82,6 +89,7 @@ def make_splits(
         public_idx = train_idx[:n_pub]
         pool_idx = train_idx[n_pub:]
     return {
+        "server": [records[i] for i in server_idx],
         "public": [records[i] for i in public_idx],
         "private_pool": [records[i] for i in pool_idx],
         "test": test,
@@ -187,10 +195,17 @@ class FederatedData:
     # Prompt template to pass to the formatting functions (None: the task default).
     template: str | None = None
     name: str = ""
+    # The server's own labelled records (data.split.server_size; empty by default).
+    server: list[dict[str, Any]] = field(default_factory=list)
+    # False: the public records carry no gold fields (data.public_labels: false, or
+    # data.public_dataset); a method must not read a public label then.
+    public_labels: bool = True
 
     def sizes(self) -> dict[str, Any]:
-        """Record counts, for logs."""
+        """Record counts, for logs (``server`` only when the server has records)."""
+        out: dict[str, Any] = {"server": len(self.server)} if self.server else {}
         return {
+            **out,
             "public": len(self.public),
             "private": [len(p) for p in self.private],
             "test": len(self.test),
@@ -216,11 +231,14 @@ def oversample(records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]
 
 
 def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData:
-    """Load, split, partition and cap a run's data (deterministic for ``seed``).
+    """Load, split, partition, filter and cap a run's data (deterministic for ``seed``).
 
     With scheme ``fedmkt`` and an ``iid`` partition, client k gets the k-th of the equal
-    parts; otherwise the private pool is partitioned by :func:`partition`.  Caps keep
-    the first records of each (seeded random) list.
+    parts; otherwise the private pool is partitioned by :func:`partition`.  Then, in
+    order: ``data.public_dataset`` replaces the public set, the class filters
+    (``data.classes``) keep each part's records of their classes, the caps keep the
+    first records of each (seeded random) list, and ``data.public_labels: false``
+    removes the public records' gold fields.
     """
     ds = load_dataset_records(cfg.dataset)
     splits = make_splits(ds, cfg.split, num_clients, seed)
@@ -235,21 +253,66 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
         parts = [list(range(k * size, (k + 1) * size)) for k in range(num_clients)]
     else:
         parts = partition(pool, num_clients, cfg.partition, seed)
-    private = [[pool[i] for i in idx][: cfg.max_private_per_client] for idx in parts]
+    private = [[pool[i] for i in idx] for idx in parts]
+    server, public, test = splits["server"], splits["public"], splits["test"]
+    if cfg.public_dataset is not None:
+        public = load_public_texts(cfg.public_dataset, ds.task, ds.label_names, ds.template)
+        order = _rng(seed, _PUBLIC_ORDER).permutation(len(public))
+        public = [public[i] for i in order]
+    server, private, public, test = _filter_classes(cfg, ds, server, private, public, test)
+    private = [p[: cfg.max_private_per_client] for p in private]
     if cfg.oversample:
         if ds.task != "classification":
             raise DataError(f"data.oversample balances classes; {ds.name or 'the dataset'} is "
                             f"a {ds.task} task")
         private = [oversample(p, seed + k) for k, p in enumerate(private)]
+    public = public[: cfg.max_public]
+    public_labels = cfg.public_labels and cfg.public_dataset is None
+    if not public_labels:
+        public = without_labels(public)
     return FederatedData(
-        public=splits["public"][: cfg.max_public],
+        public=public,
         private=private,
-        test=splits["test"][: cfg.max_test],
+        test=test[: cfg.max_test],
         task=ds.task,
         label_names=ds.label_names,
         template=ds.template,
         name=ds.name,
+        server=server,
+        public_labels=public_labels,
     )
+
+
+_FILTERABLE = ("classification", "image_classification")
+
+
+def _filter_classes(cfg: DataConfig, ds: Dataset, server: list[dict[str, Any]],
+                    private: list[list[dict[str, Any]]], public: list[dict[str, Any]],
+                    test: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """``data.classes``: each part keeps its records of the listed classes, in order."""
+    given = {k: v for k, v in cfg.classes.model_dump().items() if v is not None}
+    if not given:
+        return server, private, public, test
+    first = f"data.classes.{next(iter(given))}"
+    if ds.task not in _FILTERABLE:
+        raise DataError(f"{first}: class filters are for classification tasks; "
+                        f"{ds.name or 'the dataset'} is a {ds.task} task")
+    n = len(ds.label_names) if ds.label_names is not None else None
+
+    def keep(part: str, records: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+        if part not in given:
+            return records
+        key = f"data.classes.{part}"
+        return filter_classes(records, parse_class_spec(given[part], n, key), key, what)
+
+    if "server" in given and not server:
+        raise DataError("data.classes.server: the server has no records of its own "
+                        "(data.split.server_size is 0)")
+    server = keep("server", server, "the server's part")
+    private = [keep("private", p, f"client {k}'s private part") for k, p in enumerate(private)]
+    public = keep("public", public, "the public set")
+    test = keep("test", test, "the test set")
+    return server, private, public, test
 
 
 _SPLITS_CACHE: dict[tuple[str, int, int], FederatedData] = {}
