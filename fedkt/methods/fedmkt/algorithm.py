@@ -245,9 +245,9 @@ class FedMKTServer(Server[FedMKTConfig]):
                               list(checked.values()), epochs=m.server_kd_epochs,
                               lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"), desc="server kd")
         self.adapter = self.llm.trainable()
-        return {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
-                "train/kd_from_clients": stats["kd_taken"],
-                "train/rejected_clients": len(replies) - len(checked)}
+        return _finite({"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
+                        "train/kd_from_clients": stats["kd_taken"], "train/kd_steps": stats["steps"],
+                        "train/rejected_clients": len(replies) - len(checked)})
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
@@ -300,6 +300,11 @@ def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogit
     with autocast(cfg, lm.model):
         return knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
                              reduction=m.selection_loss)
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics without NaN (a loss over no step: nothing was distilled)."""
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
 
 def run_public(cfg: RunConfig) -> list[dict]:
@@ -411,8 +416,8 @@ def _client_distill_choices(ctx: ClientContext, msg: Payload, lm: LM) -> Payload
                           lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
                           seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
     ctx.save_state("adapter", lm.trainable())
-    metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
-               "train/kd_from_server": stats["kd_taken"]}
+    metrics = _finite({"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
+                       "train/kd_from_server": stats["kd_taken"], "train/kd_steps": stats["steps"]})
     reply = Payload(kd_loss=stats["kd_loss"] if math.isfinite(stats["kd_loss"]) else 0.0,
                     metrics=metrics)
     if m.post_fedavg:  # evaluated in 'adopt', after the averaging
