@@ -80,6 +80,8 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     the sum of its tokens' log-probabilities (the scorer's ``accuracy``), divided by
     ``temperature``, then normalised over the choices.
     """
+    from fedkt.eval.lm import takes_logits_to_keep
+
     flat = [pair for row in encoded for pair in row]
     width = max(len(seq) for seq, _ in flat) - 1
     device = next(model.parameters()).device
@@ -88,14 +90,22 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     for i, (seq, _) in enumerate(flat):
         ids[i, : len(seq) - 1] = torch.tensor(seq[:-1])
         mask[i, : len(seq) - 1] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-    logprobs = upcast(logits).log_softmax(-1)
+    # Only the positions from the earliest choice token on need the output layer (as the
+    # scorer does): the [rows, positions, vocabulary] logits are most of the memory.
+    first = min(len(seq) - 1 - n for seq, n in flat)
+    keep = width - first
+    extra = {"logits_to_keep": keep} if keep < width and takes_logits_to_keep(model) else {}
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **extra).logits
+    logits = logits[:, -keep:]
     scores = []
     for i, (seq, n) in enumerate(flat):
-        end = len(seq) - 1
-        targets = torch.tensor(seq[-n:], device=logprobs.device) if n else None
-        scores.append(logprobs[i, end - n : end].gather(-1, targets[:, None]).sum()
-                      if n else logprobs.new_zeros(()))
+        if not n:
+            scores.append(logits.new_zeros((), dtype=torch.float32))
+            continue
+        end = len(seq) - 1 - first
+        targets = torch.tensor(seq[-n:], device=logits.device)
+        logprobs = upcast(logits[i, end - n : end]).log_softmax(-1)
+        scores.append(logprobs.gather(-1, targets[:, None]).sum())
     c = len(encoded[0])
     return (torch.stack(scores).view(len(encoded), c) / temperature).log_softmax(-1)
 

@@ -35,6 +35,7 @@ __all__ = [
     "mc_accuracy",
     "mc_predictions",
     "score_choices",
+    "takes_logits_to_keep",
     "target_loss",
 ]
 
@@ -57,7 +58,7 @@ def _inference(model: torch.nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the (peft-wrapped) model's forward computes logits for the last k positions only."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
@@ -173,7 +174,7 @@ def _score_pairs(
     results: list[tuple[float, int]] = [(0.0, 0)] * len(encoded)
     device = _device(model)
     pad_id = _pad_id(tokenizer)
-    keeps_logits = _takes_logits_to_keep(model)
+    keeps_logits = takes_logits_to_keep(model)
     with _inference(model):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -286,7 +287,7 @@ def _score_shared(
             (i, encoded[0][0], [cont for _, cont in encoded]))
     device = _device(model)
     pad_id = _pad_id(tokenizer)
-    keep = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     with _inference(model):
         for group in by_length.values():
             chunk: list[tuple[int, list[int], list[list[int]]]] = []
