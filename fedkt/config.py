@@ -388,6 +388,10 @@ class DifferentialPrivacyConfig(_Strict):
     delta: float = Field(1e-5, gt=0, lt=1)
 
 
+# Group names whose accuracy_<name> is an existing metric (accuracy_norm).
+_GROUP_NAMES_TAKEN = ("norm",)
+
+
 class EvalConfig(_Strict):
     every: int = Field(1, ge=1)
     batch_size: int = Field(8, ge=1)
@@ -418,6 +422,23 @@ class EvalConfig(_Strict):
     # After the run, print each participant's main metric at round 0 and at the end,
     # with the paired bootstrap 95% CI of the change (needs round0 and predictions).
     compare_round0: bool = False
+    # Groups of classes, name -> classes ("0-2", "3,4", a list): every classification and
+    # multiple-choice evaluation also reports accuracy_<name>, the accuracy over the test
+    # items whose gold class is in the group (suites pair it over those items only).
+    class_groups: dict[str, ClassSpec] = Field(default_factory=dict)
+
+    @field_validator("class_groups")
+    @classmethod
+    def _group_names(cls, groups: dict[str, ClassSpec]) -> dict[str, ClassSpec]:
+        for name, spec in groups.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+                raise ValueError(f"group name {name!r} must be a letter then "
+                                 "letters, digits or '_' (it names the metric accuracy_<name>)")
+            if name in _GROUP_NAMES_TAKEN:
+                raise ValueError(f"group name {name!r} would report "
+                                 f"accuracy_{name}, which is already a metric; rename it")
+            _check_class_spec(spec, name)
+        return groups
 
     @field_validator("compare_round0")
     @classmethod

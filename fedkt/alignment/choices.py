@@ -50,14 +50,14 @@ _ROW_SUM_TOL = 1e-3
 
 def _views(cfg: RunConfig, records: Sequence[dict]) -> list[tuple[str, list[str]]]:
     """(context, continuations) of each record; reads no label."""
-    from fedkt.data.formatting import choices_view
+    from fedkt.data.formatting import choice_view
     from fedkt.data.splits import run_data
 
     fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
     if fd.task not in ("classification", "multiple_choice"):
         raise ValueError(f"choice knowledge needs a classification or multiple-choice task; "
                          f"{fd.name or 'the dataset'} is {fd.task}")
-    return [choices_view(r, fd.task, fd.label_names, fd.template) for r in records]
+    return [choice_view(r, fd.task, fd.label_names, fd.template) for r in records]
 
 
 Encoded = list[list[tuple[list[int], int]]]  # [sample][choice] -> (token ids, choice length)

@@ -1,6 +1,12 @@
 """Data: built-in and user datasets, federated splits, prompts and LM batches."""
 
-from fedkt.data.formatting import DEFAULT_TEMPLATES, format_prompt, lm_pair, mc_view
+from fedkt.data.formatting import (
+    DEFAULT_TEMPLATES,
+    choice_view,
+    format_prompt,
+    lm_pair,
+    mc_view,
+)
 from fedkt.data.lm_batches import (
     IGNORE_INDEX,
     make_batches,
@@ -25,6 +31,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "FederatedData",
+    "choice_view",
     "clear_cache",
     "client_splits",
     "format_prompt",

@@ -79,30 +79,40 @@ def lm_pair(
     """(prompt, target) for causal-LM training; the target starts with a space."""
     prompt = format_prompt(record, task, label_names, template)
     if task == "multiple_choice":
-        target = record["choices"][record["label"]]
+        target = record["choices"][_gold(record, "label")]
     elif task == "classification":
-        target = _label_name(record["label"], label_names)
+        target = _label_name(_gold(record, "label"), label_names)
     else:
-        target = record["target"]
+        target = _gold(record, "target")
     return prompt, " " + target
 
 
-def choices_view(
+def _gold(record: dict[str, Any], field: str) -> Any:
+    """The record's gold ``field``; a :class:`DataError` if it has none (a public record
+    whose labels are withheld, ``data.public_labels: false``)."""
+    if field not in record:
+        raise DataError(f"record {record.get('id', '?')} has no gold {field!r} (public labels "
+                        "are withheld with data.public_labels: false, or it comes from "
+                        "data.public_dataset); this step needs labelled records")
+    return record[field]
+
+
+def choice_view(
     record: dict[str, Any],
     task: str,
     label_names: list[str] | None = None,
     template: str | None = None,
 ) -> tuple[str, list[str]]:
-    """(context, continuations with a leading space) for likelihood scoring; reads no label,
-    so it also serves records whose gold label is withheld."""
+    """(context, continuations with a leading space) for likelihood scoring; needs no
+    label, so it also serves public records whose labels are withheld."""
     if task == "multiple_choice":
         choices = record["choices"]
     elif task == "classification":
         if label_names is None:
-            raise DataError("mc_view: a classification task needs label_names")
+            raise DataError("choice_view: a classification task needs label_names")
         choices = label_names
     else:
-        raise DataError(f"mc_view: task {task!r} has no choices to score")
+        raise DataError(f"choice_view: task {task!r} has no choices to score")
     context = format_prompt(record, task, label_names, template)
     return context, [" " + c for c in choices]
 
@@ -113,9 +123,10 @@ def mc_view(
     label_names: list[str] | None = None,
     template: str | None = None,
 ) -> tuple[str, list[str], int]:
-    """(context, continuations with a leading space, gold index) for likelihood scoring."""
-    context, continuations = choices_view(record, task, label_names, template)
-    return context, continuations, int(record["label"])
+    """(context, continuations with a leading space, gold index) for likelihood scoring
+    (:func:`choice_view` and the gold label)."""
+    context, continuations = choice_view(record, task, label_names, template)
+    return context, continuations, int(_gold(record, "label"))
 
 
 def check_template(

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fedkt.eval import predictions
+from fedkt.eval.groups import group_accuracies, resolve_groups
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
 from fedkt.eval.timing import timed_evaluation
 
@@ -494,11 +495,13 @@ def eval_classifier(
     max_length: int = 256,
     positive_label: int = 1,
     ids: Sequence[str] | None = None,
+    class_groups: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Metrics of a sequence classifier (``model(...).logits`` of shape [batch, classes]).
 
     Returns accuracy, precision/recall/F1 of ``positive_label``, macro-F1 and
-    the mean cross-entropy loss per example.
+    the mean cross-entropy loss per example, and ``accuracy_<name>`` of each of
+    ``class_groups`` (``eval.class_groups``; :mod:`fedkt.eval.groups`).
     """
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
@@ -528,10 +531,13 @@ def eval_classifier(
     loss_sum = sum(losses)
     golds = [int(y) for y in labels]
     p, r, f1 = precision_recall_f1(preds, golds, positive_label)
+    groups = resolve_groups(class_groups, int(logits.shape[-1]))
     predictions.emit({"id": example_ids, "gold": golds, "pred": preds}, task="classifier",
-                     positive_label=positive_label)
+                     positive_label=positive_label,
+                     **({"class_groups": groups} if groups else {}))
     return {"accuracy": accuracy(preds, golds), "precision": p, "recall": r, "f1": f1,
-            "macro_f1": macro_f1(preds, golds), "loss": loss_sum / len(texts)}
+            "macro_f1": macro_f1(preds, golds), "loss": loss_sum / len(texts),
+            **group_accuracies(preds, golds, groups)}
 
 
 def evaluate_text_classifier(
@@ -542,12 +548,13 @@ def evaluate_text_classifier(
     batch_size: int = 8,
     max_length: int = 256,
     positive_label: int = 1,
+    class_groups: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """:func:`eval_classifier` on classification records ``{"text", "label"}``."""
     return eval_classifier(model, tokenizer, [r["text"] for r in records],
                            [int(r["label"]) for r in records], batch_size=batch_size,
                            max_length=max_length, positive_label=positive_label,
-                           ids=_ids(records))
+                           ids=_ids(records), class_groups=class_groups)
 
 
 # --------------------------------------------------------------------------- dispatcher
@@ -566,11 +573,14 @@ def evaluate_causal_lm(
     max_new_tokens: int = 48,
     positive_label: int = 1,
     template: str | None = None,
+    class_groups: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Evaluate a causal LM on normalised records of ``task``.
 
     multiple_choice / classification: ``accuracy`` and ``accuracy_norm`` by
-    choice log-likelihood.  Classification scores the label names as the
+    choice log-likelihood, and ``accuracy_<name>`` of each of ``class_groups``
+    (``eval.class_groups``, over the gold label or choice index; :mod:`fedkt.eval.groups`).
+    Classification scores the label names as the
     choices and adds ``macro_f1``, and for binary tasks ``precision``/``recall``/
     ``f1`` of ``positive_label``.  generation: ``rougeL`` of greedy outputs against
     ``references`` (or the target).
@@ -582,6 +592,9 @@ def evaluate_causal_lm(
     if not records:
         raise ValueError("no records to evaluate")
     from fedkt.data.formatting import lm_pair, mc_view
+
+    groups = resolve_groups(class_groups, len(label_names) if task == "classification"
+                            and label_names is not None else None) if task != "generation" else {}
 
     names = list(label_names) if label_names is not None else None
     pairs = [lm_pair(r, task, names, template) for r in records]
@@ -627,6 +640,9 @@ def evaluate_causal_lm(
             meta["positive_label"] = positive_label
         out["macro_f1"] = macro_f1(preds, golds, range(num_labels))
         meta["labels"] = list(range(num_labels))
+    if groups:
+        out.update(group_accuracies(preds, golds, groups))
+        meta["class_groups"] = groups
     predictions.emit({"id": _ids(records), "gold": golds, "pred": preds, "pred_norm": preds_norm,
                       "scores": scores}, **meta)
     return out

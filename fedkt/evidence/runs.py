@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fedkt.eval.groups import resolve_groups
 from fedkt.eval.predictions import Predictions, prediction_files, read_predictions
 from fedkt.evidence.stats import (
     DEFAULT_BOOTSTRAP,
@@ -91,8 +92,17 @@ class Run:
         return [p for p in self.participants() if p.startswith("client_")]
 
     def table(self, participant: str, scope: str = "") -> Predictions | None:
+        """A participant's predictions at the evaluation round; a table without
+        ``class_groups`` (image classifiers') gets the run config's ``eval.class_groups``."""
         path = self.files.get((self.eval_round(), participant, scope))
-        return read_predictions(path) if path else None
+        return self.with_groups(read_predictions(path)) if path else None
+
+    def with_groups(self, table: Predictions) -> Predictions:
+        """``table`` with the run's ``eval.class_groups`` in its meta unless it has its own."""
+        groups = (self.info.config.get("eval") or {}).get("class_groups")
+        if groups and "class_groups" not in table.meta and "gold" in table.columns:
+            table.meta["class_groups"] = resolve_groups(groups, None)
+        return table
 
     def row_value(self, participant: str, metric: str) -> float | None:
         """The metric as logged in metrics.jsonl (evaluation rows, else the train row)."""
@@ -207,7 +217,7 @@ def available_metrics(run: Run, group: str) -> list[str]:
     for name in members(run, group)[:1]:
         for (r, p, scope) in sorted(run.files):
             if r == run.eval_round() and p == name:
-                table = read_predictions(run.files[(r, p, scope)])
+                table = run.with_groups(read_predictions(run.files[(r, p, scope)]))
                 out += [f"{scope}_{m}" if scope else m for m in metric_names(table)]
     return out
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedkt.eval.groups import GROUP_PREFIX, group_metric
 from fedkt.eval.predictions import Predictions
 
 __all__ = [
@@ -55,6 +56,9 @@ class Metric:
     name: str
     fn: Callable[[np.ndarray], np.ndarray]
     mean_like: bool  # value = mean of components[:, 0] (the normal approximation applies)
+    # Only the examples whose components[:, 1] is not 0 count (a class group's accuracy):
+    # :func:`sample` keeps those rows, so the bootstrap resamples the group's items only.
+    restricted: bool = False
 
 
 def _mean_metric(name: str) -> Metric:
@@ -91,6 +95,10 @@ def metric_names(table: Predictions) -> list[str]:
         names += ["precision", "recall", "f1"]
     if task in ("classification", "classifier"):
         names.append("macro_f1")
+    groups = table.meta.get("class_groups") or {}
+    if "gold" in cols and "pred" in cols:
+        golds = set(cols["gold"])
+        names += [GROUP_PREFIX + g for g, classes in groups.items() if golds & set(classes)]
     return names
 
 
@@ -103,6 +111,18 @@ def components(table: Predictions, metric: str) -> tuple[np.ndarray, Metric]:
         if "rougeL" not in cols:
             raise KeyError(metric)
         return np.stack([np.asarray(cols["rougeL"], float), ones], 1), _mean_metric(metric)
+    group = group_metric(metric, table.meta.get("class_groups"))
+    if group is not None:  # accuracy_<name>: the group's items only
+        if "pred" not in cols or "gold" not in cols:
+            raise KeyError(metric)
+        keep = set(group[1])
+        inside = np.array([g in keep for g in cols["gold"]], dtype=float)
+        if not inside.any():
+            raise KeyError(metric)
+        right = np.array([p == g for p, g in zip(cols["pred"], cols["gold"], strict=True)],
+                         dtype=float)
+        return np.stack([right * inside, inside], 1), Metric(
+            metric, lambda s: _ratio(s[..., 0], s[..., 1]), True, restricted=True)
     if metric in ("accuracy", "accuracy_norm"):
         pred_col = "pred" if metric == "accuracy" else "pred_norm"
         if pred_col not in cols or "gold" not in cols:
@@ -166,6 +186,9 @@ def sample(tables: Sequence[Predictions], metric: str) -> Sample:
             comp = Sample(table.ids, [comp], reducer).aligned(ids).parts[0]
         parts.append(comp)
     assert reducer is not None
+    if reducer.restricted:  # the items the metric is over (the same in every table)
+        keep = np.flatnonzero(parts[0][:, 1] != 0)
+        return Sample([ids[i] for i in keep], [p[keep] for p in parts], reducer)
     return Sample(list(ids), parts, reducer)
 
 

@@ -226,7 +226,8 @@ def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
         return evaluate_text_classifier(model, tokenizer, records,
                                         batch_size=cfg.eval.batch_size,
                                         max_length=cfg.data.max_length,
-                                        positive_label=cfg.eval.positive_label)
+                                        positive_label=cfg.eval.positive_label,
+                                        class_groups=cfg.eval.class_groups)
 
 
 def feature_spread(model: nn.Module, tokenizer: Any, texts: list[str], max_length: int) -> float:

@@ -191,7 +191,8 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
                                   batch_size=cfg.eval.batch_size,
                                   max_length=cfg.data.max_length,
                                   max_new_tokens=cfg.eval.max_new_tokens,
-                                  positive_label=cfg.eval.positive_label, template=fd.template)
+                                  positive_label=cfg.eval.positive_label, template=fd.template,
+                                  class_groups=cfg.eval.class_groups)
 
 
 def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from fedkt.config import ConfigError, DataConfig, DatasetConfig, parse_config
-from fedkt.data import DataError, client_splits, load_dataset_records
+from fedkt.data import (
+    DataError,
+    choice_view,
+    client_splits,
+    lm_pair,
+    load_dataset_records,
+    mc_view,
+)
 
 INTENTS = {"name": "intent_recognition"}
 
@@ -231,3 +238,22 @@ def test_public_dataset_needs_withheld_labels() -> None:
     with pytest.raises(ConfigError, match="data.classes.public: data.public_dataset has no"):
         parse_config({**base, "data": {**base["data"], "public_labels": False,
                                        "classes": {"public": "0"}}})
+
+
+def test_steps_that_need_a_gold_label_refuse_withheld_records() -> None:
+    data = client_splits(_data(public_labels=False), num_clients=2, seed=0)
+    labelled = client_splits(_data(), num_clients=2, seed=0)
+    rec, gold = data.public[0], labelled.public[0]
+    names = data.label_names
+    for fn in (lm_pair, mc_view):
+        with pytest.raises(DataError, match=f"record {rec['id']} has no gold 'label' .*"
+                                            "data.public_labels: false"):
+            fn(rec, "classification", names)
+    # Scoring the choices needs no label: the same context and continuations as labelled.
+    assert choice_view(rec, "classification", names) == mc_view(gold, "classification",
+                                                                names)[:2]
+    gen = client_splits(DataConfig.model_validate({
+        "dataset": {"name": "dialogsum"}, "public_labels": False, "max_public": 2,
+        "split": {"scheme": "fedmkt"}}), 2, 0)
+    with pytest.raises(DataError, match="has no gold 'target'"):
+        lm_pair(gen.public[0], "generation", None, gen.template)
