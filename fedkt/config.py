@@ -523,6 +523,15 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _public_labels_withheld(self) -> RunConfig:
+        """``data.public_labels: false``: refuse what would read a public label."""
+        if not self.data.public_labels and self.training.prefix_from_text:
+            raise ValueError("training.prefix_init: text starts the prefix from the public set's "
+                             "(prompt, answer) pairs, but data.public_labels is false; use "
+                             "prefix_init: random")
+        return self
+
+    @model_validator(mode="after")
     def _model_lr_applies(self) -> RunConfig:
         """A per-model ``lr`` needs a method that reads it (see ``Method.model_lr``); the
         method's own ``check`` of the whole config."""

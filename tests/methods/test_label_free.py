@@ -62,6 +62,15 @@ def test_every_path_that_reads_a_public_label_is_refused(make_config):
             with pytest.raises(ConfigError, match=r"data\.public_labels") as err:
                 make_config(*base, *overrides, method=method, name=f"{method}-{key}")
             assert key in str(err.value), (method, key, str(err.value))
+    # the other readers of public labels: centralized's pooling, FedSP's server data and a
+    # prefix started from the public pairs
+    for method, extra, key in (("centralized", (), "method.include_public"),
+                               ("fedsp", (), "data.public_labels"),
+                               ("fedavg", ("training.peft=prefix", "training.prefix_init=text"),
+                                "training.prefix_init")):
+        models = () if method == "fedsp" else (SLM,)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            make_config(LLM, *models, *DISJOINT, *extra, method=method, name=f"x-{method}")
     # the same settings with labels are fine; a shuffled teacher needs choice knowledge
     make_config(LLM, SLM, "data.split={scheme: fedmkt, test_size: 16}", method="fedmkt")
     for method in ("fedmkt", "fedcollm"):

@@ -31,6 +31,7 @@ from .config import (
     StandaloneConfig,
     StandaloneEncoderConfig,
     ZeroShotConfig,
+    check_centralized,
 )
 from .families import ENCODER, LM_FAMILY, Classifier, Family, family_of
 
@@ -51,6 +52,7 @@ register(Method("standalone", StandaloneConfig, StandaloneServer,
                 client_model=saved_client_lm, model_lr=True))
 register(Method("centralized", CentralizedConfig, CentralizedServer, {},
                 server_sees="all raw data", clients_see="-", tiny_config="fedavg/tiny",
+                check=check_centralized,
                 summary="one model trained on all data pooled (upper bound)", model_lr=True))
 register(Method(
     "standalone_encoder", StandaloneEncoderConfig, StandaloneServer,
@@ -59,7 +61,7 @@ register(Method(
     summary="each client fine-tunes its own encoder classifier alone"))
 register(Method(
     "centralized_encoder", CentralizedEncoderConfig, CentralizedServer, {},
-    server_sees="all raw data", clients_see="-", tiny_config="fedkd/tiny",
+    server_sees="all raw data", clients_see="-", tiny_config="fedkd/tiny", check=check_centralized,
     summary="one encoder classifier on all data pooled (upper bound)"))
 register(Method(
     "fedavg_encoder", FedAvgEncoderConfig, fedavg_encoder.FedAvgEncoderServer,

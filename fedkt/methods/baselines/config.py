@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from fedkt.config import MethodConfig
+from fedkt.config import MethodConfig, RunConfig
 from fedkt.exchange import ExchangeSettings
 from fedkt.train.encoder import EncoderHead
 from fedkt.train.pretrain import VisionPretrain
@@ -68,3 +68,10 @@ class FedAvgVisionConfig(MethodConfig):
     weighted: bool = True
     # Pretraining of the server model's backbone (used with model: server).
     pretrain: VisionPretrain = Field(default_factory=VisionPretrain)
+
+
+def check_centralized(cfg: RunConfig) -> None:
+    """``include_public`` pools the public set's labelled records: not when they are withheld."""
+    if getattr(cfg.method, "include_public", False) and not cfg.data.public_labels:
+        raise ValueError("method.include_public pools the public set's labelled records, but "
+                         "data.public_labels is false; set include_public: false")

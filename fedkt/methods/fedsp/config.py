@@ -114,6 +114,9 @@ def check_config(cfg: RunConfig) -> None:
     name = cfg.method.name
     if cfg.server is None:
         raise ValueError(f"server: {name} needs the server's LLM (server: {{name: ...}})")
+    if not cfg.data.public_labels:
+        raise ValueError(f"data.public_labels is false, but {name}'s server trains its prompts "
+                         "on the public split's labelled pairs (the server's data)")
     if cfg.clients.models:
         raise ValueError(f"clients.models: {name} derives the clients' model from the "
                          "server's LLM; leave clients.models empty")
