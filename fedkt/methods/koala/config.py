@@ -37,4 +37,9 @@ class KoalaConfig(MethodConfig):
     feature_size: int = Field(1, ge=1)
     # Whose soft labels teach the large model: clients (KOALA) or a random-teacher control.
     teacher: Literal["clients", "shuffled", "untrained"] = "clients"
+    # teacher: shuffled: how often the permutation of the soft labels across proxy images is
+    # redrawn. epoch: a fresh one for every reverse pass, so the head cannot memorise one
+    # random image -> label mapping; round: one per round (the earlier control, which 50
+    # reverse passes memorise, landing far below or above chance by the draw).
+    shuffle_every: Literal["epoch", "round"] = "epoch"
     pretrain: VisionPretrain = Field(default_factory=VisionPretrain)
