@@ -1,9 +1,11 @@
 """KOALA's shuffled-teacher control, replayed: why one permutation per round swings.
 
-Runs the suite's ``homo`` arm for ``--rounds`` real rounds (clients train, soft labels
-on the proxy set), then replays only the reverse distillation (the head on the cached
-proxy features, exactly ``KoalaServer.reverse_distill``) from the fresh adapter, for
-``--draws`` permutation draws x ``--replay`` rounds, under each teacher:
+Takes the clients' soft labels on the proxy set from a finished run's last checkpoint
+(``--from-run``: its global small model; the suite's ``homo`` config and the run's seed)
+or, without it, from ``--rounds`` real rounds of the suite's ``homo`` arm; then replays
+only the reverse distillation (the head on the cached proxy features, exactly
+``KoalaServer.reverse_distill``) from the fresh adapter, for ``--draws`` permutation
+draws x ``--replay`` rounds, under each teacher:
 
 * ``real``: the clients' soft labels as they are;
 * ``round``: ``teacher: shuffled, shuffle_every: round`` (one permutation per round);
@@ -17,7 +19,7 @@ permutation's *agreement*: the share of proxy images whose borrowed soft label's
 class is their own class (diagnostics only: the proxy labels are read here, never by
 the server).
 
-    python benchmarks/koala_shuffled.py --seed 7 --draws 40
+    python benchmarks/koala_shuffled.py --seed 7 --from-run runs/suites/koala/random_homo/seed_7
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from fedkt.evidence.suite import load_suite
 from fedkt.methods import get_method
@@ -87,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=2, help="real rounds before the replay")
+    ap.add_argument("--from-run", help="a finished run of this seed: its last checkpoint's "
+                    "small model is the teacher (no rounds are run)")
     ap.add_argument("--draws", type=int, default=40)
     ap.add_argument("--replay", type=int, default=10, help="replayed rounds per draw")
     ap.add_argument("--out", default="runs/koala_shuffled")
@@ -98,15 +103,21 @@ def main() -> None:
     started = time.perf_counter()
     server = get_method("koala").server(cfg, cfg.run_dir)
     server.setup()
-    clients = RuntimeClients(cfg, LocalTransport(default_state_root(cfg)))
-    for rnd in range(1, args.rounds + 1):
-        clients.start_round(rnd)
-        server.round(rnd, clients)
+    if args.from_run:
+        ckpt = Path(args.from_run) / "checkpoints"
+        latest = json.loads((ckpt / "latest.json").read_text())
+        server.load_state_dict(load_file(str(ckpt / latest["checkpoint"] / latest["state"])))
+    else:
+        clients = RuntimeClients(cfg, LocalTransport(default_state_root(cfg)))
+        for rnd in range(1, args.rounds + 1):
+            clients.start_round(rnd)
+            server.round(rnd, clients)
     temp = cfg.method.temperature
     soft = homo_soft_labels(server.teacher_logits("global"), temp)
     proxy_labels = torch.tensor([r["label"] for r in server.data().public])
     teacher_acc = float((soft.argmax(1) == proxy_labels).float().mean())
-    out: dict[str, Any] = {"seed": args.seed, "rounds": args.rounds, "draws": args.draws,
+    out: dict[str, Any] = {"seed": args.seed, "teacher_from": args.from_run or args.rounds,
+                           "draws": args.draws,
                            "teacher_proxy_accuracy": teacher_acc,
                            "test_class_shares": np.bincount(server.test_labels.numpy(),
                                                             minlength=5).tolist()}
@@ -123,8 +134,9 @@ def main() -> None:
                                for r in range(args.replay)] for d in range(args.draws)])
             acc = got["acc"]
             out[name]["agreement_mean"] = float(agree.mean())
-            out[name]["corr_acc_agreement"] = float(np.corrcoef(agree.ravel(),
-                                                                acc.ravel())[0, 1])
+            out[name]["corr_acc_agreement"] = (
+                float(np.corrcoef(agree.ravel(), acc.ravel())[0, 1])
+                if acc.std() > 0 and agree.std() > 0 else None)
             worst = int(acc[:, -1].argmin())
             out[name]["worst_draw"] = {
                 "accuracy_per_round": [round(float(a), 3) for a in acc[worst]],
