@@ -88,10 +88,6 @@ class Claim:
     def greater(self) -> bool:
         return self.op in (">", ">=")
 
-    @property
-    def equivalence(self) -> bool:
-        return self.op == "~="
-
     def arms(self) -> set[str]:
         return {self.lhs.arm} | ({self.rhs.arm} if isinstance(self.rhs, Ref) else set())
 
