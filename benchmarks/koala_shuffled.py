@@ -10,6 +10,7 @@ draws x ``--replay`` rounds, under each teacher:
 * ``real``: the clients' soft labels as they are;
 * ``round``: ``teacher: shuffled, shuffle_every: round`` (one permutation per round);
 * ``epoch``: ``teacher: shuffled, shuffle_every: epoch`` (a fresh one every pass);
+* ``marginal``: ``teacher: marginal`` (every image the mean soft label; 2 draws);
 * ``untrained``: a never-trained small model's soft labels.
 
 For each it prints the large model's test accuracy after the last replayed round (mean,
@@ -95,6 +96,8 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=40)
     ap.add_argument("--replay", type=int, default=10, help="replayed rounds per draw")
     ap.add_argument("--out", default="runs/koala_shuffled")
+    ap.add_argument("--modes", nargs="+", default=["real", "round", "epoch", "marginal",
+                                                   "untrained"])
     args = ap.parse_args()
     torch.set_num_threads(1)
     suite = load_suite(ROOT / "fedkt/configs/suites/koala.yaml", args.out)
@@ -123,12 +126,16 @@ def main() -> None:
                                                             minlength=5).tolist()}
     modes = {"real": {"teacher": "clients"},
              "round": {"teacher": "shuffled", "shuffle_every": "round"},
-             "epoch": {"teacher": "shuffled", "shuffle_every": "epoch"}}
+             "epoch": {"teacher": "shuffled", "shuffle_every": "epoch"},
+             "marginal": {"teacher": "marginal"}}
     for name, method in modes.items():
+        if name not in args.modes:
+            continue
         teacher_server(server, **method)
-        got = replay(server, soft, 1 if name == "real" else args.draws, args.replay)
-        out[name] = summary(got["acc"]) if name != "real" else {
-            "final": float(got["acc"][0, -1])}
+        draws = 1 if name == "real" else args.draws if name != "marginal" else 2
+        got = replay(server, soft, draws, args.replay)
+        out[name] = summary(got["acc"]) if draws > 1 else {"final": float(got["acc"][0, -1])}
+        out[name]["predicted_class_shares"] = np.bincount(got["preds"][-1], minlength=5).tolist()
         if name == "round":  # accuracy against the permutation's agreement, every round
             agree = np.array([[agreement(server, soft, proxy_labels, 1000 * (d + 1) + r)
                                for r in range(args.replay)] for d in range(args.draws)])
@@ -142,13 +149,14 @@ def main() -> None:
                 "accuracy_per_round": [round(float(a), 3) for a in acc[worst]],
                 "predicted_class_shares": np.bincount(got["preds"][worst],
                                                       minlength=5).tolist()}
-    teacher_server(server, teacher="untrained")
-    untrained = homo_soft_labels(server.teacher_logits("global"), temp)
-    got = replay(server, untrained, 1, args.replay)
-    out["untrained"] = {"final": float(got["acc"][0, -1]),
-                        "accuracy_per_round": [round(float(a), 3) for a in got["acc"][0]],
-                        "predicted_class_shares": np.bincount(got["preds"][0],
-                                                              minlength=5).tolist()}
+    if "untrained" in args.modes:
+        teacher_server(server, teacher="untrained")
+        untrained = homo_soft_labels(server.teacher_logits("global"), temp)
+        got = replay(server, untrained, 1, args.replay)
+        out["untrained"] = {"final": float(got["acc"][0, -1]),
+                            "accuracy_per_round": [round(float(a), 3) for a in got["acc"][0]],
+                            "predicted_class_shares": np.bincount(got["preds"][0],
+                                                                  minlength=5).tolist()}
     out["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(out, indent=1))
     Path(args.out).mkdir(parents=True, exist_ok=True)

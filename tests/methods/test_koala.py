@@ -585,7 +585,8 @@ def test_pretrained_external_models_get_imagenet_normalisation():
 def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
     """The targets the adapter learns, step by step: the clients' soft labels (real), a
     fresh permutation of exactly those rows every pass (shuffled, the default), one
-    permutation for the whole round (``shuffle_every: round``), or an untrained model's."""
+    permutation for the whole round (``shuffle_every: round``), their mean (marginal), or
+    an untrained model's."""
     import fedkt.methods.koala.algorithm as K
 
     real_train, real_loss = K.train_vision, K.reverse_distillation_loss
@@ -671,6 +672,10 @@ def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
     for t in passes_r:
         assert rows(t) == rows(own)
         torch.testing.assert_close(permutation(t, own)[unique], first[unique])
+    # teacher: marginal, the average over permutations: one row, the clients' mean, for all.
+    _, passes_m, _ = round_of("marginal")
+    for t in passes_m:
+        torch.testing.assert_close(t, own.mean(0, keepdim=True).expand_as(own))
     _, passes_u, server = round_of("untrained")
     fresh = build_model(server.cfg.clients.models[0], server.spec,
                         K.derive_seed(0, "untrained-teacher", "global"))

@@ -34,8 +34,9 @@ only when it does not hold that version.
 ``teacher`` is the paper's Fig. 2 control: ``clients`` (KOALA), ``shuffled`` (the soft
 labels of step 2 permuted across proxy images, a fresh seeded permutation every reverse
 pass, ``shuffle_every: epoch``, or one per round, ``round``: same label marginal and
-confidence, no per-image knowledge) or ``untrained`` (soft labels from freshly
-initialised, untrained small models).
+confidence, no per-image knowledge), ``untrained`` (soft labels from freshly
+initialised, untrained small models) or ``marginal`` (every proxy image gets the mean soft
+label: the average over permutations).
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ class KoalaServer(Server[KoalaConfig]):
         label of image perm[i]: the same rows, so the same marginal and confidence, and
         no per-image knowledge. The permutation is redrawn every pass over the proxy set
         (``shuffle_every: epoch``) or once per round (``round``); batches, steps and
-        optimiser are those of the real teacher."""
+        optimiser are those of the real teacher. ``teacher: marginal`` gives every image
+        the mean soft label, the average over all permutations."""
         m = self.method
         n, batch = len(soft), m.distill_batch_size
         if m.teacher == "shuffled":
@@ -211,6 +213,8 @@ class KoalaServer(Server[KoalaConfig]):
             def target(b: list[Tensor]) -> Tensor:  # this pass's permutation of the labels
                 return soft[perms[min(next(steps) // per_epoch, len(perms) - 1)][b[1]]]
         else:
+            if m.teacher == "marginal":  # the average over permutations: one row for all
+                soft = soft.mean(0, keepdim=True).expand_as(soft).contiguous()
             data = (self.proxy_features, soft)
 
             def target(b: list[Tensor]) -> Tensor:
