@@ -189,6 +189,7 @@ paired confidence intervals decide. A suite file:
     standalone: {method: {name: standalone}}
     lam1: {"method.ft_weight": 1.0}
   claims:                       # ARM[@ROUND].GROUP.METRIC OP [FACTOR *] ARM.GROUP.METRIC [+|- X]
+                                # (OP ~= takes '+- TOL': equivalence)
     - fedavg.clients.accuracy > standalone.clients.accuracy
     - fedavg.server.accuracy >= 0.9 * standalone@0.clients.accuracy
   metrics: [accuracy]           # optional: table columns

@@ -3,8 +3,11 @@
 Grammar (spaces optional)::
 
     ARM[@ROUND].GROUP.METRIC  OP  [FACTOR *] (ARM[@ROUND].GROUP.METRIC | NUMBER)  [(+|-) OFFSET]
+    ARM[@ROUND].GROUP.METRIC  ~=  [FACTOR *] (ARM[@ROUND].GROUP.METRIC | NUMBER)  [(+|-) OFFSET]
+                              +- TOLERANCE
 
-* ``OP`` is ``>``, ``>=``, ``<`` or ``<=``;
+* ``OP`` is ``>``, ``>=``, ``<`` or ``<=``; ``~=`` is equivalence within ``TOLERANCE``
+  (``+-`` or ``±``), e.g. a control at chance: ``shuffled.server.accuracy ~= 0.2 +- 0.1``;
 * ``GROUP`` is ``server``, ``clients`` (mean over clients, paired client by
   client), ``client_K`` or another participant name;
 * ``ARM@0`` is that arm's round-0 evaluation (``eval.round0``), the zero-shot row.
@@ -20,7 +23,11 @@ The claim is the sign of ``D = LHS - (FACTOR * RHS + OFFSET)``.  For ``>``/``>=`
 * **not resolved** when the CI contains 0 (it straddles or touches the boundary).
 
 ``<``/``<=`` mirror this.  ``>`` and ``>=`` are decided alike: an interval that
-touches the boundary decides neither way.
+touches the boundary decides neither way.  For ``~=`` (|D| < TOLERANCE):
+
+* **reproduced** when the whole CI of D lies inside (-TOLERANCE, +TOLERANCE),
+* **contradicted** when the whole CI lies outside it (above +TOLERANCE or below -TOLERANCE),
+* **not resolved** otherwise: a wide CI never proves equivalence.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradi
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_\-]*"
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _REF = rf"{_NAME}(?:@\d+)?\.{_NAME}\.{_NAME}"
+_POS = r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _CLAIM = re.compile(
-    rf"^\s*(?P<lhs>{_REF})\s*(?P<op>>=|<=|>|<)\s*(?:(?P<factor>{_NUM})\s*\*\s*)?"
-    rf"(?P<rhs>{_REF}|{_NUM})\s*(?:(?P<sign>[+-])\s*(?P<offset>\d+\.?\d*(?:[eE][-+]?\d+)?))?\s*$"
+    rf"^\s*(?P<lhs>{_REF})\s*(?P<op>>=|<=|~=|>|<)\s*(?:(?P<factor>{_NUM})\s*\*\s*)?"
+    rf"(?P<rhs>{_REF}|{_NUM})\s*(?:(?P<sign>[+-])\s*(?P<offset>\d+\.?\d*(?:[eE][-+]?\d+)?))?"
+    rf"\s*(?:(?:\+-|±)\s*(?P<tol>{_POS}))?\s*$"
 )
 
 
@@ -73,6 +82,7 @@ class Claim:
     rhs: Ref | float
     factor: float = 1.0
     offset: float = 0.0
+    tolerance: float | None = None  # ``~=``: |D| < tolerance
 
     @property
     def greater(self) -> bool:
@@ -88,13 +98,19 @@ def parse_claim(text: str, arms: set[str] | None = None) -> Claim:
     if not m:
         raise ClaimError(
             f"claim {text!r} does not parse; write ARM.GROUP.METRIC OP [FACTOR *] "
-            "ARM.GROUP.METRIC [+|- OFFSET], e.g. 'fedmkt.clients.accuracy > "
-            "standalone.clients.accuracy'")
+            "ARM.GROUP.METRIC [+|- OFFSET] (or ~= ... +- TOLERANCE), e.g. "
+            "'fedmkt.clients.accuracy > standalone.clients.accuracy'")
+    if (m["op"] == "~=") != (m["tol"] is not None):
+        raise ClaimError(f"claim {text!r}: '~=' needs '+- TOLERANCE' (a positive number), "
+                         "and only '~=' takes one")
+    tol = float(m["tol"]) if m["tol"] is not None else None
+    if tol is not None and tol <= 0:
+        raise ClaimError(f"claim {text!r}: the tolerance must be positive")
     rhs_text = m["rhs"]
     rhs: Ref | float = Ref.parse(rhs_text) if re.fullmatch(_REF, rhs_text) else float(rhs_text)
     offset = float(m["offset"] or 0.0) * (-1 if m["sign"] == "-" else 1)
     claim = Claim(text.strip(), Ref.parse(m["lhs"]), m["op"], rhs,
-                  float(m["factor"]) if m["factor"] else 1.0, offset)
+                  float(m["factor"]) if m["factor"] else 1.0, offset, tol)
     if arms is not None:
         unknown = sorted(claim.arms() - arms)
         if unknown:
@@ -105,6 +121,13 @@ def parse_claim(text: str, arms: set[str] | None = None) -> Claim:
 
 def verdict(claim: Claim, low: float, high: float) -> str:
     """The verdict of a claim given the CI ``[low, high]`` of its ``D``."""
+    if claim.tolerance is not None:  # ~=: equivalence within the tolerance
+        tol = claim.tolerance
+        if -tol < low and high < tol:
+            return REPRODUCED
+        if low > tol or high < -tol:
+            return CONTRADICTED
+        return NOT_RESOLVED
     if not claim.greater:
         low, high = -high, -low
     if low > 0:

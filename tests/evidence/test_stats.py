@@ -162,3 +162,35 @@ def test_claims_parse_factors_offsets_and_rounds():
         parse_claim("fedmkt.accuracy > standalone")
     with pytest.raises(ClaimError, match="unknown arm"):
         parse_claim("x.server.accuracy > y.server.accuracy", {"x"})
+
+
+def test_equivalence_claims_need_the_whole_ci_inside_the_tolerance():
+    """``~=``: a control at a constant (chance, its round 0) within a tolerance."""
+    c = parse_claim("shuffled.server.accuracy ~= 0.2 +- 0.1")
+    assert (c.op, c.rhs, c.tolerance) == ("~=", 0.2, 0.1)
+    assert parse_claim("a.server.accuracy ~= b@0.server.accuracy ± 0.05").rhs.round == 0
+    for bad in ("a.server.accuracy ~= 0.2", "a.server.accuracy > 0.2 +- 0.1",
+                "a.server.accuracy ~= 0.2 +- 0"):
+        with pytest.raises(ClaimError):
+            parse_claim(bad)
+    # 1000 items at accuracy 0.5 (the CI of D = acc - constant is about +-0.03 wide).
+    acc = sample([mc_table(base_right(1000, 0.5))], "accuracy")
+    mean = float(acc.parts[0][:, 0].mean())
+
+    def decide(text: str) -> str:
+        claim = parse_claim(text)
+        d = bootstrap_difference([acc], [acc], factor=0.0, offset=claim.rhs, reps=500)
+        assert d.estimate == pytest.approx(mean - claim.rhs)
+        return verdict(claim, d.low, d.high)
+
+    assert decide("a.server.accuracy ~= 0.5 +- 0.1") == REPRODUCED
+    assert decide("a.server.accuracy ~= 0.8 +- 0.1") == CONTRADICTED  # far from 0.8
+    assert decide("a.server.accuracy ~= 0.2 +- 0.1") == CONTRADICTED
+    # A tolerance narrower than the CI proves nothing either way.
+    assert decide(f"a.server.accuracy ~= {mean:.3f} +- 0.01") == NOT_RESOLVED
+    # Few items: the same mean, a CI too wide to show equivalence within 0.1.
+    few = sample([mc_table(base_right(20, 0.5, seed=4))], "accuracy")
+    m20 = float(few.parts[0][:, 0].mean())
+    d = bootstrap_difference([few], [few], factor=0.0, offset=m20, reps=500)
+    assert verdict(parse_claim(f"a.server.accuracy ~= {m20} +- 0.1"), d.low, d.high) \
+        == NOT_RESOLVED

@@ -583,48 +583,103 @@ def test_pretrained_external_models_get_imagenet_normalisation():
 
 
 def test_random_teacher_controls_shuffle_or_use_untrained_soft_labels(tmp_path):
+    """The targets the adapter learns, step by step: the clients' soft labels (real), a
+    fresh permutation of exactly those rows every pass (shuffled, the default), one
+    permutation for the whole round (``shuffle_every: round``), their mean (marginal), or
+    an untrained model's."""
     import fedkt.methods.koala.algorithm as K
 
-    real_train = K.train_vision
+    real_train, real_loss = K.train_vision, K.reverse_distillation_loss
 
-    def round_of(teacher):
-        """(the clients' soft labels, the targets reverse distillation used, server)."""
+    def round_of(teacher, *overrides):
+        """(the clients' soft labels, the targets of each reverse pass, server)."""
         # The tiny ShuffleNet, whose soft labels differ per image on every CPU seen: the
         # tiny MobileNetV3 gives near-constant ones at T = 7 after a round (equal to the
         # last bit on an AVX2 CPU), and a permutation of equal rows proves nothing.
+        name = "_".join([teacher, *overrides]).replace("=", "-").replace(".", "-")
         cfg = koala_config(tmp_path, f"method.teacher={teacher}",
-                           "method.forward_distillation=false",
-                           f"clients.models=[{json.dumps(HETE[1])}]", name=teacher)
+                           "method.forward_distillation=false", *overrides,
+                           f"clients.models=[{json.dumps(HETE[1])}]", name=name)
         server, clients = server_and_clients(cfg)
         clients.start_round(1)
-        targets = []
+        steps = []  # (the step's proxy features, its targets)
 
-        def spy(model, tensors, **kw):
-            if model is server.head:
-                targets.append(tensors[1])
-            return real_train(model, tensors, **kw)
+        def spy(model, tensors, loss_fn=None, **kw):
+            if model is not server.head:
+                return real_train(model, tensors, loss_fn=loss_fn, **kw)
 
-        K.train_vision = spy
+            def recorded(head, b):
+                steps.append([b[0]])
+                return loss_fn(head, b)
+
+            return real_train(model, tensors, loss_fn=recorded, **kw)
+
+        def loss_spy(logits, target, t):
+            steps[-1].append(target)
+            return real_loss(logits, target, t)
+
+        K.train_vision, K.reverse_distillation_loss = spy, loss_spy
         try:
             server.round(1, clients)
         finally:
-            K.train_vision = real_train
+            K.train_vision, K.reverse_distillation_loss = real_train, real_loss
         own = K.homo_soft_labels(predict_logits(server.small["global"], server.proxy_images), 7.0)
-        return own, targets[0], server
+        # Reassemble each pass: which proxy image (found by its features) got which target.
+        per_epoch = math.ceil(len(own) / server.method.distill_batch_size)
+        assert len(steps) == per_epoch * server.method.reverse_epochs
+        passes = []
+        for e in range(len(steps) // per_epoch):
+            target = torch.full_like(own, float("nan"))
+            for x, t in steps[e * per_epoch:(e + 1) * per_epoch]:
+                hit = (x[:, None, :] == server.proxy_features[None]).all(-1)
+                assert (hit.sum(1) == 1).all(), "each step's image is one proxy image"
+                target[hit.float().argmax(1)] = t
+            assert not target.isnan().any(), "every proxy image is seen once per pass"
+            passes.append(target)
+        return own, passes, server
 
-    own, used, _ = round_of("clients")
+    def permutation(target, own):
+        """p with target[i] == own[p[i]] bit for bit (-1 where that row is not unique)."""
+        same = (target[:, None, :] == own[None]).all(-1)
+        assert (same.sum(1) >= 1).all(), "every target is one of the clients' rows"
+        return torch.where(same.sum(1) == 1, same.float().argmax(1), -1)
+
+    def rows(t):
+        return sorted(tuple(r) for r in t.tolist())
+
+    own, passes, _ = round_of("clients")
     assert len({tuple(r.tolist()) for r in own}) > 1, "the soft labels differ per image"
-    torch.testing.assert_close(used, own)
-    own_s, used_s, server = round_of("shuffled")
-    torch.testing.assert_close(own_s, own)  # same clients, same global small model
-    perm = torch.randperm(len(own), generator=torch.Generator().manual_seed(
-        server.seed(1, "shuffle-teacher")))
-    assert not torch.equal(perm, torch.arange(len(perm)))
-    torch.testing.assert_close(used_s, own[perm], rtol=0, atol=0)  # another image's label
-    assert not torch.equal(used_s, own)
-    _, used_u, server = round_of("untrained")
+    assert len(passes) == 5
+    for target in passes:
+        torch.testing.assert_close(target, own, rtol=0, atol=0)
+    own_s, passes_s, server = round_of("shuffled")
+    torch.testing.assert_close(own_s, own, rtol=0, atol=0)  # same clients, same global model
+    perms = [permutation(t, own) for t in passes_s]
+    unique = perms[0] >= 0
+    assert unique.float().mean() > 0.8, "most images' soft labels are unique rows"
+    for t, p in zip(passes_s, perms, strict=True):
+        # a permutation: the same rows, so the same bytes, marginal and confidence ...
+        assert rows(t) == rows(own)
+        assert len(set(p[p >= 0].tolist())) == int((p >= 0).sum())
+        # ... given to other images
+        assert (p[p >= 0] != torch.arange(len(p))[p >= 0]).float().mean() > 0.8
+    # The stability fix: every pass sees another permutation (nothing to memorise).
+    assert len({tuple(p.tolist()) for p in perms}) == len(perms) == 5
+    first = K.shuffle_permutations(len(own), 1, server.seed(1, "shuffle-teacher"))[0]
+    torch.testing.assert_close(perms[0][unique], first[unique])
+    # shuffle_every: round, the earlier control: one permutation, the same first draw.
+    _, passes_r, _ = round_of("shuffled", "method.shuffle_every=round")
+    for t in passes_r:
+        assert rows(t) == rows(own)
+        torch.testing.assert_close(permutation(t, own)[unique], first[unique])
+    # teacher: marginal, the average over permutations: one row, the clients' mean, for all.
+    _, passes_m, _ = round_of("marginal")
+    for t in passes_m:
+        torch.testing.assert_close(t, own.mean(0, keepdim=True).expand_as(own))
+    _, passes_u, server = round_of("untrained")
     fresh = build_model(server.cfg.clients.models[0], server.spec,
                         K.derive_seed(0, "untrained-teacher", "global"))
-    torch.testing.assert_close(used_u, K.homo_soft_labels(
-        predict_logits(fresh, server.proxy_images), 7.0))
-    assert not torch.equal(used_u, own)
+    untrained = K.homo_soft_labels(predict_logits(fresh, server.proxy_images), 7.0)
+    for t in passes_u:
+        torch.testing.assert_close(t, untrained)
+    assert not torch.equal(passes_u[0], own)

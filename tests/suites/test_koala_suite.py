@@ -22,9 +22,19 @@ KOALA = ROOT / "configs" / "suites" / "koala.yaml"
 def test_shipped_koala_suite_validates_every_run_and_claim():
     suite = load_suite(KOALA)
     assert set(suite.cfg.arms) == {"baseline", "homo", "hete", "homo_no_fd", "random_homo",
-                                   "random_hete"}
-    assert suite.cfg.seeds == [0, 1, 2] and len(suite.runs) == 18
+                                   "random_hete", "untrained_homo", "marginal_homo"}
+    assert suite.cfg.seeds == [0, 1, 2, 7] and len(suite.runs) == 32
     assert suite.runs[("random_hete", 0)].method.teacher == "shuffled"
+    # the shuffled controls redraw the permutation every reverse pass (issue 27)
+    assert {suite.runs[(a, 7)].method.shuffle_every for a in ("random_homo", "random_hete")} \
+        == {"epoch"}
+    assert suite.runs[("untrained_homo", 1)].method.teacher == "untrained"
+    assert suite.runs[("marginal_homo", 2)].method.teacher == "marginal"
+    # each control has an equivalence claim: at chance and at its own round 0
+    equiv = {str(c.lhs): c for c in suite.claims if c.op == "~="}
+    assert set(equiv) == {"random_homo.server.accuracy", "random_hete.server.accuracy",
+                          "untrained_homo.server.accuracy", "marginal_homo.server.accuracy"}
+    assert all(c.tolerance == 0.1 for c in equiv.values())
     assert suite.runs[("random_hete", 0)].method.mode == "hete"
     assert not suite.runs[("homo_no_fd", 1)].method.forward_distillation
     assert suite.runs[("baseline", 2)].method.name == "fedavg_vision"

@@ -32,12 +32,17 @@ Each client's small model, as the server last set it, is the held object ``"mode
 only when it does not hold that version.
 
 ``teacher`` is the paper's Fig. 2 control: ``clients`` (KOALA), ``shuffled`` (the soft
-labels of step 2 permuted across proxy images with a seeded permutation each round: same
-label marginal and confidence, no per-image knowledge) or ``untrained`` (soft labels
-from freshly initialised, untrained small models).
+labels of step 2 permuted across proxy images, a fresh seeded permutation every reverse
+pass, ``shuffle_every: epoch``, or one per round, ``round``: same label marginal and
+confidence, no per-image knowledge), ``untrained`` (soft labels from freshly
+initialised, untrained small models) or ``marginal`` (every proxy image gets the mean soft
+label: the average over permutations).
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 from torch import Tensor, nn
@@ -170,16 +175,8 @@ class KoalaServer(Server[KoalaConfig]):
         if m.mode == "hete" and not m.forward_distillation:
             # each client keeps its upload, which is now the server's copy of its model
             self.holdings.confirm(states, states, MODEL, rnd)
-        if m.teacher == "shuffled":  # Fig. 2's "random selection": no per-image knowledge
-            gen = torch.Generator().manual_seed(self.seed(rnd, "shuffle-teacher"))
-            soft = soft[torch.randperm(len(soft), generator=gen)]
         # 3. reverse distillation: only the large model's adapter (head) learns
-        rev = train_vision(
-            self.head, (self.proxy_features, soft),
-            loss_fn=lambda head, b: reverse_distillation_loss(head(b[0]), b[1], m.temperature),
-            epochs=m.reverse_epochs, batch_size=m.distill_batch_size, lr=m.reverse_lr,
-            weight_decay=m.weight_decay, betas=(0.9, 0.999), seed=self.seed(rnd, "reverse"),
-            precision=self.precision)
+        rev = self.reverse_distill(rnd, soft)
         metrics = {"train/loss": rev["loss"], "train/reverse_kl": rev["loss"],
                    "train/client_loss": mean_number(replies, "train_loss", checked) or 0.0}
         # 4. forward distillation into the small model(s)
@@ -194,6 +191,42 @@ class KoalaServer(Server[KoalaConfig]):
         got = clients.call("update", {cid: self.offer(cid) for cid in back})
         self.confirm(back, got)
         return metrics
+
+    def reverse_distill(self, rnd: int, soft: Tensor) -> dict[str, float]:
+        """Eqs. 3, 11: the head learns the soft labels of the proxy images.
+
+        ``teacher: shuffled`` (Fig. 2's "random selection") pairs image i with the soft
+        label of image perm[i]: the same rows, so the same marginal and confidence, and
+        no per-image knowledge. The permutation is redrawn every pass over the proxy set
+        (``shuffle_every: epoch``) or once per round (``round``); batches, steps and
+        optimiser are those of the real teacher. ``teacher: marginal`` gives every image
+        the mean soft label, the average over all permutations."""
+        m = self.method
+        n, batch = len(soft), m.distill_batch_size
+        if m.teacher == "shuffled":
+            perms = shuffle_permutations(
+                n, 1 if m.shuffle_every == "round" else math.ceil(m.reverse_epochs),
+                self.seed(rnd, "shuffle-teacher"), soft.device)
+            per_epoch, steps = math.ceil(n / batch), itertools.count()
+            data = (self.proxy_features, torch.arange(n, device=soft.device))
+
+            def target(b: list[Tensor]) -> Tensor:  # this pass's permutation of the labels
+                return soft[perms[min(next(steps) // per_epoch, len(perms) - 1)][b[1]]]
+        else:
+            if m.teacher == "marginal":  # the average over permutations: one row for all
+                soft = soft.mean(0, keepdim=True).expand_as(soft).contiguous()
+            data = (self.proxy_features, soft)
+
+            def target(b: list[Tensor]) -> Tensor:
+                return b[1]
+
+        def loss_fn(head: nn.Module, b: list[Tensor]) -> Tensor:
+            return reverse_distillation_loss(head(b[0]), target(b), m.temperature)
+
+        return train_vision(
+            self.head, data, loss_fn=loss_fn, epochs=m.reverse_epochs, batch_size=batch,
+            lr=m.reverse_lr, weight_decay=m.weight_decay, betas=(0.9, 0.999),
+            seed=self.seed(rnd, "reverse"), precision=self.precision)
 
     @torch.no_grad()
     def teacher_logits(self, key: str) -> Tensor:
@@ -248,6 +281,14 @@ class KoalaServer(Server[KoalaConfig]):
             small.load_state_dict(part(f"small.{key}."))
             self.bridges[key].load_state_dict(part(f"bridge.{key}."))
             self.versions[key] = int(state[f"version.{key}"].item())
+
+
+def shuffle_permutations(n: int, count: int, seed: int,
+                         device: torch.device | str = "cpu") -> list[Tensor]:
+    """``count`` seeded permutations of ``range(n)``: the first is the one a round drew
+    before ``shuffle_every`` existed, so ``round`` reproduces those runs."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randperm(n, generator=gen).to(device) for _ in range(count)]
 
 
 # --------------------------------------------------------------------------- clients

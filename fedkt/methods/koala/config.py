@@ -35,6 +35,13 @@ class KoalaConfig(MethodConfig):
     small_feature_layers: int | None = Field(None, ge=0)
     # Both feature maps are average-pooled to this size before W (1: vectors).
     feature_size: int = Field(1, ge=1)
-    # Whose soft labels teach the large model: clients (KOALA) or a random-teacher control.
-    teacher: Literal["clients", "shuffled", "untrained"] = "clients"
+    # Whose soft labels teach the large model: clients (KOALA) or a random-teacher control:
+    # shuffled (permuted across proxy images), untrained (a never-trained small model) or
+    # marginal (every image gets the clients' mean soft label: the average over permutations).
+    teacher: Literal["clients", "shuffled", "untrained", "marginal"] = "clients"
+    # teacher: shuffled: how often the permutation of the soft labels across proxy images is
+    # redrawn. epoch: a fresh one for every reverse pass, so the head cannot memorise one
+    # random image -> label mapping; round: one per round (the earlier control, which 50
+    # reverse passes memorise, landing far below or above chance by the draw).
+    shuffle_every: Literal["epoch", "round"] = "epoch"
     pretrain: VisionPretrain = Field(default_factory=VisionPretrain)
