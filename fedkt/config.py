@@ -225,6 +225,21 @@ _RUNTIME_SECTIONS: dict[str, type[BaseModel]] = {"flower_sim": FlowerSimSettings
                                                  "flower": FlowerSettings}
 
 
+class ReplyLimits(_Strict):
+    """Bounds on what one client may send back (``runtime.limits``); a reply over a bound
+    excludes that client with the bound's key in its reason (docs/security.md)."""
+
+    # Largest reply in bytes, as serialised (tensors included).
+    reply_bytes: int = Field(2**30, ge=1024)
+    # Largest decompressed size of a reply's per-example predictions (``_predictions``);
+    # a larger table is dropped with a warning (a gzip bomb stops here).
+    predictions_bytes: int = Field(2**26, ge=1024)
+    # Largest ``num_examples`` a client may report (its weight in example-weighted means).
+    num_examples: int = Field(10**7, ge=1)
+    # Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply.
+    metrics: int = Field(256, ge=1)
+
+
 class RuntimeConfig(_Strict):
     """Transport: ``local`` (in-process), ``flower-sim`` or ``flower`` (deployment).
 
@@ -241,6 +256,8 @@ class RuntimeConfig(_Strict):
     device: str = "auto"
     flower_sim: FlowerSimSettings = Field(default_factory=FlowerSimSettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
+    # What a client's reply may hold at most (server side).
+    limits: ReplyLimits = Field(default_factory=ReplyLimits)
 
     @model_validator(mode="before")
     @classmethod

@@ -30,17 +30,23 @@ from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
+from fedkt.runtime.replies import SERVER_ROW_KEYS
 from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, atomic_write
 
 log = logging.getLogger("fedkt")
 
 
 def _split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """``{"train/loss": 1, "test/accuracy": .5}`` -> ``{"train": {...}, "test": {...}}``."""
+    """``{"train/loss": 1, "test/accuracy": .5}`` -> ``{"train": {...}, "test": {...}}``.
+
+    Names of the server's own row keys (``round``, ``participant``, ...) are dropped: a
+    client's metrics never stand in for them (its reply check refuses them first,
+    :mod:`fedkt.runtime.replies`)."""
     out: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():
         split, _, name = key.rpartition("/")
-        out.setdefault(split or "train", {})[name] = value
+        if name not in SERVER_ROW_KEYS:
+            out.setdefault(split or "train", {})[name] = value
     return out
 
 

@@ -42,6 +42,7 @@ from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's 
     ClientFailure,
     TransportError,
 )
+from fedkt.runtime.replies import check_reply, error_text
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -152,31 +153,33 @@ class RuntimeClients:
 
     def _exclude(self, cid: int, handler: str, exc: BaseException | str) -> None:
         reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        self.traffic.excluded[cid] = reason
-        log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler, reason)
+        self.traffic.excluded[cid] = error_text(reason)
+        log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler,
+                    self.traffic.excluded[cid])
 
     def _accept(self, cid: int, got: bytes | BaseException, handler: str) -> Payload | None:
-        """Parse one client's reply; on failure exclude the client and return None."""
+        """Parse and check one client's reply (:func:`fedkt.runtime.replies.check_reply`)
+        before using any of it; on failure exclude the client and return None."""
+        limits = self.cfg.runtime.limits
         try:
             if isinstance(got, BaseException):
                 raise got
+            if len(got) > limits.reply_bytes:
+                raise PayloadError(f"client {cid}: reply of {len(got)} bytes is larger than "
+                                   f"runtime.limits.reply_bytes = {limits.reply_bytes}")
             reply = loads(got, source=f"client {cid}")
             if ERROR in reply:
-                raise ClientFailure(reply[ERROR])
-            meta = reply.pop(ENVELOPE, {})
-            self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
-            self.traffic.compute[cid] += Clock(float(meta.get("compute", 0.0)),
-                                               float(meta.get("cpu", 0.0)))
-            self._take_predictions(cid, reply.pop(PREDICTIONS, None))
-            for k, v in (reply.pop("metrics", None) or {}).items():
-                self.traffic.metrics[cid][k] = v
-            for k, v in (meta.get("timings") or {}).items():  # the handler's *_seconds
-                self.traffic.metrics[cid][k] = float(v)
-            return reply
+                raise ClientFailure(error_text(reply[ERROR]))
+            checked = check_reply(reply, cid, limits)
         except (ClientFailure, PayloadError, TimeoutError, OSError, RuntimeError,
                 ValueError) as exc:
             self._exclude(cid, handler, exc)
             return None
+        self.traffic.seconds[cid] += checked.seconds
+        self.traffic.compute[cid] += Clock(checked.compute, checked.cpu)
+        self._take_predictions(cid, checked.predictions)
+        self.traffic.metrics[cid].update(checked.metrics)
+        return checked.payload
 
     def _take_predictions(self, cid: int, blob: Any) -> None:
         """Keep a reply's per-example predictions; a malformed table is logged, never fatal."""
@@ -188,8 +191,9 @@ class RuntimeClients:
         self.traffic.received[cid] -= blob.numel()
         self.traffic.eval_bytes[cid] += blob.numel()
         try:
-            self.traffic.predictions[cid].update(
-                predictions.unpack(blob.numpy().tobytes(), source=f"client {cid}"))
+            self.traffic.predictions[cid].update(predictions.unpack(
+                blob.numpy().tobytes(), source=f"client {cid}",
+                max_bytes=self.cfg.runtime.limits.predictions_bytes))
         except ValueError as exc:
             log.warning("ignoring client %d's predictions: %s", cid, exc)
 
