@@ -27,6 +27,7 @@ from pydantic import (
 
 from fedkt.errors import ConfigError
 from fedkt.methods.registry import available, get_method, method_config_class
+from fedkt.templates import HARD_MAX_WIDTH, check_template
 
 
 class _Strict(BaseModel):
@@ -84,6 +85,13 @@ class DatasetConfig(_Strict):
     template: str | None = None
     max_records: int | None = Field(None, ge=1)
 
+    @field_validator("template")
+    @classmethod
+    def _safe_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_template(value)  # plain {field} names; widths within the hard limit
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
         given = [k for k in ("name", "path", "hf_name") if getattr(self, k)]
@@ -131,6 +139,19 @@ class DataConfig(_Strict):
     # classes are as frequent as its largest one, after the cap (FedKD's positive
     # oversampling on SMM4H). Examples per round grow accordingly.
     oversample: bool = False
+    # The widest a template may pad a field, and its largest precision ({text:>80} is 80):
+    # a template cannot make one prompt of millions of characters.
+    template_max_width: int = Field(1000, ge=1, le=HARD_MAX_WIDTH)
+
+    @model_validator(mode="after")
+    def _template_widths(self) -> DataConfig:
+        for key, ds in (("dataset", self.dataset), ("split.test_dataset", self.split.test_dataset)):
+            if ds is not None and ds.template is not None:
+                try:
+                    check_template(ds.template, self.template_max_width)
+                except ValueError as exc:
+                    raise ValueError(f"{key}.template: {exc}") from None
+        return self
 
 
 class TrainingConfig(_Strict):
