@@ -208,3 +208,25 @@ def test_reasons_in_metrics_jsonl_are_json_numbers_only(tmp_path):
     for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON number {c}"))
     assert re.search("excluded", (tmp_path / "bad" / "metrics.jsonl").read_text())
+
+
+def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
+    """Fuzz (fedkt.faults.hostile_reply, seeded): 400 variants of a real reply with junk in
+    its runtime fields. Each is rejected with a reason naming the client, or is valid after
+    all; none raises out of the server, none changes the other client's data or puts a
+    server row key, NaN, Infinity or a negative time into the accepted values."""
+    import logging
+
+    from fedkt.faults import run_attacks
+
+    caplog.set_level(logging.ERROR, logger="fedkt.runtime")
+    recorded = recorded_run("fedavg")
+    good = next(c.reply for c in recorded.calls if c.handler == "train" and c.cid == BAD)
+    cfg = recorded.cfg.model_copy(update={"clients": recorded.cfg.clients.model_copy(
+        update={"min_replies": 1})})
+    report = run_attacks(cfg, good, 400, seed=1)
+    assert report.tried == 400
+    assert report.crashes == [] and report.lost == [] and report.unnamed == 0
+    assert report.rejected > 300 and report.rejected + report.accepted == 400
+    assert set(report.by_target) == {"metrics", "metric", "envelope", "seconds", "timings",
+                                     "error", "num_examples", "predictions"}
