@@ -122,3 +122,19 @@ def test_a_supernode_decides_by_its_own_node_config(tmp_path, monkeypatch, node_
     if not runs:
         assert loads(reply)[ERROR].startswith("PermissionError: the job's config sets "
                                               "clients.models[0].trust_remote_code")
+
+
+def test_fedkt_deploy_supernode_flag_sets_the_node_config():
+    from fedkt.cli import build_parser
+    from fedkt.runtime.flower_deploy.processes import supernode_command
+
+    args = build_parser().parse_args(["deploy", "supernode", "--client-id", "0",
+                                      "--num-clients", "2", "--allow-remote-code"])
+    assert args.allow_remote_code is True
+
+    def node_config(cmd: list[str]) -> str:
+        return cmd[cmd.index("--node-config") + 1]
+
+    assert "allow-remote-code" not in node_config(supernode_command(0, 2))
+    assert "allow-remote-code=true" in node_config(supernode_command(0, 2,
+                                                                     allow_remote_code=True))
