@@ -254,7 +254,7 @@ class ReplyLimits(_Strict):
     reply_bytes: int = Field(2**30, ge=1024)
     # Largest decompressed size of a reply's per-example predictions (``_predictions``);
     # a larger table is dropped with a warning (a gzip bomb stops here).
-    predictions_bytes: int = Field(2**26, ge=1024)
+    predictions_bytes: int = Field(2**24, ge=1024)
     # Largest ``num_examples`` a client may report (its weight in example-weighted means).
     num_examples: int = Field(10**7, ge=1)
     # Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply.

@@ -230,3 +230,32 @@ def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
     assert report.rejected > 300 and report.rejected + report.accepted == 400
     assert set(report.by_target) == {"metrics", "metric", "envelope", "seconds", "timings",
                                      "error", "num_examples", "predictions"}
+
+
+def test_secure_aggregation_clear_part_goes_through_the_same_check(make_config, monkeypatch):
+    """Under SecAgg+ the clear part of client 1's reply (everything but the masked field)
+    carries ``metrics: [1, 2, 3]``: the server excludes client 1 (its masked vector still
+    counts as the protocol requires) and the round finishes with the other two."""
+    from fedkt.methods import get_method
+    from fedkt.runtime.base import default_state_root
+    from fedkt.runtime.local import LocalTransport
+
+    handlers = get_method("fedavg").handlers
+    train = handlers["train"]
+
+    def hostile(ctx, msg):
+        reply = train(ctx, msg)
+        if ctx.cid == BAD:
+            reply["metrics"] = [1, 2, 3]
+        return reply
+
+    monkeypatch.setitem(handlers, "train", hostile)
+    cfg = make_config("clients.num_clients=3", "rounds=1", "clients.min_replies=2",
+                      "secure_aggregation.enabled=true", "secure_aggregation.max_weight=64",
+                      name="secure")
+    rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    row = next(r for r in rows if r["participant"] == f"client_{BAD}" and r["round"] == 1)
+    assert row["excluded"].startswith("PayloadError: client 1: field 'metrics' should be a "
+                                      "mapping")
+    server = next(r for r in rows if r["participant"] == "server" and r["split"] == "train")
+    assert server["clients_replied"] == 2
