@@ -38,23 +38,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedkt.config_catalog import resolve_config
     from fedkt.models.install import check_installed
     from fedkt.runner import run
+    from fedkt.tracking import LOCK_FILE, clear_run_dir, run_lock
 
     config = resolve_config(args.config)  # a file, or a shipped config's name
     cfg = _load(config, args.set, {"runtime.name": args.runtime, "rounds": args.rounds,
                                    "output_dir": args.output_dir, "seed": args.seed})
     check_installed(cfg)  # an offline alias that is not installed: say which command installs it
-    if cfg.run_dir.exists() and any(cfg.run_dir.iterdir()) and not args.overwrite:
-        raise FileExistsError(
-            f"run folder {cfg.run_dir} is not empty: `fedkt resume {cfg.run_dir}` continues it, "
-            "--overwrite starts afresh, --output-dir picks another folder")
-    if args.overwrite and cfg.run_dir.exists():
-        import shutil
-
-        shutil.rmtree(cfg.run_dir)
+    if cfg.run_dir.exists() and not cfg.run_dir.is_dir():
+        raise NotADirectoryError(f"output_dir: {cfg.run_dir} is a file, not a folder")
     args.run_dir = str(cfg.run_dir)  # for the resume hint if a round fails
-    print(f"fedkt: {cfg.method.name} on {cfg.runtime.name} runtime, {cfg.clients.num_clients} "
-          f"clients, {cfg.rounds} rounds -> {cfg.run_dir}")
-    run(cfg, quiet=args.quiet)
+    # The folder's lock is taken before the folder is checked, so two runs into one folder
+    # cannot both find it empty; in-process runtimes keep it to the end (the run loop takes
+    # it again), `flower` hands the job to the SuperLink's ServerApp, whose loop takes it.
+    with run_lock(cfg.run_dir):
+        if any(p.name != LOCK_FILE for p in cfg.run_dir.iterdir()):
+            if not args.overwrite:
+                raise FileExistsError(
+                    f"run folder {cfg.run_dir} is not empty: `fedkt resume {cfg.run_dir}` "
+                    "continues it, --overwrite starts afresh, --output-dir picks another folder")
+            clear_run_dir(cfg.run_dir)
+        print(f"fedkt: {cfg.method.name} on {cfg.runtime.name} runtime, "
+              f"{cfg.clients.num_clients} clients, {cfg.rounds} rounds -> {cfg.run_dir}")
+        if cfg.runtime.name != "flower":
+            run(cfg, quiet=args.quiet)
+    if cfg.runtime.name == "flower":
+        run(cfg, quiet=args.quiet)
     print(f"done: metrics, plots and checkpoints in {cfg.run_dir}")
     return 0
 
@@ -347,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except (ConfigError, PayloadError, FileNotFoundError, FileExistsError) as exc:
         print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, read-only folder, a file where a folder should be
+        if args.verbose:
+            raise
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) \
+            and str(exc.filename) not in str(exc) else ""
+        print(f"fedkt: error: {exc}{where}", file=sys.stderr)
         return 2
     except RoundError as exc:
         print(f"fedkt: error: {exc}", file=sys.stderr)

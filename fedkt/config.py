@@ -28,6 +28,7 @@ from pydantic import (
 
 from fedkt.errors import ConfigError
 from fedkt.methods.registry import available, get_method, method_config_class
+from fedkt.templates import HARD_MAX_WIDTH, check_template
 
 
 class _Strict(BaseModel):
@@ -84,6 +85,13 @@ class DatasetConfig(_Strict):
     # Optional prompt template, with {field} placeholders.
     template: str | None = None
     max_records: int | None = Field(None, ge=1)
+
+    @field_validator("template")
+    @classmethod
+    def _safe_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_template(value)  # plain {field} names; widths within the hard limit
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
@@ -190,6 +198,9 @@ class DataConfig(_Strict):
     public_dataset: DatasetConfig | None = None
     # Class filters of each part (classification): see ClassFilterConfig.
     classes: ClassFilterConfig = Field(default_factory=ClassFilterConfig)
+    # The widest a template may pad a field, and its largest precision ({text:>80} is 80):
+    # a template cannot make one prompt of millions of characters.
+    template_max_width: int = Field(1000, ge=1, le=HARD_MAX_WIDTH)
 
     @model_validator(mode="after")
     def _public_source(self) -> DataConfig:
@@ -199,6 +210,16 @@ class DataConfig(_Strict):
         if self.public_dataset is not None and self.classes.public is not None:
             raise ValueError("classes.public: data.public_dataset has no labels to filter by; "
                              "remove classes.public")
+        return self
+
+    @model_validator(mode="after")
+    def _template_widths(self) -> DataConfig:
+        for key, ds in (("dataset", self.dataset), ("split.test_dataset", self.split.test_dataset)):
+            if ds is not None and ds.template is not None:
+                try:
+                    check_template(ds.template, self.template_max_width)
+                except ValueError as exc:
+                    raise ValueError(f"{key}.template: {exc}") from None
         return self
 
 
@@ -294,6 +315,21 @@ _RUNTIME_SECTIONS: dict[str, type[BaseModel]] = {"flower_sim": FlowerSimSettings
                                                  "flower": FlowerSettings}
 
 
+class ReplyLimits(_Strict):
+    """Bounds on what one client may send back (``runtime.limits``); a reply over a bound
+    excludes that client with the bound's key in its reason (docs/security.md)."""
+
+    # Largest reply in bytes, as serialised (tensors included).
+    reply_bytes: int = Field(2**30, ge=1024)
+    # Largest decompressed size of a reply's per-example predictions (``_predictions``);
+    # a larger table is dropped with a warning (a gzip bomb stops here).
+    predictions_bytes: int = Field(2**24, ge=1024)
+    # Largest ``num_examples`` a client may report (its weight in example-weighted means).
+    num_examples: int = Field(10**7, ge=1)
+    # Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply.
+    metrics: int = Field(256, ge=1)
+
+
 class RuntimeConfig(_Strict):
     """Transport: ``local`` (in-process), ``flower-sim`` or ``flower`` (deployment).
 
@@ -310,6 +346,8 @@ class RuntimeConfig(_Strict):
     device: str = "auto"
     flower_sim: FlowerSimSettings = Field(default_factory=FlowerSimSettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
+    # What a client's reply may hold at most (server side).
+    limits: ReplyLimits = Field(default_factory=ReplyLimits)
 
     @model_validator(mode="before")
     @classmethod

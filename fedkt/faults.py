@@ -30,7 +30,8 @@ import random
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -208,3 +209,189 @@ def failing_handlers(method: str, faults: HandlerFaults) -> Iterator[None]:
         yield
     finally:
         undo()
+
+
+# --------------------------------------------------------------------------- hostile replies
+
+# What a hostile client may put in the runtime's fields of its reply (hostile_reply).
+TARGETS = ("metrics", "metric", "envelope", "seconds", "timings", "error", "num_examples",
+           "predictions")
+_NAMES = ("round", "participant", "split", "excluded", "bytes_sent", "wall_time",
+          "clients_replied", "eval_bytes", "loss", "accuracy", "step_seconds", "x" * 300, "",
+          "a/b/c", "../up", "tést", "__class__", "train/", "/x")
+_SPLITS = ("train", "test", "", "server", "x" * 40, "a b")
+
+
+def _junk(rng: random.Random, depth: int = 0) -> object:
+    """A JSON value a hostile client might send where a number (or mapping) belongs."""
+    kind = rng.randrange(12 if depth < 2 else 9)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 1, 2**63, -(2**63), 10**400, 7])
+    if kind == 3:
+        return rng.choice([float("nan"), float("inf"), float("-inf"), 1e308, -0.0, 1.5,
+                           -1e-300, 3.25])
+    if kind in (4, 5):
+        return rng.choice(["", "inf", "nan", "-inf", "1e999", "-5", " 3 ", "0x10", "1_000",
+                           "12.5", "x" * rng.choice([1, 100, 100_000]), "\u0000", "∞"])
+    if kind in (6, 7, 8):
+        return rng.uniform(-10.0, 10.0)
+    if kind == 9:
+        return [_junk(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {_name(rng): _junk(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def _name(rng: random.Random) -> str:
+    name = rng.choice(_NAMES)
+    return f"{rng.choice(_SPLITS)}/{name}" if rng.random() < 0.7 else name
+
+
+@lru_cache(maxsize=1)
+def _bomb() -> bytes:
+    import gzip
+
+    return gzip.compress(b"[" * 10**8, compresslevel=9, mtime=0)
+
+
+def _blob(rng: random.Random) -> torch.Tensor:
+    import gzip
+
+    kind = rng.randrange(5)
+    if kind == 0:  # a gzip bomb: ~100 kB that inflates to 100 MB
+        data = _bomb()
+    elif kind == 1:  # not gzip
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
+    elif kind == 2:  # gzip of something that is not a predictions table
+        data = gzip.compress(json.dumps(_junk(rng)).encode(), mtime=0)
+    elif kind == 3:  # a truncated stream
+        data = gzip.compress(b'{"": {"columns": {"id": [1, 2]}}}', mtime=0)[:-9]
+    else:  # a tensor of the wrong kind
+        return rng.choice([torch.zeros(3, 4), torch.ones(5, dtype=torch.int64),
+                           torch.zeros(2, 2, dtype=torch.uint8)])
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def hostile_reply(rng: random.Random, reply: Payload) -> tuple[str, bytes]:
+    """``reply`` (a real one, parsed) with one or more of its runtime fields replaced by
+    what a hostile client could send, serialised as such a client would (JSON numbers
+    may be NaN or Infinity, which :func:`fedkt.payload.dumps` refuses to write); returns
+    ``(the fields attacked, the bytes)``."""
+    reply = Payload(reply)
+    env = dict(reply.get(ENVELOPE) or {})
+    hit = rng.sample(TARGETS, rng.choice([1, 1, 1, 2, 3]))
+    for target in hit:
+        if target == "metrics":
+            reply["metrics"] = _junk(rng)
+        elif target == "metric":
+            metrics = reply.get("metrics")
+            metrics = dict(metrics) if isinstance(metrics, dict) else {}
+            metrics[_name(rng)] = _junk(rng) if rng.random() < 0.8 else rng.uniform(0, 1)
+            reply["metrics"] = metrics
+        elif target == "envelope":
+            reply[ENVELOPE] = env = _junk(rng) if rng.random() < 0.6 else {**env,
+                                                                         _name(rng): 1.0}
+        elif target == "seconds" and isinstance(env, dict):
+            env[rng.choice(["seconds", "compute", "cpu"])] = _junk(rng)
+            reply[ENVELOPE] = env
+        elif target == "timings" and isinstance(env, dict):
+            env["timings"] = _junk(rng) if rng.random() < 0.5 else {_name(rng): _junk(rng)}
+            reply[ENVELOPE] = env
+        elif target == "error":
+            reply[ERROR] = _junk(rng)
+        elif target == "num_examples":
+            reply["num_examples"] = _junk(rng)
+        elif target == "predictions":
+            reply["_predictions"] = _blob(rng)
+    tensors = {k: v for k, v in reply.items()
+               if isinstance(v, torch.Tensor) or (isinstance(v, dict) and v and all(
+                   isinstance(t, torch.Tensor) for t in v.values()))}
+    clean = loads(dumps(tensors)) if tensors else {}
+    data = dumps(tensors) if tensors else dumps({})
+    (n,) = struct.unpack("<Q", data[4:12])
+    header = json.loads(data[12 : 12 + n])
+    header["meta"] = {k: v for k, v in reply.items() if k not in clean}
+    raw = json.dumps(header, allow_nan=True).encode()
+    return "+".join(hit), data[:4] + struct.pack("<Q", len(raw)) + raw + data[12 + n:]
+
+
+@dataclass
+class AttackReport:
+    """What :func:`run_attacks` saw: attacks per outcome, and per attacked field."""
+
+    tried: int = 0
+    accepted: int = 0  # the reply was valid after all (e.g. a metric with a plain number)
+    rejected: int = 0  # the client was excluded, its reason naming it
+    unnamed: int = 0  # excluded, but the reason does not name the client
+    crashes: list[str] = field(default_factory=list)  # an exception escaped the server
+    lost: list[str] = field(default_factory=list)  # a row key, another client's data, a NaN
+    by_target: dict[str, int] = field(default_factory=dict)
+    slowest: float = 0.0  # seconds, the longest one reply took to check
+
+
+def run_attacks(cfg: object, good: bytes, n: int, seed: int = 0) -> AttackReport:
+    """Send ``n`` :func:`hostile_reply` variants of ``good`` (a real reply's bytes) from
+    client 0, with client 1 sending ``good`` itself, through the server's real reply
+    handling (:class:`fedkt.runtime.base.RuntimeClients`); ``cfg``: a run config with
+    ``clients.min_replies: 1`` and 2 clients.  Counts what happened to each."""
+    import math
+    import time
+
+    from fedkt.runtime.base import RuntimeClients
+    from fedkt.runtime.replies import SERVER_ROW_KEYS
+
+    rng = random.Random(f"attacks/{seed}")
+    base = loads(good)
+    report = AttackReport()
+
+    class Replies:
+        data = b""
+
+        def exchange(self, requests: dict[int, bytes], timeout: float
+                     ) -> dict[int, bytes | BaseException]:
+            return {0: self.data, 1: good}
+
+        def close(self) -> None:
+            pass
+
+    transport = Replies()
+    clients = RuntimeClients(cfg, transport)  # type: ignore[arg-type]
+    expected: dict[str, float] | None = None
+    for _ in range(n):
+        what, transport.data = hostile_reply(rng, base)
+        report.tried += 1
+        for target in what.split("+"):
+            report.by_target[target] = report.by_target.get(target, 0) + 1
+        clients.start_round(1)
+        start = time.perf_counter()
+        try:
+            replies = clients.call("train", {0: Payload(), 1: Payload()})
+        except Exception as exc:  # noqa: BLE001 - counted: the goal is none
+            report.crashes.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        report.slowest = max(report.slowest, time.perf_counter() - start)
+        traffic = clients.traffic
+        if expected is None:
+            expected = dict(traffic.metrics[1])
+        if traffic.metrics[1] != expected or 1 not in replies:
+            report.lost.append(f"{what}: client 1's metrics or reply changed")
+        if 0 in traffic.excluded:
+            reason = traffic.excluded[0]
+            named = "client 0" in reason or reason.startswith("ClientFailure")
+            report.rejected += named
+            report.unnamed += not named
+            if traffic.metrics.get(0):
+                report.lost.append(f"{what}: an excluded reply's metrics were kept")
+            continue
+        report.accepted += 1
+        for key, value in traffic.metrics.get(0, {}).items():
+            name = key.rpartition("/")[2]
+            if name in SERVER_ROW_KEYS or not isinstance(value, float) \
+                    or not math.isfinite(value):
+                report.lost.append(f"{what}: accepted metric {key!r} = {value!r}")
+        for value in (traffic.seconds[0], *traffic.compute[0]):
+            if not (isinstance(value, float) and math.isfinite(value) and value >= 0):
+                report.lost.append(f"{what}: accepted time {value!r}")
+    return report

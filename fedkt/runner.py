@@ -8,10 +8,12 @@ one.  :func:`run` picks the transport the config names.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedkt.config import RunConfig
+from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
 from fedkt.eval.timing import eval_clock, now
@@ -30,17 +33,31 @@ from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
-from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, atomic_write
+from fedkt.runtime.replies import SERVER_ROW_KEYS
+from fedkt.tracking import (
+    HOLDINGS,
+    LATEST_FILE,
+    SERVER_STATE,
+    RunRecorder,
+    atomic_write,
+    run_lock,
+)
 
 log = logging.getLogger("fedkt")
+RESUMES_FILE = "resumes.jsonl"  # each resume that changed the config: the keys, old and new
 
 
 def _split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """``{"train/loss": 1, "test/accuracy": .5}`` -> ``{"train": {...}, "test": {...}}``."""
+    """``{"train/loss": 1, "test/accuracy": .5}`` -> ``{"train": {...}, "test": {...}}``.
+
+    Names of the server's own row keys (``round``, ``participant``, ...) are dropped: a
+    client's metrics never stand in for them (its reply check refuses them first,
+    :mod:`fedkt.runtime.replies`)."""
     out: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():
         split, _, name = key.rpartition("/")
-        out.setdefault(split or "train", {})[name] = value
+        if name not in SERVER_ROW_KEYS:
+            out.setdefault(split or "train", {})[name] = value
     return out
 
 
@@ -52,27 +69,48 @@ def run_job(
     quiet: bool = False,
     run_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) a job; returns the metrics rows of the whole run."""
+    """Run (or resume) a job; returns the metrics rows of the whole run.
+
+    The run folder's lock (:func:`fedkt.tracking.run_lock`) is held throughout: a second
+    process writing the same folder is refused.
+    """
     run_dir = Path(run_dir or cfg.run_dir)
-    recorder = RunRecorder(run_dir, resume=resume)
+    with run_lock(run_dir):
+        return _run_job(cfg, transport, resume=resume, quiet=quiet, run_dir=run_dir)
+
+
+def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
+             run_dir: Path) -> list[dict[str, Any]]:
+    recorder = RunRecorder(run_dir, resume=resume, repair=False)
     set_threads(cfg.runtime.torch_threads)
     resolve_precision(cfg.training.precision, cfg.runtime.device)  # fp16 without CUDA fails here
     method = get_method(cfg.method.name)
     seed_everything(cfg.seed)
+    # Before any work (and before anything in the folder changes): is the folder resumable?
+    point = resume_point(cfg, recorder) if resume else None
     server = method.server(cfg, run_dir)
     server.data()  # load and validate the data before any work: errors name file and field
     server.setup()
 
     start = 1
-    if resume:
-        done = recorder.last_complete_round()
+    if point is not None:
+        done = point.round
         if done:
-            folder = recorder.checkpoint_dir(done)
-            state_file = folder / SERVER_STATE
-            server.load_state_dict(load_file(str(state_file)) if state_file.exists() else {})
-            if (folder / HOLDINGS).exists():  # what each client held after that round
-                server.holdings.load_state_dict(json.loads((folder / HOLDINGS).read_text()))
+            state_file = point.folder / SERVER_STATE
+            try:
+                server.load_state_dict(point.state)
+            except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+                raise CheckpointError(f"{state_file}: does not fit this run's server "
+                                      f"({type(exc).__name__}: {str(exc)[:300]})") from None
+            if point.holdings is not None:  # what each client held after that round
+                try:
+                    server.holdings.load_state_dict(point.holdings)
+                except (AttributeError, KeyError, ValueError, TypeError) as exc:
+                    raise CheckpointError(f"{point.folder / HOLDINGS}: not a holdings record "
+                                          f"({type(exc).__name__}: {exc})") from None
+        recorder.repair_tail(done)
         recorder.truncate_after(done if done else -1)  # before round 1: redo round 0 too
+        _record_changes(cfg, recorder, done)
         start = done + 1
         if not quiet:
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
@@ -132,7 +170,7 @@ def run_job(
             for split, values in per_split.items():
                 recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
         _write_client_predictions(cfg, recorder, rnd, traffic)
-        _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
+        _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd, cfg.seed)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
     if not quiet:
@@ -230,16 +268,133 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
 
 
 def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
-                holdings: dict[str, dict[str, str]], rnd: int) -> None:
-    """The server's state and what each client holds, then the round marked complete."""
+                holdings: dict[str, dict[str, str]], rnd: int, seed: int) -> None:
+    """The server's state and what each client holds, then the round marked complete
+    (``latest.json`` with the files' SHA-256 and the run's seed)."""
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (SERVER_STATE + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
-    os.replace(tmp, folder / SERVER_STATE)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
+        os.replace(tmp, folder / SERVER_STATE)
+    finally:
+        tmp.unlink(missing_ok=True)
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
-    recorder.mark_complete(rnd, {"state": SERVER_STATE})
+    sums = {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
+    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
     recorder.prune_checkpoints(keep=2)
+
+
+@dataclass
+class ResumePoint:
+    """Where a run resumes: the last complete round and its checked checkpoint."""
+
+    round: int
+    folder: Path
+    state: dict[str, torch.Tensor]
+    holdings: dict[str, Any] | None
+
+
+def resume_point(cfg: RunConfig, recorder: RunRecorder) -> ResumePoint:
+    """Check that the run folder can resume and read its last checkpoint, changing nothing.
+
+    Raises :class:`~fedkt.errors.CheckpointError` naming the file at fault when
+    ``latest.json`` is unreadable, names a round the run does not have, or is older than
+    the rows and checkpoints in the folder (resuming would delete later rounds); when
+    the checkpoint's files are missing, unreadable or differ from their recorded
+    SHA-256 (flipped bits); or when the config's seed differs from the run's.
+    """
+    latest = recorder.checkpoints / LATEST_FILE
+    try:
+        info = recorder.latest()
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    done = int(info["round"]) if info else 0
+    if not 0 <= done <= cfg.rounds:
+        raise CheckpointError(f"{latest}: round {done} is marked complete, but the run has "
+                              f"{cfg.rounds} rounds (rounds)")
+    seed = info.get("seed") if info else None
+    if seed is not None and seed != cfg.seed:
+        raise CheckpointError(
+            f"seed: the run was checkpointed with seed {seed} ({latest}), the config now says "
+            f"{cfg.seed}: a resumed run keeps its seed (start a new run for another one)")
+    rows = recorder.rows()  # a malformed line names the file and line
+    later = sorted({int(r["round"]) for r in rows if isinstance(r.get("round"), int)
+                    and r["round"] > done + 1}
+                   | {rnd for rnd, _ in recorder.round_dirs() if rnd > done + 1})
+    if later:
+        what = f"round {done} is the last complete one" if info else "no round is complete"
+        raise CheckpointError(
+            f"{latest}: {what}, but the folder holds round {later[-1]} (metrics.jsonl or "
+            f"checkpoints/round_{later[-1]:04d}); resuming would delete it. Restore "
+            "latest.json, or start a new run")
+    folder = recorder.checkpoints / f"round_{done:04d}"
+    if not done:
+        return ResumePoint(0, folder, {}, None)
+    state_file, holdings_file = folder / SERVER_STATE, folder / HOLDINGS
+    if not state_file.is_file():
+        raise CheckpointError(f"{state_file}: missing; {latest} marks round {done} complete "
+                              "and its checkpoint is needed to resume")
+    sums = info.get("sha256") if isinstance(info.get("sha256"), dict) else {}
+    for path in (state_file, holdings_file):
+        want = sums.get(path.name)
+        if want is None:
+            continue
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing ({latest} records its checksum)")
+        if sha256_of(path) != want:
+            raise CheckpointError(f"{path}: its SHA-256 differs from the one recorded in "
+                                  f"{latest} (the file is corrupt or was changed)")
+    try:
+        state = load_file(str(state_file))
+    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint, named
+        raise CheckpointError(f"{state_file}: not a readable safetensors file "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    holdings = None
+    if holdings_file.exists():
+        try:
+            holdings = json.loads(holdings_file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{holdings_file}: not valid JSON ({exc})") from None
+        if not isinstance(holdings, dict):
+            raise CheckpointError(f"{holdings_file}: not a JSON object")
+    return ResumePoint(done, folder, state, holdings)
+
+
+def sha256_of(path: Path) -> str:
+    """A file's SHA-256, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def _record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
+    """A resumed run whose config differs from ``config.yaml`` (an edit, or ``resume
+    --set``): the changed keys go to ``resumes.jsonl`` and the new config to config.yaml."""
+    before = _flat(recorder.config())
+    after = _flat(cfg.model_dump(mode="json"))
+    # Keys of config.yaml only: a key added to fedkt since the run began is no change.
+    changed = {k: [v, after.get(k)] for k, v in sorted(before.items())
+               if k != "output_dir" and v != after.get(k)}
+    if not changed:
+        return
+    log.warning("resuming with a changed config: %s", ", ".join(changed))
+    line = json.dumps({"after_round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "changed": changed})
+    with (recorder.run_dir / RESUMES_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+    recorder.save_config(cfg.to_yaml())
 
 
 def run(cfg: RunConfig, *, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:

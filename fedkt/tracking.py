@@ -9,6 +9,7 @@ Layout of ``run_dir``::
     checkpoints/round_0007/  the server's state after round 7 (server.safetensors) and
                              what each client held then (holdings.json)
     checkpoints/latest.json  {"round": 7, "time": ..., ...}: the last completed round
+    .fedkt.lock              held (flock) by the one process writing the folder
     predictions/round_0007/  per-example predictions of each participant evaluated in
                              round 7 (server.json.gz, client_0.json.gz, ...; see
                              fedkt.eval.predictions); round_0000 with ``eval.round0``
@@ -32,14 +33,16 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 __all__ = [
-    "TIMING_KEYS", "RunRecorder", "atomic_write", "best_round", "fmt_mb", "fmt_seconds",
+    "LOCK_FILE", "TIMING_KEYS", "RunFolderBusy", "RunRecorder", "atomic_write", "clear_run_dir",
+    "run_lock", "best_round", "fmt_mb", "fmt_seconds",
     "format_table", "is_eval", "is_timing", "lower_is_better", "main_metric", "without_timings",
     "metric_keys", "participant_order", "read_rows", "run_wall_time",
 ]
@@ -51,6 +54,7 @@ SUMMARY_FILE = "summary.md"
 LATEST_FILE = "latest.json"
 SERVER_STATE = "server.safetensors"  # the server's state in each checkpoint folder
 HOLDINGS = "holdings.json"  # ... and what each client held (fedkt.methods.holdings)
+LOCK_FILE = ".fedkt.lock"  # the run folder's lock (run_lock)
 
 # Keys that measure time: they differ between two runs of the same seed and config (and so
 # does any metric named ``*_seconds``, e.g. FedKD's step and SVD times; see without_timings).
@@ -207,14 +211,16 @@ class RunRecorder:
     :meth:`last_complete_round` to drop rows of an unfinished round).
     """
 
-    def __init__(self, run_dir: Path | str, resume: bool = False, *, overwrite: bool = True):
+    def __init__(self, run_dir: Path | str, resume: bool = False, *, overwrite: bool = True,
+                 repair: bool = True):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / METRICS_FILE
         self.checkpoints = self.run_dir / "checkpoints"
         self.plots_dir = self.run_dir / "plots"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume:
-            self._repair_tail()
+            if repair:
+                self.repair_tail()
         elif self.metrics_path.exists() or (self.checkpoints / LATEST_FILE).exists():
             if not overwrite:
                 raise FileExistsError(
@@ -231,18 +237,28 @@ class RunRecorder:
         if self.plots_dir.is_dir():
             for png in self.plots_dir.glob("*.png"):
                 png.unlink()
-        for _, folder in self._round_dirs():
+        for _, folder in self.round_dirs():
             shutil.rmtree(folder)
         (self.checkpoints / LATEST_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.run_dir / PREDICTIONS_DIR, ignore_errors=True)
 
-    def _repair_tail(self) -> None:
-        """Drop a half-written last line (a crash during ``log``)."""
+    def repair_tail(self, done: int | None = None) -> None:
+        """Drop a half-written last line (a crash during ``log``), with a warning that
+        names the file and says whether the row belonged to a completed round (``done``:
+        the last one), whose data is then lost."""
         if not self.metrics_path.exists():
             return
         data = self.metrics_path.read_bytes()
         if data and not data.endswith(b"\n"):
-            atomic_write(self.metrics_path, data[: data.rfind(b"\n") + 1].decode())
+            cut = data.rfind(b"\n") + 1
+            torn = data[cut:].decode(errors="replace")
+            m = re.match(r'\{"round": (\d+)', torn)
+            lost = (f"a row of completed round {m.group(1)} is lost"
+                    if m and done is not None and int(m.group(1)) <= done
+                    else "the round it belonged to is run again")
+            warnings.warn(f"{self.metrics_path}: dropping a half-written last line "
+                          f"({len(torn)} bytes: {torn[:60]!r}); {lost}", stacklevel=2)
+            atomic_write(self.metrics_path, data[:cut].decode())
 
     def save_config(self, yaml_text: str) -> Path:
         """Write ``config.yaml``."""
@@ -453,7 +469,8 @@ class RunRecorder:
         info = self.latest()
         return int(info["round"]) if info else 0
 
-    def _round_dirs(self) -> list[tuple[int, Path]]:
+    def round_dirs(self) -> list[tuple[int, Path]]:
+        """``(round, folder)`` of every ``checkpoints/round_NNNN``, by round."""
         if not self.checkpoints.is_dir():
             return []
         found = []
@@ -471,7 +488,7 @@ class RunRecorder:
         """
         keep = max(1, keep)
         done = self.last_complete_round()
-        complete = [(rnd, path) for rnd, path in self._round_dirs() if rnd <= done]
+        complete = [(rnd, path) for rnd, path in self.round_dirs() if rnd <= done]
         for _, path in complete[:-keep]:
             shutil.rmtree(path)
 
@@ -543,3 +560,70 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+class RunFolderBusy(FileExistsError):
+    """Another process holds the run folder's lock (it is running or resuming there)."""
+
+
+_HELD: dict[Path, list[int]] = {}  # run folders this process has locked: [fd, depth]
+
+
+@contextmanager
+def run_lock(run_dir: Path | str) -> Iterator[None]:
+    """Hold ``run_dir``'s lock (an exclusive ``flock`` on ``.fedkt.lock``) for the block.
+
+    A second process that asks for it is refused at once with :class:`RunFolderBusy`,
+    naming the folder and the process that holds it.  Within one process the lock is
+    re-entrant (``fedkt run`` takes it before checking the folder, the run loop again).
+    The lock goes with the process: a killed run leaves no stale lock.
+    """
+    path = Path(run_dir).resolve()
+    held = _HELD.get(path)
+    if held is not None:
+        held[1] += 1
+        try:
+            yield
+        finally:
+            held[1] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock (Windows): no lock
+        yield
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        owner = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunFolderBusy(
+            f"run folder {run_dir} is in use by another fedkt process ({owner}): wait for it "
+            "to finish, or choose another folder (--output-dir)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+    _HELD[path] = [fd, 1]
+    try:
+        yield
+    finally:
+        _HELD[path][1] -= 1
+        if _HELD[path][1] == 0:
+            del _HELD[path]
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def clear_run_dir(run_dir: Path | str) -> None:
+    """Remove everything in ``run_dir`` but its lock file (``fedkt run --overwrite``)."""
+    for child in Path(run_dir).iterdir():
+        if child.name == LOCK_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()

@@ -24,11 +24,11 @@ def pause_before_checkpoint(rnd: int, seconds: float = PAUSE_SECONDS) -> None:
 
     checkpoint = fedkt.runner._checkpoint
 
-    def paused(recorder: Any, state: Any, holdings: Any, at: int) -> None:
+    def paused(recorder: Any, state: Any, holdings: Any, at: int, *rest: Any) -> None:
         if at == rnd:
             print(PAUSE_LINE.format(rnd=at), file=sys.stderr, flush=True)
             time.sleep(seconds)
-        checkpoint(recorder, state, holdings, at)
+        checkpoint(recorder, state, holdings, at, *rest)
 
     fedkt.runner._checkpoint = paused
 

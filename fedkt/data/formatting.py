@@ -8,7 +8,8 @@ build the same prompt, so what a model is trained on is what it is scored on.
 A ``template`` with ``{field}`` placeholders replaces the default prompt.  Placeholders:
 the record's fedkt fields (``prompt``, ``text``, ...), its unmapped source fields
 (``extra``), ``options`` (lettered choices, one a line) and ``labels`` (the label names,
-comma separated).
+comma separated).  Templates are checked first (:mod:`fedkt.templates`): plain field
+names only, widths and precisions bounded.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import string
 from typing import Any
 
 from fedkt.data.dataset import DataError
+from fedkt.templates import check_template as check_template_syntax
 
 _LETTERS = string.ascii_uppercase
 
@@ -52,6 +54,11 @@ def format_prompt(
     """The prompt (context) for a record, from ``template`` or the task's default."""
     if task not in DEFAULT_TEMPLATES:
         raise DataError(f"unknown task {task!r}; one of {', '.join(DEFAULT_TEMPLATES)}")
+    if template is not None:
+        try:  # also a client's check of a template in the server's config
+            check_template_syntax(template)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
     values = _values(record, task, label_names)
     try:
         return (template or DEFAULT_TEMPLATES[task]).format_map(values)

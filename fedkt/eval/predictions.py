@@ -33,6 +33,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -113,10 +114,22 @@ def _gzip_json(data: Any) -> bytes:
     return gzip.compress(text.encode(), compresslevel=6, mtime=0)
 
 
-def _gunzip_json(blob: bytes, source: str) -> Any:
+def _gunzip_json(blob: bytes, source: str, max_bytes: int | None = None) -> Any:
+    """Gzipped JSON; with ``max_bytes``, decompressing stops there (a gzip bomb) with a
+    ``ValueError`` naming ``source``."""
     try:
-        return json.loads(gzip.decompress(blob).decode())
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if max_bytes is None:
+            text = gzip.decompress(blob)
+        else:
+            inflate = zlib.decompressobj(wbits=31)  # gzip framing
+            text = inflate.decompress(blob, max_bytes + 1)
+            if len(text) > max_bytes:
+                raise ValueError(f"{source}: predictions decompress to more than {max_bytes} "
+                                 "bytes (runtime.limits.predictions_bytes)")
+            if not inflate.eof:
+                raise EOFError("the gzip stream is truncated")
+        return json.loads(text.decode())
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{source}: predictions are not gzipped JSON ({exc})") from None
 
 
@@ -171,9 +184,11 @@ def pack(tables: dict[str, Predictions]) -> bytes:
     return _gzip_json({k: t.to_json() for k, t in tables.items()})
 
 
-def unpack(blob: bytes, source: str = "predictions") -> dict[str, Predictions]:
-    """Inverse of :func:`pack`; a malformed blob raises ``ValueError`` naming ``source``."""
-    data = _gunzip_json(blob, source)
+def unpack(blob: bytes, source: str = "predictions", max_bytes: int | None = None
+           ) -> dict[str, Predictions]:
+    """Inverse of :func:`pack`; a malformed blob (or one that decompresses to more than
+    ``max_bytes``) raises ``ValueError`` naming ``source``."""
+    data = _gunzip_json(blob, source, max_bytes)
     if not isinstance(data, dict):
         raise ValueError(f"{source}: predictions must map scopes to tables")
     return {str(k): Predictions.from_json(v, f"{source}, scope {k!r}") for k, v in data.items()}
@@ -197,8 +212,12 @@ def write_predictions(run_dir: Path | str, rnd: int, participant: str,
         blob = table if isinstance(table, bytes) else table.to_bytes()
         path = folder / _file_name(participant, scope_name)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(blob)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
+        except BaseException:  # disk full, read-only: leave no temporary file behind
+            tmp.unlink(missing_ok=True)
+            raise
         written.append(path)
     return written
 

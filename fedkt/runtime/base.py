@@ -13,6 +13,7 @@ A transport only moves bytes: ``exchange({cid: request_bytes}) -> {cid: reply_by
 from __future__ import annotations
 
 import logging
+import os
 import random
 import traceback
 from collections import defaultdict
@@ -42,6 +43,7 @@ from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's 
     ClientFailure,
     TransportError,
 )
+from fedkt.runtime.replies import check_reply, error_text
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -152,31 +154,33 @@ class RuntimeClients:
 
     def _exclude(self, cid: int, handler: str, exc: BaseException | str) -> None:
         reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        self.traffic.excluded[cid] = reason
-        log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler, reason)
+        self.traffic.excluded[cid] = error_text(reason)
+        log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler,
+                    self.traffic.excluded[cid])
 
     def _accept(self, cid: int, got: bytes | BaseException, handler: str) -> Payload | None:
-        """Parse one client's reply; on failure exclude the client and return None."""
+        """Parse and check one client's reply (:func:`fedkt.runtime.replies.check_reply`)
+        before using any of it; on failure exclude the client and return None."""
+        limits = self.cfg.runtime.limits
         try:
             if isinstance(got, BaseException):
                 raise got
+            if len(got) > limits.reply_bytes:
+                raise PayloadError(f"client {cid}: reply of {len(got)} bytes is larger than "
+                                   f"runtime.limits.reply_bytes = {limits.reply_bytes}")
             reply = loads(got, source=f"client {cid}")
             if ERROR in reply:
-                raise ClientFailure(reply[ERROR])
-            meta = reply.pop(ENVELOPE, {})
-            self.traffic.seconds[cid] += float(meta.get("seconds", 0.0))
-            self.traffic.compute[cid] += Clock(float(meta.get("compute", 0.0)),
-                                               float(meta.get("cpu", 0.0)))
-            self._take_predictions(cid, reply.pop(PREDICTIONS, None))
-            for k, v in (reply.pop("metrics", None) or {}).items():
-                self.traffic.metrics[cid][k] = v
-            for k, v in (meta.get("timings") or {}).items():  # the handler's *_seconds
-                self.traffic.metrics[cid][k] = float(v)
-            return reply
+                raise ClientFailure(error_text(reply[ERROR]))
+            checked = check_reply(reply, cid, limits)
         except (ClientFailure, PayloadError, TimeoutError, OSError, RuntimeError,
                 ValueError) as exc:
             self._exclude(cid, handler, exc)
             return None
+        self.traffic.seconds[cid] += checked.seconds
+        self.traffic.compute[cid] += Clock(checked.compute, checked.cpu)
+        self._take_predictions(cid, checked.predictions)
+        self.traffic.metrics[cid].update(checked.metrics)
+        return checked.payload
 
     def _take_predictions(self, cid: int, blob: Any) -> None:
         """Keep a reply's per-example predictions; a malformed table is logged, never fatal."""
@@ -188,8 +192,9 @@ class RuntimeClients:
         self.traffic.received[cid] -= blob.numel()
         self.traffic.eval_bytes[cid] += blob.numel()
         try:
-            self.traffic.predictions[cid].update(
-                predictions.unpack(blob.numpy().tobytes(), source=f"client {cid}"))
+            self.traffic.predictions[cid].update(predictions.unpack(
+                blob.numpy().tobytes(), source=f"client {cid}",
+                max_bytes=self.cfg.runtime.limits.predictions_bytes))
         except ValueError as exc:
             log.warning("ignoring client %d's predictions: %s", cid, exc)
 
@@ -364,13 +369,52 @@ def _timings(reply: Payload) -> dict[str, dict[str, str]]:
     return {"timings": {k: _fixed(float(metrics.pop(k))) for k in timed}} if timed else {}
 
 
-def handle_request(data: bytes, state_root: Path | None = None, cid: int | None = None) -> bytes:
+# A client (SuperNode) that runs model code a job's config asks for (``trust_remote_code``)
+# says so itself: this variable set to 1/true, or the node config key below.
+ALLOW_REMOTE_CODE_ENV = "FEDKT_ALLOW_REMOTE_CODE"
+ALLOW_REMOTE_CODE_KEY = "allow-remote-code"
+
+
+def truthy(value: object) -> bool:
+    """A yes from an environment variable or a node config value."""
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def remote_code_keys(cfg: RunConfig) -> list[str]:
+    """The config keys of every model that sets ``trust_remote_code: true``."""
+    from pydantic import BaseModel
+
+    found: list[str] = []
+
+    def walk(value: object, key: str) -> None:
+        if isinstance(value, BaseModel):
+            if getattr(value, "trust_remote_code", False) is True:
+                found.append(f"{key}.trust_remote_code")
+            for name in type(value).model_fields:
+                walk(getattr(value, name), f"{key}.{name}" if key else name)
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                walk(item, f"{key}[{i}]")
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                walk(item, f"{key}.{k}")
+
+    walk(cfg, "")
+    return found
+
+
+def handle_request(data: bytes, state_root: Path | None = None, cid: int | None = None, *,
+                   allow_remote_code: bool | None = None) -> bytes:
     """Run the handler a request names and return the serialised reply.
 
     Any exception in the handler becomes an error reply, so the server can name
     the client and the cause.  ``state_root`` is where this machine keeps client
     state (``client_<cid>/`` below it); ``cid`` (from the transport) must match
-    the envelope's when given.
+    the envelope's when given.  ``allow_remote_code``: whether this client runs model
+    code when the job's config sets ``trust_remote_code`` (None: only if
+    ``$FEDKT_ALLOW_REMOTE_CODE`` says so); refused, the request fails with the keys named.
     """
     start, evaluated = now(), eval_clock()
     try:
@@ -379,6 +423,14 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
         if cid is not None and env["cid"] != cid:
             raise PayloadError(f"request for client {env['cid']} delivered to client {cid}")
         cfg = _config_from_yaml(env["config"])
+        if allow_remote_code is None:
+            allow_remote_code = truthy(os.environ.get(ALLOW_REMOTE_CODE_ENV, ""))
+        risky = [] if allow_remote_code else remote_code_keys(cfg)
+        if risky:
+            raise PermissionError(
+                f"the job's config sets {', '.join(risky)}: this client does not run model "
+                f"code a server asks for (allow it on the client: {ALLOW_REMOTE_CODE_ENV}=1, "
+                f"or a SuperNode's --node-config \"{ALLOW_REMOTE_CODE_KEY}=true\")")
         method = get_method(cfg.method.name)
         if env["handler"] not in method.handlers:
             raise PayloadError(f"method {method.name!r} has no client handler {env['handler']!r}")

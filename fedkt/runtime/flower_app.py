@@ -30,7 +30,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedkt.runtime.base import handle_request
+from fedkt.runtime.base import ALLOW_REMOTE_CODE_KEY, handle_request, truthy
 from fedkt.runtime.envelope import ERROR, TransportError
 from fedkt.runtime.secagg import secure_fit
 
@@ -330,13 +330,16 @@ def server_job(grid: Grid, context: Context) -> list[dict[str, Any]]:
 
 
 def make_client_app(state_root: Path | str | None = None,
-                    plugins: Iterable[str] = ()) -> ClientApp:
+                    plugins: Iterable[str] = (), allow_remote_code: bool | None = None
+                    ) -> ClientApp:
     """A ClientApp running fedkt's client handlers.
 
     ``state_root``: where clients keep state when the node config has no
     ``state-dir`` (default: :data:`fedkt.runtime.base.FALLBACK_STATE_ROOT` in the
     process's working directory).  ``plugins``: modules to import first (methods
-    registered outside fedkt).
+    registered outside fedkt).  ``allow_remote_code``: run model code a job's config
+    asks for (``trust_remote_code``); None (a deployed SuperNode): only if its node config
+    has ``allow-remote-code=true`` or ``$FEDKT_ALLOW_REMOTE_CODE`` is set, else refused.
     """
     app = ClientApp(mods=[secaggplus_mod])  # SecAgg+ acts on 'train' messages only
     # Plugins named now (e.g. in FEDKT_PLUGINS) travel with the app to simulation workers.
@@ -356,6 +359,14 @@ def make_client_app(state_root: Path | str | None = None,
         root = context.node_config.get(STATE_DIR) or default_root
         return _partition(context), Path(str(root)) if root else None
 
+    def _allowed(context: Context) -> bool | None:
+        """This node's own word on running a job's model code (never the job's)."""
+        if allow_remote_code is not None:
+            return allow_remote_code
+        if ALLOW_REMOTE_CODE_KEY in context.node_config:
+            return truthy(context.node_config[ALLOW_REMOTE_CODE_KEY])
+        return None  # the environment decides (handle_request)
+
     @app.query("fedkt_hello")
     def _hello(msg: Message, context: Context) -> Message:
         try:
@@ -373,14 +384,17 @@ def make_client_app(state_root: Path | str | None = None,
 
             reply = dumps({ERROR: f"{type(exc).__name__}: {exc}"})
         else:
-            reply = handle_request(unpack(msg.content), state_root, cid)
+            reply = handle_request(unpack(msg.content), state_root, cid,
+                                   allow_remote_code=_allowed(context))
         return Message(pack(reply), reply_to=msg)
 
     @app.train()
     def _secure_train(msg: Message, context: Context) -> Message:
         # SecAgg+'s 'collect masked vectors' stage: secaggplus_mod masks what this returns.
         cid, state_root = _client(context)
-        content = secure_fit(msg.content, lambda data: handle_request(data, state_root, cid),
+        allowed = _allowed(context)
+        content = secure_fit(msg.content, lambda data: handle_request(
+            data, state_root, cid, allow_remote_code=allowed),
                              source=f"client {cid}")
         return Message(content, reply_to=msg)
 

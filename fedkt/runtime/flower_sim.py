@@ -121,8 +121,10 @@ def run_simulation_job(cfg: RunConfig, job: Any = None, *, resume: bool = False,
 
     server_app = make_server_app(server_main)
     # Absolute, in case a Ray worker runs in another working directory.
+    # The simulated clients run the config of the one who starts the simulation: they run
+    # the model code it asks for, as the local runtime's clients do.
     client_app = make_client_app(state_root=default_state_root(cfg).absolute(),
-                                 plugins=method_plugins(cfg.method.name))
+                                 plugins=method_plugins(cfg.method.name), allow_remote_code=True)
     # Flower logs through its own handler; keep its DEBUG records out of the root logger's.
     flwr_logger = logging.getLogger("flwr")
     quiet_filter, propagate = _DropDeprecation(), flwr_logger.propagate

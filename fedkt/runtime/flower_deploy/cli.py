@@ -112,6 +112,7 @@ def cmd_supernode(args: argparse.Namespace) -> int:
         proc = start_supernode(args.client_id, args.num_clients, args.superlink,
                                state_dir=args.state_dir, port=args.port, insecure=insecure,
                                root_certificates=root, auth_private_key=args.auth_key,
+                               allow_remote_code=args.allow_remote_code,
                                log_file=args.log_file, wait=60)
     except DeploymentError as exc:
         print(f"fedkt: error: {exc}", file=sys.stderr)
@@ -214,6 +215,9 @@ def add_deploy_commands(subparsers: Any) -> None:
     p.add_argument("--auth-key", metavar="PRIVATE_KEY",
                    help="this node's private key (supernode-K.key) for a SuperLink with "
                         "--enable-supernode-auth; its public key must be registered")
+    p.add_argument("--allow-remote-code", action="store_true",
+                   help="run the model code a job's config asks for (trust_remote_code: "
+                        "true); without it this client refuses such jobs")
     log_file(p)
     p.set_defaults(func=cmd_supernode)
 

@@ -278,15 +278,20 @@ def supernode_command(partition_id: int, num_partitions: int,
                       superlink: str = f"127.0.0.1:{DEFAULT_PORT}", *,
                       state_dir: Path | str | None = None, port: int = 9094,
                       insecure: bool = True, root_certificates: str | None = None,
-                      auth_private_key: str | None = None) -> list[str]:
+                      auth_private_key: str | None = None,
+                      allow_remote_code: bool = False) -> list[str]:
     """``flower-supernode`` arguments; ``port`` is the node's own local API port.
 
     ``insecure=False``: TLS to the SuperLink, verified with ``root_certificates`` (a CA
     file; None: the system's CAs).  ``auth_private_key``: the node's OpenSSH EC private
-    key, for a SuperLink with SuperNode authentication.
+    key, for a SuperLink with SuperNode authentication.  ``allow_remote_code``: this node
+    runs model code a job's config asks for (``trust_remote_code``); refused otherwise.
     """
+    from fedkt.runtime.base import ALLOW_REMOTE_CODE_KEY
+
+    extra = {ALLOW_REMOTE_CODE_KEY: True} if allow_remote_code else {}
     cmd = ["flower-supernode", "--superlink", superlink,
-           "--node-config", node_config(partition_id, num_partitions, state_dir),
+           "--node-config", node_config(partition_id, num_partitions, state_dir, **extra),
            "--host", "127.0.0.1", "--port", str(port)]
     if insecure:
         if root_certificates:
@@ -308,7 +313,7 @@ def start_supernode(partition_id: int, num_partitions: int,
                     superlink: str = f"127.0.0.1:{DEFAULT_PORT}",
                     state_dir: Path | str | None = None, *, port: int | None = None,
                     insecure: bool = True, root_certificates: str | None = None,
-                    auth_private_key: str | None = None,
+                    auth_private_key: str | None = None, allow_remote_code: bool = False,
                     flwr_home: Path | str | None = None, log_file: Path | str | None = None,
                     env: dict[str, str] | None = None, cwd: Path | str | None = None,
                     wait: float | None = 60.0) -> FlowerProcess:
@@ -317,7 +322,8 @@ def start_supernode(partition_id: int, num_partitions: int,
     ``state_dir``: the client's state folder on this machine (default:
     ``fedkt-client-state`` in the SuperNode's working directory).  ``port``: the node's
     local API port (a free one by default).  ``insecure``, ``root_certificates`` and
-    ``auth_private_key``: see :func:`supernode_command`.  Waiting only covers the node's
+    ``auth_private_key``, ``allow_remote_code``: see :func:`supernode_command`.  Waiting
+    only covers the node's
     local API: a node the SuperLink refuses exits soon after (see its log).
     """
     port = port or free_port()
@@ -326,7 +332,8 @@ def start_supernode(partition_id: int, num_partitions: int,
         extra["FLWR_HOME"] = str(flwr_home)
     cmd = supernode_command(partition_id, num_partitions, superlink, state_dir=state_dir,
                             port=port, insecure=insecure, root_certificates=root_certificates,
-                            auth_private_key=auth_private_key)
+                            auth_private_key=auth_private_key,
+                            allow_remote_code=allow_remote_code)
     proc = _popen(f"SuperNode {partition_id}", cmd, f"127.0.0.1:{port}", log_file=log_file,
                   env=flower_child_env(extra), cwd=cwd)
     return _ready(proc, wait)

@@ -1,0 +1,261 @@
+"""A hostile client: its reply's runtime fields (envelope, metrics, timings, predictions,
+error text, example count, size) are garbage or forged.
+
+Each case edits client 1's real reply (from the recorded fedavg run, as in
+``test_malformed_replies.py``) and runs the real server on it: the client is excluded
+with a reason naming the client and the field, the run finishes with the other two
+clients, and no server row changes (the rows of the clean run, less client 1's).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedkt.eval import predictions
+from fedkt.payload import Payload, dumps
+from fedkt.runner import run_job
+from fedkt.runtime.base import RoundError
+from fedkt.runtime.envelope import ENVELOPE, ERROR, PREDICTIONS
+from fedkt.tracking import without_timings
+from tests.test_malformed_replies import BAD, assert_excluded, metrics_file_rows, tampered_run
+from tests.trust_helpers import ReplayTransport, recorded_run, tiny_config
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def setting(field: str, value) -> callable:
+    def tamper(p: Payload) -> Payload:
+        p[field] = value
+        return p
+
+    return tamper
+
+
+def envelope(**values) -> callable:
+    def tamper(p: Payload) -> Payload:
+        p[ENVELOPE] = {**p[ENVELOPE], **values}
+        return p
+
+    return tamper
+
+
+def forged_metrics(p: Payload) -> Payload:
+    p["metrics"] = {**p.get("metrics", {}), "test/participant": "server", "test/accuracy": 1.0,
+                    "train/round": 99}
+    return p
+
+
+def bomb(size: int) -> torch.Tensor:
+    """A gzip stream of ``size`` zero bytes (about size / 1000 bytes compressed)."""
+    blob = gzip.compress(b"0" * size, compresslevel=9, mtime=0)
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
+
+
+def big_reply(p: Payload) -> bytes:
+    p["padding"] = torch.zeros(300_000, dtype=torch.uint8)
+    return dumps(p)
+
+
+# (tamper, the regex the exclusion reason must match); every attack on the runtime's fields
+ATTACKS = {
+    "metrics_list": (setting("metrics", [1, 2, 3]),
+                     r"client 1: field 'metrics' should be a mapping of names to numbers, got "
+                     r"list"),
+    "metrics_text": (setting("metrics", "accuracy=1"), r"client 1: field 'metrics' .* got str"),
+    "metric_value_text": (setting("metrics", {"test/accuracy": "1.0"}),
+                          r"client 1: field 'metrics'\['test/accuracy'\] should be a finite "
+                          r"number"),
+    "metric_value_dict": (setting("metrics", {"train/loss": {"a": 1}}),
+                          r"client 1: field 'metrics'\['train/loss'\] should be a finite number"),
+    "metric_huge_int": (setting("metrics", {"train/loss": 10**400}),
+                        r"client 1: field 'metrics'\['train/loss'\] should be a finite number"),
+    "metric_bad_name": (setting("metrics", {"test/" + "x" * 500: 1.0}),
+                        r"client 1: field 'metrics': metric name .* is not 'split/name'"),
+    "metric_too_many": (setting("metrics", {f"train/m{i}": 1.0 for i in range(300)}),
+                        r"runtime.limits.metrics = 256"),
+    "forged_row_keys": (forged_metrics,
+                        r"client 1: field 'metrics': metric 'test/participant' would overwrite "
+                        r"the server's row key 'participant'"),
+    "envelope_list": (setting(ENVELOPE, [1, 2]), r"client 1: field '_fedkt' should be a mapping"),
+    "envelope_text": (setting(ENVELOPE, "x"), r"client 1: field '_fedkt' should be a mapping"),
+    "envelope_extra_key": (envelope(participant="server"),
+                           r"client 1: field '_fedkt' has unexpected keys \['participant'\]"),
+    "seconds_inf": (envelope(seconds="inf"),
+                    r"client 1: field '_fedkt'\['seconds'\] should be a finite number, got inf"),
+    "seconds_negative": (envelope(cpu=-5.0), r"client 1: field '_fedkt'\['cpu'\] = -5 is "
+                                             r"outside \[0, 1e\+07\]"),
+    "seconds_list": (envelope(compute=[1.0]),
+                     r"client 1: field '_fedkt'\['compute'\] should be a finite number"),
+    "timings_list": (envelope(timings=[1, 2]),
+                     r"client 1: field '_fedkt'\['timings'\] should be a mapping"),
+    "timings_not_seconds": (envelope(timings={"train/accuracy": "1.0"}),
+                            r"'train/accuracy' is not a '\*_seconds' timing"),
+    "timings_forged": (envelope(timings={"wall_time": "0"}),
+                       r"would overwrite the server's row key 'wall_time'"),
+    "timings_nan": (envelope(timings={"train/step_seconds": "nan"}),
+                    r"\['train/step_seconds'\] should be a finite number, got nan"),
+    "num_examples_1e308": (setting("num_examples", 1e308),
+                           r"client 1: field 'num_examples' = 1e\+308 is outside \[0, 1e\+07\] "
+                           r"\(runtime.limits.num_examples\)"),
+    "num_examples_negative": (setting("num_examples", -1),
+                              r"client 1: field 'num_examples' = -1 is outside"),
+    "error_not_text": (setting(ERROR, {"a": [1, 2]}), r"ClientFailure: \(not text\) dict"),
+    "error_huge_text": (setting(ERROR, "x" * 100_000), r"ClientFailure: x+\.\.\.$"),
+    "reply_too_large": (big_reply, r"client 1: reply of \d+ bytes is larger than "
+                                   r"runtime.limits.reply_bytes = 200000"),
+}
+
+
+def clean_rows(tmp_path: Path) -> list[dict]:
+    cfg = tiny_config("fedavg", tmp_path, "clients.min_replies=2", name="bad")  # same name: same requests
+    return run_job(cfg, ReplayTransport(recorded_run("fedavg").calls), quiet=True)
+
+
+def server_rows(rows: list[dict]) -> list[dict]:
+    """Rows that do not depend on client 1's reply: the server's test rows and the other
+    clients' rows (without timings)."""
+    return without_timings(r for r in rows if r["participant"] in ("client_0", "client_2")
+                           or (r["participant"] == "server" and r["split"] == "test"))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> list[dict]:
+    return clean_rows(tmp_path_factory.mktemp("clean"))
+
+
+@pytest.mark.parametrize("case", sorted(ATTACKS))
+def test_hostile_reply_is_excluded_named_and_the_run_finishes(tmp_path, clean, case):
+    tamper, reason = ATTACKS[case]
+    extra = ["runtime.limits.reply_bytes=200000"] if case == "reply_too_large" else []
+    rows = tampered_run(tmp_path, "fedavg", "train", tamper, "clients.min_replies=2", *extra)
+    assert_excluded(tmp_path, rows, reason)
+    # Nothing client 1 sent reaches a row: the others' rows equal those of a run where
+    # client 1's reply was clean, except the server's test row which is the mean of two.
+    others = [r for r in server_rows(rows) if r["participant"] != "server"]
+    assert others == [r for r in server_rows(clean) if r["participant"] != "server"]
+    bad = [r for r in rows if r["participant"] == f"client_{BAD}" and r["round"] == 1]
+    assert [r["split"] for r in bad] == ["train"]  # one row: its exclusion, no forged metric
+    text = (tmp_path / "bad" / "metrics.jsonl").read_text()
+    assert "Infinity" not in text and "NaN" not in text
+
+
+def test_forged_row_keys_change_no_server_row(tmp_path, clean):
+    """The trial of the issue: a client whose metrics carry participant/round/split keys
+    made summary.md report the server at accuracy 1.0 and hid another client's rows."""
+    rows = tampered_run(tmp_path, "fedavg", "train", forged_metrics, "clients.min_replies=2")
+    for got in (rows, metrics_file_rows(tmp_path)):
+        assert {r["participant"] for r in got} == {"server", "client_0", "client_1", "client_2"}
+        assert {r["round"] for r in got} == {0, 1}
+        assert not any(r.get("accuracy") == 1.0 and r["participant"] == "server" for r in got)
+    summary = (tmp_path / "bad" / "summary.md").read_text()
+    assert "| server |" in summary and "| client_0 |" in summary and "| client_2 |" in summary
+
+
+def test_a_list_as_metrics_without_quorum_fails_the_round_naming_the_client(tmp_path):
+    with pytest.raises(RoundError, match=r"2 of 3 clients replied, 3 needed .*client 1: "
+                                         r"PayloadError: client 1: field 'metrics'"):
+        tampered_run(tmp_path, "fedavg", "train", setting("metrics", [1, 2, 3]))
+
+
+def test_a_gzip_bomb_in_predictions_is_dropped_and_the_run_finishes(tmp_path, caplog):
+    """Client 1's evaluation reply carries about 100 kB of gzip that inflates to 100 MB; with
+    runtime.limits.predictions_bytes at 2 MB the server stops inflating at 2 MB, drops the
+    table with a warning and keeps the client's metrics."""
+    rows = tampered_run(tmp_path, "fedavg", "train", setting(PREDICTIONS, bomb(10**8)),
+                        "clients.min_replies=2", "runtime.limits.predictions_bytes=2000000")
+    assert not any(r.get("excluded") for r in rows)
+    assert "predictions decompress to more than 2000000 bytes" in caplog.text
+    files = {p.name for p in (tmp_path / "bad" / "predictions" / "round_0001").iterdir()}
+    assert f"client_{BAD}.json.gz" not in files and "server.json.gz" in files
+
+
+def test_bounded_unpack_stops_early_in_time_and_memory():
+    blob = bomb(2 * 10**8).numpy().tobytes()  # 200 MB inflated, about 200 kB on the wire
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"client 3: predictions decompress to more than "
+                                         r"1000000 bytes"):
+        predictions.unpack(blob, source="client 3", max_bytes=10**6)
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20 * 10**6, peak  # not the 200 MB the blob inflates to
+    assert seconds < 2.0
+    real = predictions.pack({"": predictions.Predictions({"id": [1, 2], "pred": [0, 1]})})
+    assert predictions.unpack(real, max_bytes=10**6)[""].ids == ["1", "2"]
+
+
+def test_truncated_gzip_within_the_bound_is_refused():
+    real = predictions.pack({"": predictions.Predictions({"id": list(range(100))})})
+    with pytest.raises(ValueError, match="predictions are not gzipped JSON"):
+        predictions.unpack(real[:-20], max_bytes=10**6)
+
+
+def test_reasons_in_metrics_jsonl_are_json_numbers_only(tmp_path):
+    """``seconds: "inf"`` used to write ``Infinity`` into metrics.jsonl."""
+    tampered_run(tmp_path, "fedavg", "train", envelope(seconds="inf"), "clients.min_replies=2")
+    for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON number {c}"))
+    assert re.search("excluded", (tmp_path / "bad" / "metrics.jsonl").read_text())
+
+
+def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
+    """Fuzz (fedkt.faults.hostile_reply, seeded): 400 variants of a real reply with junk in
+    its runtime fields. Each is rejected with a reason naming the client, or is valid after
+    all; none raises out of the server, none changes the other client's data or puts a
+    server row key, NaN, Infinity or a negative time into the accepted values."""
+    import logging
+
+    from fedkt.faults import run_attacks
+
+    caplog.set_level(logging.ERROR, logger="fedkt.runtime")
+    recorded = recorded_run("fedavg")
+    good = next(c.reply for c in recorded.calls if c.handler == "train" and c.cid == BAD)
+    cfg = recorded.cfg.model_copy(update={"clients": recorded.cfg.clients.model_copy(
+        update={"min_replies": 1})})
+    report = run_attacks(cfg, good, 400, seed=1)
+    assert report.tried == 400
+    assert report.crashes == [] and report.lost == [] and report.unnamed == 0
+    assert report.rejected > 300 and report.rejected + report.accepted == 400
+    assert set(report.by_target) == {"metrics", "metric", "envelope", "seconds", "timings",
+                                     "error", "num_examples", "predictions"}
+
+
+def test_secure_aggregation_clear_part_goes_through_the_same_check(make_config, monkeypatch):
+    """Under SecAgg+ the clear part of client 1's reply (everything but the masked field)
+    carries ``metrics: [1, 2, 3]``: the server excludes client 1 (its masked vector still
+    counts as the protocol requires) and the round finishes with the other two."""
+    from fedkt.methods import get_method
+    from fedkt.runtime.base import default_state_root
+    from fedkt.runtime.local import LocalTransport
+
+    handlers = get_method("fedavg").handlers
+    train = handlers["train"]
+
+    def hostile(ctx, msg):
+        reply = train(ctx, msg)
+        if ctx.cid == BAD:
+            reply["metrics"] = [1, 2, 3]
+        return reply
+
+    monkeypatch.setitem(handlers, "train", hostile)
+    cfg = make_config("clients.num_clients=3", "rounds=1", "clients.min_replies=2",
+                      "secure_aggregation.enabled=true", "secure_aggregation.max_weight=64",
+                      name="secure")
+    rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    row = next(r for r in rows if r["participant"] == f"client_{BAD}" and r["round"] == 1)
+    assert row["excluded"].startswith("PayloadError: client 1: field 'metrics' should be a "
+                                      "mapping")
+    server = next(r for r in rows if r["participant"] == "server" and r["split"] == "train")
+    assert server["clients_replied"] == 2
