@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from fedkt import progress
 from fedkt.config import RunConfig
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
@@ -53,6 +54,12 @@ def run_job(
     run_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) a job; returns the metrics rows of the whole run."""
+    with progress.participant("server"):  # the server's progress bars say whose they are
+        return _run_job(cfg, transport, resume=resume, quiet=quiet, run_dir=run_dir)
+
+
+def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
+             run_dir: Path | None) -> list[dict[str, Any]]:
     run_dir = Path(run_dir or cfg.run_dir)
     recorder = RunRecorder(run_dir, resume=resume)
     set_threads(cfg.runtime.torch_threads)

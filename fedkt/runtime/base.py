@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import yaml
 
+from fedkt import progress
 from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, parse_config
 from fedkt.eval import predictions
@@ -389,7 +390,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                             evaluate=bool(env["evaluate"]))
         set_threads(cfg.runtime.torch_threads)
         seed_everything(ctx.seed("handler"))
-        with predictions.capture() as tables:
+        with predictions.capture() as tables, progress.participant(ctx.name):
             reply = method.handlers[env["handler"]](ctx, msg)
         if tables and ctx.evaluate and cfg.eval.predictions:
             blob = bytearray(predictions.pack(tables))
