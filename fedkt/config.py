@@ -111,11 +111,31 @@ class SplitConfig(_Strict):
 
 
 class PartitionConfig(_Strict):
-    """How the private pool is divided among clients."""
+    """How the private pool is divided among clients.
 
-    scheme: Literal["iid", "dirichlet"] = "iid"
+    ``iid``: equal random parts.  ``dirichlet``: label shares per client drawn from
+    Dirichlet(``alpha``).  ``by_field``: by a natural key such as a user or speaker,
+    flwr-datasets' ``NaturalIdPartitioner``: one client per value of ``field``, or, with
+    more values than clients, the values (in a seeded order) dealt into ``num_clients``
+    groups of as equal a number of values as can be.
+    """
+
+    scheme: Literal["iid", "dirichlet", "by_field"] = "iid"
     alpha: float = Field(1.0, gt=0)
     min_size: int = Field(1, ge=0)
+    # scheme by_field: the record field whose values name the clients (a fedkt field
+    # such as ``label``, or a source field kept in the record's ``extra``, e.g. ``topic``).
+    field: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _field_for_by_field(self) -> PartitionConfig:
+        if self.scheme == "by_field" and self.field is None:
+            raise ValueError("field: scheme by_field needs the record field to partition "
+                             "by (e.g. field: topic)")
+        if self.scheme != "by_field" and self.field is not None:
+            raise ValueError(f"field: only scheme by_field reads it (scheme is "
+                             f"{self.scheme!r})")
+        return self
 
 
 class DataConfig(_Strict):
