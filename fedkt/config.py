@@ -380,6 +380,66 @@ class EvalConfig(_Strict):
         return value
 
 
+# Tracking backends: the package each needs and the extra that installs it.
+TRACKING_BACKENDS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "fedkt[tensorboard]"),
+    "mlflow": ("mlflow", "fedkt[mlflow]"),
+}
+
+
+class MLflowSettings(_Strict):
+    # Tracking URI (a local folder, file:, sqlite:, http(s)://). None: $MLFLOW_TRACKING_URI,
+    # else a local file store beside the run folder (RUN_DIR/../mlruns; a suite: its folder).
+    uri: str | None = None
+    # Experiment the run is logged to. None: the run's name (a suite: the suite's name).
+    experiment: str | None = None
+
+
+class TensorBoardSettings(_Strict):
+    # Folder of the event files. None: RUN_DIR/tensorboard (a suite: SUITE/tensorboard/ARM/
+    # seed_N, so `tensorboard --logdir SUITE/tensorboard` shows every run).
+    dir: str | None = None
+
+
+class TrackingConfig(_Strict):
+    """Experiment trackers that mirror the run: every metrics.jsonl row, the resolved
+    config and the final summary (``tracking: [tensorboard, mlflow]`` is short for
+    ``tracking: {backends: [...]}``; docs/evaluation.md)."""
+
+    # Backends to mirror to, each an optional extra (pip install "fedkt[mlflow]").
+    backends: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    # The tracking run's name. None: the run's name (a suite: ARM/seed_N).
+    run_name: str | None = None
+    # Tags of the tracking run (MLflow tags; a text entry in TensorBoard). A suite adds
+    # suite, arm and seed.
+    tags: dict[str, str] = Field(default_factory=dict)
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
+    tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_of_backends(cls, values: Any) -> Any:
+        if isinstance(values, list | str):
+            return {"backends": [values] if isinstance(values, str) else values}
+        return values
+
+    @field_validator("backends")
+    @classmethod
+    def _installed(cls, backends: list[str], info: ValidationInfo) -> list[str]:
+        """Each backend's package must be importable where the run's server starts
+        (clients never track: they skip this check)."""
+        import importlib.util
+
+        if len(set(backends)) != len(backends):
+            raise ValueError(f"{backends} names a backend twice")
+        if (info.context or {}).get("check_installed", True):
+            for name in backends:
+                module, extra = TRACKING_BACKENDS[name]
+                if importlib.util.find_spec(module) is None:
+                    raise ValueError(f"{name} is not installed: pip install \"{extra}\"")
+        return backends
+
+
 class MethodConfig(_Strict):
     """Base of every method's hyper-parameters; ``name`` selects the method."""
 
@@ -419,6 +479,8 @@ class RunConfig(_Strict):
     secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
     differential_privacy: DifferentialPrivacyConfig = Field(
         default_factory=DifferentialPrivacyConfig)
+    # Experiment trackers the server mirrors the run to, e.g. [tensorboard, mlflow].
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -590,15 +652,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
-    """Validate a raw dict into a :class:`RunConfig`, with errors naming the key."""
+def parse_config(data: dict[str, Any], source: str = "<dict>", *,
+                 check_installed: bool = True) -> RunConfig:
+    """Validate a raw dict into a :class:`RunConfig`, with errors naming the key.
+
+    ``check_installed=False`` (a client reading the server's config) skips the check that
+    the server-side extras it names (``tracking``) are installed here.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {source}: the top level must be a mapping")
     if "method" not in data:
         raise ConfigError(f"invalid config {source}:\n  method: missing (e.g. method: fedavg)")
     try:
         data = {**data, "method": _validate_method(data["method"])}
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"check_installed": check_installed})
     except _MethodErrors as exc:
         raise ConfigError(_format_error(exc.err, source, prefix="method.")) from None
     except ConfigError as exc:

@@ -31,6 +31,7 @@ from fedkt.privacy import upload_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
+from fedkt.trackers import Tracking, open_tracking
 from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, atomic_write
 
 log = logging.getLogger("fedkt")
@@ -54,14 +55,17 @@ def run_job(
     run_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) a job; returns the metrics rows of the whole run."""
-    with progress.participant("server"):  # the server's progress bars say whose they are
-        return _run_job(cfg, transport, resume=resume, quiet=quiet, run_dir=run_dir)
-
-
-def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
-             run_dir: Path | None) -> list[dict[str, Any]]:
     run_dir = Path(run_dir or cfg.run_dir)
     recorder = RunRecorder(run_dir, resume=resume)
+    # the server's progress bars say whose they are; trackers mirror the run folder
+    with progress.participant("server"), open_tracking(cfg, run_dir, resume) as tracking:
+        recorder.mirrors.append(tracking.row)
+        return _run_job(cfg, transport, recorder, tracking, resume=resume, quiet=quiet)
+
+
+def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracking: Tracking,
+             *, resume: bool, quiet: bool) -> list[dict[str, Any]]:
+    run_dir = recorder.run_dir
     set_threads(cfg.runtime.torch_threads)
     resolve_precision(cfg.training.precision, cfg.runtime.device)  # fp16 without CUDA fails here
     method = get_method(cfg.method.name)
@@ -85,6 +89,7 @@ def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
     else:
         recorder.save_config(cfg.to_yaml())
+    tracking.config()
 
     clients = RuntimeClients(cfg, transport)
     if start == 1 and evaluates_round0(cfg):
@@ -142,10 +147,10 @@ def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
         _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
+    summary = recorder.summary()
     if not quiet:
-        print(recorder.summary())
-    else:
-        recorder.summary()
+        print(summary)
+    tracking.summary(summary)
     if cfg.eval.plots:
         recorder.plot()
     if cfg.eval.harness:  # lm-evaluation-harness on the final models (fedkt[harness])

@@ -337,7 +337,8 @@ class RuntimeClients:
 def _config_from_yaml(text: str) -> RunConfig:
     import yaml
 
-    return parse_config(yaml.safe_load(text), "<received config>")
+    # check_installed=False: tracking is the server's; a client needs none of its extras.
+    return parse_config(yaml.safe_load(text), "<received config>", check_installed=False)
 
 
 def default_state_root(cfg: RunConfig) -> Path:
