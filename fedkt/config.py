@@ -337,6 +337,12 @@ class DifferentialPrivacyConfig(_Strict):
     clip_norm: float = Field(1.0, gt=0)
     noise_multiplier: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
+    # local: every client adds the full noise (a guarantee for each upload, even against
+    # the server). distributed: each adds it divided by sqrt(m), m = the fewest clients a
+    # round's sum may hold (clients.min_replies, else the clients per round), so the
+    # securely aggregated sum carries the full noise; needs secure_aggregation
+    # (docs/security.md says which guarantee holds against which party).
+    noise: Literal["local", "distributed"] = "local"
 
 
 class EvalConfig(_Strict):
@@ -506,6 +512,11 @@ class RunConfig(_Strict):
             raise ValueError("secure_aggregation.enabled: SecAgg+ needs at least 2 clients per "
                              f"round; clients.fraction gives {sampled}")
 
+        dp = self.differential_privacy
+        if dp.enabled and dp.noise == "distributed" and not self.secure_aggregation.enabled:
+            raise ValueError("differential_privacy.noise: distributed noise needs "
+                             "secure_aggregation.enabled: without it the server sees each "
+                             "upload with only 1/sqrt(clients) of the noise")
         for key in ("secure_aggregation", "differential_privacy"):
             if getattr(self, key).enabled and not get_method(self.method.name).aggregates:
                 raise ValueError(

@@ -25,9 +25,9 @@ from fedkt.eval.harness import run_after_job
 from fedkt.eval.timing import eval_clock, now
 from fedkt.evidence.compare import round0_summary
 from fedkt.methods import get_method
-from fedkt.methods.base import RoundError, broadcast, seed_everything
+from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
 from fedkt.precision import resolve_precision, set_threads
-from fedkt.privacy import upload_epsilon
+from fedkt.privacy import noise_share, round_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
@@ -107,8 +107,9 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             eval_clock() - evaluated - traffic.wait_eval)
         dp = cfg.differential_privacy
         if dp.enabled:  # the privacy budget each client has spent so far
+            share = noise_share(dp.noise, clients_per_round(cfg), cfg.clients.min_replies)
             server_metrics.setdefault("train", {}).update(
-                upload_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd))
+                round_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd, share))
         server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
         if "server" in server_eval:
             server_metrics.setdefault("test", {}).update(server_eval.pop("server"))

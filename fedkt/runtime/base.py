@@ -28,7 +28,7 @@ import yaml
 
 from fedkt import progress
 from fedkt.aggregation import fedavg
-from fedkt.config import RunConfig, RuntimeConfig, parse_config
+from fedkt.config import RunConfig, RuntimeConfig, TrackingConfig, parse_config
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
 from fedkt.eval.timing import Clock, eval_clock, now
@@ -90,10 +90,12 @@ class Traffic:
 
 
 def client_view(cfg: RunConfig) -> RunConfig:
-    """The config clients receive: without the server's output folder and transport
-    settings, so requests are byte-identical whichever runtime and folder a run uses."""
+    """The config clients receive: without the server's output folder, transport settings
+    and experiment trackers, so requests are byte-identical whichever runtime, folder and
+    trackers a run uses."""
     runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device)
-    return cfg.model_copy(update={"output_dir": ".", "runtime": runtime})
+    return cfg.model_copy(update={"output_dir": ".", "runtime": runtime,
+                                  "tracking": TrackingConfig()})
 
 
 def sample_clients(cfg: RunConfig, rnd: int) -> list[int]:
