@@ -151,6 +151,26 @@ class DataConfig(_Strict):
     # classes are as frequent as its largest one, after the cap (FedKD's positive
     # oversampling on SMM4H). Examples per round grow accordingly.
     oversample: bool = False
+    # Chat models: none (plain prompts), auto (each model's own chat template wraps the
+    # prompt as a user turn, for training and scoring; plain for a model without one), or
+    # a Jinja chat template used for every model (docs/data.md, chat templates).
+    chat_template: str = Field("none", min_length=1)
+
+    @field_validator("chat_template")
+    @classmethod
+    def _jinja_compiles(cls, value: str) -> str:
+        if value in ("auto", "none"):
+            return value
+        if "{{" not in value and "{%" not in value:
+            raise ValueError("expected auto, none or a Jinja chat template (with {{ }} or "
+                             f"{{% %}}), got {value[:40]!r}")
+        from jinja2 import Environment, TemplateSyntaxError
+
+        try:
+            Environment().parse(value)
+        except TemplateSyntaxError as exc:
+            raise ValueError(f"the Jinja template does not compile: {exc}") from None
+        return value
 
 
 class TrainingConfig(_Strict):

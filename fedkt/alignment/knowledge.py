@@ -47,7 +47,7 @@ class PublicSet:
 
     @classmethod
     def build(cls, cfg: RunConfig, tokenizer: Any, records: list[dict]) -> PublicSet:
-        seqs = tokenize_pairs(tokenizer, lm_pairs(cfg, records), cfg.data.max_length)
+        seqs = tokenize_pairs(tokenizer, lm_pairs(cfg, records, tokenizer), cfg.data.max_length)
         return cls(seqs, pad_token_id(tokenizer))
 
     def __len__(self) -> int:

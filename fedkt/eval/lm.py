@@ -584,8 +584,12 @@ def evaluate_causal_lm(
     max_new_tokens: int = 48,
     positive_label: int = 1,
     template: str | None = None,
+    chat: Any = None,
 ) -> dict[str, float]:
     """Evaluate a causal LM on normalised records of ``task``.
+
+    ``chat`` (a :class:`fedkt.data.formatting.ChatFormat`) wraps each prompt in the
+    model's chat template; the target and choices are the assistant's reply.
 
     multiple_choice / classification: ``accuracy`` and ``accuracy_norm`` by
     choice log-likelihood.  Classification scores the label names as the
@@ -602,7 +606,7 @@ def evaluate_causal_lm(
     from fedkt.data.formatting import lm_pair, mc_view
 
     names = list(label_names) if label_names is not None else None
-    pairs = [lm_pair(r, task, names, template) for r in records]
+    pairs = [lm_pair(r, task, names, template, chat) for r in records]
     prompts = [p for p, _ in pairs]
     if task == "generation":
         out = {"loss": target_loss(model, tokenizer, prompts, [t for _, t in pairs],
@@ -616,7 +620,7 @@ def evaluate_causal_lm(
         predictions.emit({"id": _ids(records), "gold": [r[0] for r in refs], "pred": preds,
                           "rougeL": per_item}, task=task)
         return out
-    views = [mc_view(r, task, names, template) for r in records]
+    views = [mc_view(r, task, names, template, chat) for r in records]
     contexts = [v[0] for v in views]
     choices = [list(v[1]) for v in views]
     golds = [int(v[2]) for v in views]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.eval import predictions
 from fedkt.methods.base import Clients, Server
@@ -73,6 +74,9 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         self.slm = client_lm(cfg, 0)
         self.omega = self.llm.trainable()
         self.theta = self.slm.trainable()
+        check_shared_template(cfg.data.chat_template, {"server": self.llm.tokenizer,
+                                                       "the clients' SLM": self.slm.tokenizer},
+                              "fedcollm")
         shared = same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public)
         self.bridge = None if shared else CrossTokenizerKL(
             self.llm.tokenizer, self.slm.tokenizer, self.method.top_k)

@@ -65,6 +65,7 @@ from fedkt.alignment.knowledge import (
 from fedkt.alignment.targets import Received, build_targets, to_receiver
 from fedkt.alignment.topk import TopKLogits
 from fedkt.config import ModelConfig
+from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.payload import Payload, PayloadError
@@ -101,6 +102,9 @@ class FedMKTServer(Server[FedMKTConfig]):
             raise ConfigError("data.split: fedmkt transfers knowledge on the public set, which "
                               "is empty; use split scheme 'fedmkt' or public_fraction > 0")
         self.llm = server_lm(cfg)
+        check_shared_template(cfg.data.chat_template, {"server": self.llm.tokenizer, **{
+            f"client {cid}": _tokenizer(cfg.clients.model_for(cid)) for cid in cfg.client_ids()
+        }}, cfg.method.name)
         self.adapter = self.llm.trainable()
         self.public = PublicSet.build(cfg, self.llm.tokenizer, records)
         self.global_adapter: dict[str, Tensor] | None = None
