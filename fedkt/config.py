@@ -124,11 +124,31 @@ class SplitConfig(_Strict):
 
 
 class PartitionConfig(_Strict):
-    """How the private pool is divided among clients."""
+    """How the private pool is divided among clients.
 
-    scheme: Literal["iid", "dirichlet"] = "iid"
+    ``iid``: equal random parts.  ``dirichlet``: label shares per client drawn from
+    Dirichlet(``alpha``).  ``by_field``: by a natural key such as a user or speaker,
+    flwr-datasets' ``NaturalIdPartitioner``: one client per value of ``field``, or, with
+    more values than clients, the values (in a seeded order) dealt into ``num_clients``
+    groups of as equal a number of values as can be.
+    """
+
+    scheme: Literal["iid", "dirichlet", "by_field"] = "iid"
     alpha: float = Field(1.0, gt=0)
     min_size: int = Field(1, ge=0)
+    # scheme by_field: the record field whose values name the clients (a fedkt field
+    # such as ``label``, or a source field kept in the record's ``extra``, e.g. ``topic``).
+    field: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _field_for_by_field(self) -> PartitionConfig:
+        if self.scheme == "by_field" and self.field is None:
+            raise ValueError("field: scheme by_field needs the record field to partition "
+                             "by (e.g. field: topic)")
+        if self.scheme != "by_field" and self.field is not None:
+            raise ValueError(f"field: only scheme by_field reads it (scheme is "
+                             f"{self.scheme!r})")
+        return self
 
 
 # A class filter: "0-2", "3,4,5,6", "0-2,7", a list of class indices, or one index.
@@ -202,6 +222,11 @@ class DataConfig(_Strict):
     # a template cannot make one prompt of millions of characters.
     template_max_width: int = Field(1000, ge=1, le=HARD_MAX_WIDTH)
 
+    # Chat models: none (plain prompts), auto (each model's own chat template wraps the
+    # prompt as a user turn, for training and scoring; plain for a model without one), or
+    # a Jinja chat template used for every model (docs/data.md, chat templates).
+    chat_template: str = Field("none", min_length=1)
+
     @model_validator(mode="after")
     def _public_source(self) -> DataConfig:
         if self.public_dataset is not None and self.public_labels:
@@ -221,6 +246,22 @@ class DataConfig(_Strict):
                 except ValueError as exc:
                     raise ValueError(f"{key}.template: {exc}") from None
         return self
+
+    @field_validator("chat_template")
+    @classmethod
+    def _jinja_compiles(cls, value: str) -> str:
+        if value in ("auto", "none"):
+            return value
+        if "{{" not in value and "{%" not in value:
+            raise ValueError("expected auto, none or a Jinja chat template (with {{ }} or "
+                             f"{{% %}}), got {value[:40]!r}")
+        from jinja2 import Environment, TemplateSyntaxError
+
+        try:
+            Environment().parse(value)
+        except TemplateSyntaxError as exc:
+            raise ValueError(f"the Jinja template does not compile: {exc}") from None
+        return value
 
 
 class TrainingConfig(_Strict):
@@ -424,6 +465,12 @@ class DifferentialPrivacyConfig(_Strict):
     clip_norm: float = Field(1.0, gt=0)
     noise_multiplier: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
+    # local: every client adds the full noise (a guarantee for each upload, even against
+    # the server). distributed: each adds it divided by sqrt(m), m = the fewest clients a
+    # round's sum may hold (clients.min_replies, else the clients per round), so the
+    # securely aggregated sum carries the full noise; needs secure_aggregation
+    # (docs/security.md says which guarantee holds against which party).
+    noise: Literal["local", "distributed"] = "local"
 
 
 # Group names whose accuracy_<name> is an existing metric (accuracy_norm).
@@ -488,6 +535,66 @@ class EvalConfig(_Strict):
         return value
 
 
+# Tracking backends: the package each needs and the extra that installs it.
+TRACKING_BACKENDS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "fedkt[tensorboard]"),
+    "mlflow": ("mlflow", "fedkt[mlflow]"),
+}
+
+
+class MLflowSettings(_Strict):
+    # Tracking URI (a local folder, file:, sqlite:, http(s)://). None: $MLFLOW_TRACKING_URI,
+    # else a local file store beside the run folder (RUN_DIR/../mlruns; a suite: its folder).
+    uri: str | None = None
+    # Experiment the run is logged to. None: the run's name (a suite: the suite's name).
+    experiment: str | None = None
+
+
+class TensorBoardSettings(_Strict):
+    # Folder of the event files. None: RUN_DIR/tensorboard (a suite: SUITE/tensorboard/ARM/
+    # seed_N, so `tensorboard --logdir SUITE/tensorboard` shows every run).
+    dir: str | None = None
+
+
+class TrackingConfig(_Strict):
+    """Experiment trackers that mirror the run: every metrics.jsonl row, the resolved
+    config and the final summary (``tracking: [tensorboard, mlflow]`` is short for
+    ``tracking: {backends: [...]}``; docs/evaluation.md)."""
+
+    # Backends to mirror to, each an optional extra (pip install "fedkt[mlflow]").
+    backends: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    # The tracking run's name. None: the run's name (a suite: ARM/seed_N).
+    run_name: str | None = None
+    # Tags of the tracking run (MLflow tags; a text entry in TensorBoard). A suite adds
+    # suite, arm and seed.
+    tags: dict[str, str] = Field(default_factory=dict)
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
+    tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_of_backends(cls, values: Any) -> Any:
+        if isinstance(values, list | str):
+            return {"backends": [values] if isinstance(values, str) else values}
+        return values
+
+    @field_validator("backends")
+    @classmethod
+    def _installed(cls, backends: list[str], info: ValidationInfo) -> list[str]:
+        """Each backend's package must be importable where the run's server starts
+        (clients never track: they skip this check)."""
+        import importlib.util
+
+        if len(set(backends)) != len(backends):
+            raise ValueError(f"{backends} names a backend twice")
+        if (info.context or {}).get("check_installed", True):
+            for name in backends:
+                module, extra = TRACKING_BACKENDS[name]
+                if importlib.util.find_spec(module) is None:
+                    raise ValueError(f"{name} is not installed: pip install \"{extra}\"")
+        return backends
+
+
 class MethodConfig(_Strict):
     """Base of every method's hyper-parameters; ``name`` selects the method."""
 
@@ -527,6 +634,8 @@ class RunConfig(_Strict):
     secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
     differential_privacy: DifferentialPrivacyConfig = Field(
         default_factory=DifferentialPrivacyConfig)
+    # Experiment trackers the server mirrors the run to, e.g. [tensorboard, mlflow].
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -552,6 +661,11 @@ class RunConfig(_Strict):
             raise ValueError("secure_aggregation.enabled: SecAgg+ needs at least 2 clients per "
                              f"round; clients.fraction gives {sampled}")
 
+        dp = self.differential_privacy
+        if dp.enabled and dp.noise == "distributed" and not self.secure_aggregation.enabled:
+            raise ValueError("differential_privacy.noise: distributed noise needs "
+                             "secure_aggregation.enabled: without it the server sees each "
+                             "upload with only 1/sqrt(clients) of the noise")
         for key in ("secure_aggregation", "differential_privacy"):
             if getattr(self, key).enabled and not get_method(self.method.name).aggregates:
                 raise ValueError(
@@ -707,15 +821,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
-    """Validate a raw dict into a :class:`RunConfig`, with errors naming the key."""
+def parse_config(data: dict[str, Any], source: str = "<dict>", *,
+                 check_installed: bool = True) -> RunConfig:
+    """Validate a raw dict into a :class:`RunConfig`, with errors naming the key.
+
+    ``check_installed=False`` (a client reading the server's config) skips the check that
+    the server-side extras it names (``tracking``) are installed here.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {source}: the top level must be a mapping")
     if "method" not in data:
         raise ConfigError(f"invalid config {source}:\n  method: missing (e.g. method: fedavg)")
     try:
         data = {**data, "method": _validate_method(data["method"])}
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"check_installed": check_installed})
     except _MethodErrors as exc:
         raise ConfigError(_format_error(exc.err, source, prefix="method.")) from None
     except ConfigError as exc:

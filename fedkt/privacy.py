@@ -46,7 +46,9 @@ __all__ = [
     "add_gaussian_noise",
     "clip_update",
     "gaussian_rdp",
+    "noise_share",
     "privatize",
+    "round_epsilon",
     "rdp_to_epsilon",
     "update_norm",
 ]
@@ -381,6 +383,34 @@ class GaussianAccountant:
             "dp/order": order,
             "dp/rounds": float(self.steps),
         }
+
+
+def noise_share(noise: str, clients_per_round: int, min_replies: int | None) -> int:
+    """``m``: each client's noise is the full noise divided by ``sqrt(m)``.
+
+    ``local``: 1 (every client adds all of it).  ``distributed``: the fewest clients whose
+    uploads a round's secure sum may hold, ``clients.min_replies`` (else every client of
+    the round), so that any sum the server can obtain carries at least the full noise.
+    """
+    if noise == "local":
+        return 1
+    if noise != "distributed":
+        raise ValueError(f"noise must be 'local' or 'distributed', got {noise!r}")
+    return max(1, min(clients_per_round, min_replies or clients_per_round))
+
+
+def round_epsilon(clip_norm: float, noise_multiplier: float, delta: float, rounds: int,
+                  share: int = 1) -> dict[str, float]:
+    """What the server logs each round: :func:`upload_epsilon`, and with distributed noise
+    (``share`` m > 1, :func:`noise_share`) ``dp_epsilon`` is the guarantee of the secure
+    sum (which holds the full noise) against the server, and ``dp_epsilon_upload`` that
+    of one upload alone (noise multiplier ``z / sqrt(m)``): against the server colluding
+    with every other client of the round."""
+    out = upload_epsilon(clip_norm, noise_multiplier, delta, rounds)
+    if share > 1:
+        alone = upload_epsilon(clip_norm, noise_multiplier / math.sqrt(share), delta, rounds)
+        out["dp_epsilon_upload"] = alone["dp_epsilon"]
+    return out
 
 
 def upload_epsilon(clip_norm: float, noise_multiplier: float, delta: float, rounds: int

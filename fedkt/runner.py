@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from fedkt import progress
 from fedkt.config import RunConfig
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
@@ -27,13 +28,14 @@ from fedkt.eval.harness import run_after_job
 from fedkt.eval.timing import eval_clock, now
 from fedkt.evidence.compare import round0_summary
 from fedkt.methods import get_method
-from fedkt.methods.base import RoundError, broadcast, seed_everything
+from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
 from fedkt.precision import resolve_precision, set_threads
-from fedkt.privacy import upload_epsilon
+from fedkt.privacy import noise_share, round_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
+from fedkt.trackers import Tracking, open_tracking
 from fedkt.tracking import (
     HOLDINGS,
     LATEST_FILE,
@@ -76,12 +78,16 @@ def run_job(
     """
     run_dir = Path(run_dir or cfg.run_dir)
     with run_lock(run_dir):
-        return _run_job(cfg, transport, resume=resume, quiet=quiet, run_dir=run_dir)
+        recorder = RunRecorder(run_dir, resume=resume, repair=False)
+        # the server's progress bars say whose they are; trackers mirror the run folder
+        with progress.participant("server"), open_tracking(cfg, run_dir, resume) as tracking:
+            recorder.mirrors.append(tracking.row)
+            return _run_job(cfg, transport, recorder, tracking, resume=resume, quiet=quiet)
 
 
-def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
-             run_dir: Path) -> list[dict[str, Any]]:
-    recorder = RunRecorder(run_dir, resume=resume, repair=False)
+def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracking: Tracking,
+             *, resume: bool, quiet: bool) -> list[dict[str, Any]]:
+    run_dir = recorder.run_dir
     set_threads(cfg.runtime.torch_threads)
     resolve_precision(cfg.training.precision, cfg.runtime.device)  # fp16 without CUDA fails here
     method = get_method(cfg.method.name)
@@ -116,6 +122,7 @@ def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
     else:
         recorder.save_config(cfg.to_yaml())
+    tracking.config()
 
     clients = RuntimeClients(cfg, transport)
     if start == 1 and evaluates_round0(cfg):
@@ -133,8 +140,9 @@ def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
             eval_clock() - evaluated - traffic.wait_eval)
         dp = cfg.differential_privacy
         if dp.enabled:  # the privacy budget each client has spent so far
+            share = noise_share(dp.noise, clients_per_round(cfg), cfg.clients.min_replies)
             server_metrics.setdefault("train", {}).update(
-                upload_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd))
+                round_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd, share))
         server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
         if "server" in server_eval:
             server_metrics.setdefault("test", {}).update(server_eval.pop("server"))
@@ -173,10 +181,10 @@ def _run_job(cfg: RunConfig, transport: Transport, *, resume: bool, quiet: bool,
         _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd, cfg.seed)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
+    summary = recorder.summary()
     if not quiet:
-        print(recorder.summary())
-    else:
-        recorder.summary()
+        print(summary)
+    tracking.summary(summary)
     if cfg.eval.plots:
         recorder.plot()
     if cfg.eval.harness:  # lm-evaluation-harness on the final models (fedkt[harness])

@@ -33,7 +33,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -217,6 +217,8 @@ class RunRecorder:
         self.metrics_path = self.run_dir / METRICS_FILE
         self.checkpoints = self.run_dir / "checkpoints"
         self.plots_dir = self.run_dir / "plots"
+        # Called with each row :meth:`log` writes (the run's experiment trackers).
+        self.mirrors: list[Callable[[dict[str, Any]], None]] = []
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             if repair:
@@ -232,7 +234,7 @@ class RunRecorder:
     # ------------------------------------------------------------------ files
 
     def _clear(self) -> None:
-        for name in (METRICS_FILE, SUMMARY_FILE):
+        for name in (METRICS_FILE, SUMMARY_FILE, "trackers.json"):
             (self.run_dir / name).unlink(missing_ok=True)
         if self.plots_dir.is_dir():
             for png in self.plots_dir.glob("*.png"):
@@ -277,12 +279,14 @@ class RunRecorder:
     # ------------------------------------------------------------------ metrics
 
     def log(self, row: dict[str, Any]) -> None:
-        """Append one row to ``metrics.jsonl``."""
+        """Append one row to ``metrics.jsonl`` (and hand it to each of :attr:`mirrors`)."""
         if not isinstance(row, dict):
             raise TypeError(f"a metrics row must be a dict, got {type(row).__name__}")
         line = json.dumps({str(k): _plain(v) for k, v in row.items()}, default=str)
         with self.metrics_path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")
+        for mirror in self.mirrors:
+            mirror(json.loads(line))
 
     def rows(self) -> list[dict[str, Any]]:
         """All logged rows, in order."""

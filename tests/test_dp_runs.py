@@ -89,3 +89,58 @@ def test_dp_composes_with_secure_aggregation(make_config):
 def test_dp_is_refused_where_uploads_are_not_summed(make_config):
     with pytest.raises(ConfigError, match="differential_privacy.enabled: method 'fedmkt'"):
         make_config("differential_privacy.enabled=true", method="fedmkt")
+
+
+def _noise_of(cfg, cid: int, n: int = 200_000) -> torch.Tensor:
+    """What client ``cid`` uploads for a zero change: its DP noise alone."""
+    from pathlib import Path
+
+    from fedkt.methods.base import ClientContext
+
+    ctx = ClientContext(cfg=cfg, cid=cid, rnd=1, step=0, state_dir=Path("unused"))
+    zero = {"w": torch.zeros(n)}
+    return ctx.privatize(zero, zero)["w"]
+
+
+def test_distributed_noise_gives_the_sum_the_full_noise(make_config):
+    z, clip = 2.0, 0.5
+    common = ["clients.num_clients=4", "differential_privacy.enabled=true",
+              f"differential_privacy.clip_norm={clip}",
+              f"differential_privacy.noise_multiplier={z}", "secure_aggregation.enabled=true"]
+    local = make_config(*common, name="local")
+    dist = make_config(*common, "differential_privacy.noise=distributed", name="dist")
+    sigma = z * clip
+    assert _noise_of(local, 0).std().item() == pytest.approx(sigma, rel=0.01)
+    each = [_noise_of(dist, cid) for cid in range(4)]
+    for noise in each:  # sigma / sqrt(4) per client ...
+        assert noise.std().item() == pytest.approx(sigma / 2, rel=0.01)
+    # ... independent across clients, so the sum the server unmasks carries sigma
+    assert torch.stack(each).sum(0).std().item() == pytest.approx(sigma, rel=0.01)
+    # with clients.min_replies: 2, any sum of at least 2 uploads still carries sigma
+    two = make_config(*common, "differential_privacy.noise=distributed",
+                      "clients.min_replies=2", name="two")
+    assert _noise_of(two, 0).std().item() == pytest.approx(sigma / math.sqrt(2), rel=0.01)
+
+
+def test_distributed_noise_reports_the_sum_and_the_lone_upload(make_config):
+    from fedkt.privacy import upload_epsilon
+
+    cfg = make_config("clients.num_clients=3", "rounds=1", "differential_privacy.enabled=true",
+                      "differential_privacy.clip_norm=0.05",
+                      "differential_privacy.noise_multiplier=2",
+                      "differential_privacy.noise=distributed",
+                      "secure_aggregation.enabled=true", "secure_aggregation.max_weight=64")
+    rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    server = next(r for r in rows if r["participant"] == "server" and r["split"] == "train")
+    assert server["clients_replied"] == 3
+    assert server["dp_epsilon"] == upload_epsilon(0.05, 2.0, 1e-5, 1)["dp_epsilon"]
+    assert server["dp_epsilon_upload"] == upload_epsilon(0.05, 2 / math.sqrt(3), 1e-5,
+                                                         1)["dp_epsilon"]
+    assert server["dp_epsilon_upload"] > server["dp_epsilon"]
+
+
+def test_distributed_noise_is_refused_without_secure_aggregation(make_config):
+    with pytest.raises(ConfigError, match="differential_privacy.noise: distributed noise "
+                                          "needs secure_aggregation.enabled"):
+        make_config("differential_privacy.enabled=true",
+                    "differential_privacy.noise=distributed")

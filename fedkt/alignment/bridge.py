@@ -30,6 +30,7 @@ from torch import Tensor
 from fedkt.alignment.sequence import Alignment, align_sequences
 from fedkt.alignment.topk import PAD_VALUE, sparse_kl
 from fedkt.alignment.vocab import cache_dir, vocab_hash, vocab_mapping
+from fedkt.progress import counted
 
 if TYPE_CHECKING:
     from fedkt.alignment.knowledge import PublicSet
@@ -80,7 +81,7 @@ class TokenBridge:
         aligns = cached_alignments(
             cache_dir("alignments") / f"fedmkt-{key}.npz",
             lambda: [align_sequences(a["input_ids"], b["input_ids"], self.src_tok, self.tgt_tok)
-                     for a, b in zip(src.seqs, tgt.seqs, strict=True)],
+                     for a, b in counted(zip(src.seqs, tgt.seqs, strict=True), len(src))],
             len(src))
         _ALIGN_MEMORY[key] = aligns
         while len(_ALIGN_MEMORY) > 16:

@@ -48,16 +48,19 @@ FIELD = "choices"  # the payload field: {"posteriors": fp32 [N, C]}
 _ROW_SUM_TOL = 1e-3
 
 
-def _views(cfg: RunConfig, records: Sequence[dict]) -> list[tuple[str, list[str]]]:
-    """(context, continuations) of each record; reads no label."""
-    from fedkt.data.formatting import choice_view
+def _views(cfg: RunConfig, records: Sequence[dict], tokenizer: Any
+           ) -> list[tuple[str, list[str]]]:
+    """(context, continuations) of each record, as the evaluation shows them to the model
+    of ``tokenizer`` (its chat template with ``data.chat_template``); reads no label."""
+    from fedkt.data.formatting import chat_format, choice_view
     from fedkt.data.splits import run_data
 
     fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
     if fd.task not in ("classification", "multiple_choice"):
         raise ValueError(f"choice knowledge needs a classification or multiple-choice task; "
                          f"{fd.name or 'the dataset'} is {fd.task}")
-    return [choice_view(r, fd.task, fd.label_names, fd.template) for r in records]
+    chat = chat_format(cfg.data.chat_template, tokenizer)
+    return [choice_view(r, fd.task, fd.label_names, fd.template, chat) for r in records]
 
 
 Encoded = list[list[tuple[list[int], int]]]  # [sample][choice] -> (token ids, choice length)
@@ -69,7 +72,7 @@ def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict]) -> Encoded:
     from fedkt.eval.lm import encode_scored
 
     return [[encode_scored(tokenizer, ctx, cont, cfg.data.max_length) for cont in conts]
-            for ctx, conts in _views(cfg, records)]
+            for ctx, conts in _views(cfg, records, tokenizer)]
 
 
 def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
@@ -115,7 +118,7 @@ def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
     """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient)."""
     from fedkt.eval.lm import score_choices
 
-    views = _views(cfg, records)
+    views = _views(cfg, records, lm.tokenizer)
     with torch.no_grad(), autocast(cfg, lm.model):
         scores = score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
                                [v[1] for v in views], batch_size=cfg.eval.batch_size,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedkt import progress
 from fedkt.alignment.topk import PAD_VALUE, TopKLogits
 from fedkt.config import RunConfig
 from fedkt.data.lm_batches import IGNORE_INDEX, make_batches, pad_token_id, tokenize_pairs
@@ -46,7 +47,7 @@ class PublicSet:
 
     @classmethod
     def build(cls, cfg: RunConfig, tokenizer: Any, records: list[dict]) -> PublicSet:
-        seqs = tokenize_pairs(tokenizer, lm_pairs(cfg, records), cfg.data.max_length)
+        seqs = tokenize_pairs(tokenizer, lm_pairs(cfg, records, tokenizer), cfg.data.max_length)
         return cls(seqs, pad_token_id(tokenizer))
 
     def __len__(self) -> int:
@@ -99,6 +100,7 @@ def knowledge_set(lm: LM, public: PublicSet, k: int, *, batch_size: int,
     was_training = model.training
     model.eval()
     row = 0
+    shown = progress.bar(n, "knowledge")
     for batch in make_batches(public.seqs, batch_size, None, public.pad_id):
         batch = {key: v.to(device) for key, v in batch.items()}
         logits = model(input_ids=batch["input_ids"],
@@ -114,6 +116,8 @@ def knowledge_set(lm: LM, public: PublicSet, k: int, *, batch_size: int,
         indices[row:row + b, :w] = top_i.cpu().to(torch.int32).masked_fill(pad, 0)
         losses[row:row + b] = _sample_losses(logits, batch["labels"], reduction).cpu()
         row += b
+        shown.update(b)
+    shown.close()
     model.train(was_training)
     return TopKLogits(sample_ids=torch.arange(n, dtype=torch.int64), values=values,
                       indices=indices, lengths=torch.tensor(public.lengths, dtype=torch.int32),

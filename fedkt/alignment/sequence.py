@@ -33,6 +33,7 @@ from rapidfuzz.distance import Levenshtein
 
 from fedkt.alignment.vocab import _memo, token_bytes, vocab_hash
 from fedkt.cache import cache_dir, cached
+from fedkt.progress import counted
 
 __all__ = [
     "Alignment",
@@ -310,8 +311,9 @@ def align_corpus(texts: Sequence[str], src_tokenizer: Any, tgt_tokenizer: Any, *
         src_lay, tgt_lay = _layout(src_tokenizer), _layout(tgt_tokenizer)
         src_all = _encode(src_tokenizer, texts, add_special_tokens, max_length)
         tgt_all = _encode(tgt_tokenizer, texts, add_special_tokens, max_length)
+        pairs = counted(zip(src_all, tgt_all, strict=True), len(texts))
         return [_align_ids(np.asarray(s, dtype=np.int64), np.asarray(t, dtype=np.int64),
-                           src_lay, tgt_lay) for s, t in zip(src_all, tgt_all, strict=True)]
+                           src_lay, tgt_lay) for s, t in pairs]
 
     out = (cached_alignments(cache_dir("alignments") / f"{key}.npz", compute, len(texts))
            if cache else compute())

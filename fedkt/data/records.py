@@ -5,6 +5,11 @@ A normalised record is a plain dict whose keys depend on the task:
 * ``"multiple_choice"``: ``{"prompt": str, "choices": list[str], "label": int}``
 * ``"classification"``: ``{"text": str, "label": int}`` (names in ``Dataset.label_names``)
 * ``"generation"``: ``{"prompt": str, "target": str}`` and optionally ``"references"``
+* a chat prompt: a source row with ``messages`` (``[{"role", "content"}, ...]``, roles
+  system/user/assistant) instead of the prompt (``text`` for classification): its last
+  user turn is the prompt, the turns before it are kept as ``"messages"`` (see
+  :mod:`fedkt.data.formatting`), and for generation a final assistant turn is the
+  target when the row has none
 * ``"image_classification"``: ``{"image": Tensor [C, H, W] in [0, 1], "label": int}``
   (built-in ``digits`` and image files; see :mod:`fedkt.data.image_records`)
 
@@ -43,6 +48,9 @@ TASK_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "classification": (("text", "label"), ()),
     "generation": (("prompt", "target"), ("references",)),
 }
+# The field a row's chat ``messages`` stand in for, per task.
+_CHAT_FIELD = {"multiple_choice": "prompt", "classification": "text", "generation": "prompt"}
+_ROLES = ("system", "user", "assistant")
 _LIST_FIELDS = ("choices", "references")
 _TEXT_FIELDS = ("prompt", "text", "target")
 # Without label_names, classes are "0".."max label": refuse absurd maxima (a typo, an id).
@@ -379,11 +387,11 @@ class _Normaliser:
         id_prefix: str,
     ) -> None:
         required, optional = TASK_FIELDS[task]
-        unknown = sorted(set(fields) - set(required) - set(optional))
+        unknown = sorted(set(fields) - set(required) - set(optional) - {"messages"})
         if unknown:
             raise DataError(
                 f"fields: unknown fedkt field(s) {unknown} for task {task!r}; "
-                f"allowed: {list(required + optional)}"
+                f"allowed: {[*required, *optional, 'messages']}"
             )
         self.task = task
         self.fields = fields
@@ -423,9 +431,46 @@ class _Normaliser:
             raise DataError(f"{where}: field {self._name(name)} is empty")
         return value
 
+    def _chat(self, where: str, row: dict[str, Any]) -> tuple[dict[str, Any],
+                                                             list[dict[str, str]], str | None]:
+        """A row whose prompt is given as chat ``messages``: the row with its prompt (and,
+        generation, its target) filled from the turns, the earlier turns, and the
+        messages' source field (None: the row has a plain prompt)."""
+        src = self.fields.get("messages", "messages")
+        main = _CHAT_FIELD[self.task]
+        if src not in row or self.fields.get(main, main) in row:
+            return row, [], None
+        what = f"{where}: field {self._name('messages')}"
+        turns = _as_list(row[src], what)
+        checked = []
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict) or set(turn) - {"role", "content"} or \
+                    turn.get("role") not in _ROLES:
+                raise DataError(f"{what} turn {i}: expected {{role, content}} with role one "
+                                f"of {list(_ROLES)}, got {turn!r:.80}")
+            checked.append({"role": turn["role"],
+                            "content": self._text(f"{what} turn {i}", "messages",
+                                                  turn.get("content"))})
+        row = dict(row)
+        target = self.fields.get("target", "target")
+        if self.task == "generation" and target not in row and checked and \
+                checked[-1]["role"] == "assistant":
+            row[target] = checked.pop()["content"]
+        if not checked or checked[-1]["role"] != "user":
+            raise DataError(f"{what}: the last turn must be the user's (the prompt)"
+                            + ("" if self.task != "generation" else
+                               ", or the assistant's reply after it (the target)"))
+        row[self.fields.get(main, main)] = checked.pop()["content"]
+        return row, checked, src
+
     def __call__(self, where: str, index: int, row: dict[str, Any]) -> dict[str, Any]:
         rec: dict[str, Any] = {"id": f"{self.id_prefix}{index}"}
         used: set[str] = set()
+        row, history, chat_src = self._chat(where, row)
+        if chat_src is not None:
+            used.add(chat_src)
+            if history:
+                rec["messages"] = history
         for name in self.required + self.optional:
             if name not in self.required and name not in self.fields and name not in row:
                 continue

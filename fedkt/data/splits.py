@@ -17,7 +17,7 @@ from fedkt.data.public import load_public_texts, without_labels
 from fedkt.data.records import DataError, Dataset, load_dataset_records
 
 # Purposes, so that each random draw has its own stream.
-_SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER = 1, 2, 3, 4, 5
+_SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER, _BY_FIELD = 1, 2, 3, 4, 5, 6
 MAX_DIRICHLET_TRIES = 100
 
 
@@ -123,7 +123,7 @@ def partition(
     ``num_clients`` records, is left out).  ``dirichlet``: for each class, client shares
     are drawn from Dirichlet(alpha); draws are repeated (at most
     ``MAX_DIRICHLET_TRIES``) until every client has ``min_size`` records.  Labels default
-    to each record's ``"label"``.
+    to each record's ``"label"``.  ``by_field``: see :func:`field_groups`.
     """
     if num_clients < 1:
         raise DataError(f"num_clients must be at least 1, got {num_clients}")
@@ -137,7 +137,60 @@ def partition(
             )
         perm = _rng(seed, _IID).permutation(n)
         return [perm[k * size : (k + 1) * size].tolist() for k in range(num_clients)]
+    if cfg.scheme == "by_field":
+        return _by_field(records, num_clients, cfg, seed)
     return _dirichlet(records, num_clients, cfg, seed, labels)
+
+
+def field_value(record: dict[str, Any], field: str) -> Any:
+    """``record[field]``, else the source field kept in its ``extra``; a record without
+    it raises :class:`DataError` naming the field and the record."""
+    if field in record and field != "extra":
+        return record[field]
+    extra = record.get("extra") or {}
+    if field in extra:
+        return extra[field]
+    have = sorted([k for k in record if k != "extra"] + list(extra))
+    raise DataError(f"partition by_field: record {record.get('id', '?')!r} has no field "
+                    f"{field!r}; its fields: {have}")
+
+
+def field_groups(records: list[dict[str, Any]], num_clients: int, field: str,
+                 seed: int) -> list[list[Any]]:
+    """The values of ``field`` each client gets (NaturalIdPartitioner, grouped).
+
+    As many values as clients: client k gets the k-th value in sorted order.  More
+    values than clients: the sorted values in a seeded order, cut into ``num_clients``
+    consecutive groups whose numbers of values differ by at most one.
+    """
+    values = sorted({field_value(r, field) for r in records}, key=lambda v: (str(type(v)), v))
+    if len(values) < num_clients:
+        raise DataError(
+            f"partition by_field: field {field!r} has {len(values)} distinct value(s) in "
+            f"the private pool ({values[:10]}), fewer than num_clients={num_clients}; "
+            "use fewer clients or another field")
+    if len(values) == num_clients:
+        return [[v] for v in values]
+    order = _rng(seed, _BY_FIELD).permutation(len(values))
+    return [[values[i] for i in chunk]
+            for chunk in np.array_split(order, num_clients)]
+
+
+def _by_field(records: list[dict[str, Any]], num_clients: int, cfg: PartitionConfig,
+              seed: int) -> list[list[int]]:
+    field = str(cfg.field)
+    groups = field_groups(records, num_clients, field, seed)
+    client_of = {v: k for k, group in enumerate(groups) for v in group}
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for i, r in enumerate(records):  # records keep the pool's order within a client
+        parts[client_of[field_value(r, field)]].append(i)
+    small = [k for k, p in enumerate(parts) if len(p) < max(1, cfg.min_size)]
+    if small:
+        raise DataError(
+            f"partition by_field ({field!r}): client(s) {small} get fewer than "
+            f"min_size={max(1, cfg.min_size)} records (sizes {[len(p) for p in parts]}); "
+            "lower min_size or use fewer clients")
+    return parts
 
 
 def _dirichlet(

@@ -15,13 +15,14 @@ results are deterministic for a given model, tokenizer and inputs.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from fedkt import progress
 from fedkt.eval import predictions
 from fedkt.eval.groups import group_accuracies, resolve_groups
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
@@ -159,11 +160,13 @@ def _score_pairs(
     *,
     batch_size: int,
     max_length: int,
+    done: Callable[[Sequence[int]], None] | None = None,
 ) -> list[tuple[float, int]]:
     """``(sum of continuation log-probs, continuation tokens scored)`` per pair.
 
     Sequences longer than ``max_length`` tokens lose context tokens from the
-    left (and, if the continuation alone is longer, its first tokens).
+    left (and, if the continuation alone is longer, its first tokens).  ``done`` is
+    called with the indices of the pairs each batch scored (progress).
     """
     if max_length < 1 or batch_size < 1:
         raise ValueError("max_length and batch_size must be at least 1")
@@ -199,6 +202,8 @@ def _score_pairs(
                 targets = torch.tensor(seq[-n:], device=logprobs.device)
                 total = logprobs.gather(-1, targets[:, None]).sum().item()
                 results[i] = (total, n)
+            if done is not None:
+                done(idx)
     return results
 
 
@@ -241,12 +246,26 @@ def _score_grouped(
             f"{len(contexts)} contexts but {len(continuations_per_example)} lists of continuations"
         )
     out: list[list[tuple[float, int]] | None] = [None] * len(contexts)
-    if _shares_context(model):
-        out = _score_shared(model, tokenizer, contexts, continuations_per_example,
-                            batch_size=batch_size, max_length=max_length)
-    rest = [i for i, row in enumerate(out) if row is None]
-    pairs = [(contexts[i], cont) for i in rest for cont in continuations_per_example[i]]
-    flat = _score_pairs(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length)
+    with progress.bar(len(contexts), "eval") as shown:
+        if _shares_context(model):
+            out = _score_shared(model, tokenizer, contexts, continuations_per_example,
+                                batch_size=batch_size, max_length=max_length,
+                                done=shown.update)
+        rest = [i for i, row in enumerate(out) if row is None]
+        pairs = [(contexts[i], cont) for i in rest for cont in continuations_per_example[i]]
+        owner = [i for i in rest for _ in continuations_per_example[i]]
+        left = {i: len(continuations_per_example[i]) for i in rest}
+        shown.update(sum(1 for i in rest if not left[i]))
+
+        def scored(batch: Sequence[int]) -> None:  # an example is done with its last choice
+            finished = 0
+            for p in batch:
+                left[owner[p]] -= 1
+                finished += left[owner[p]] == 0
+            shown.update(finished)
+
+        flat = _score_pairs(model, tokenizer, pairs, batch_size=batch_size,
+                            max_length=max_length, done=scored)
     pos = 0
     for i in rest:
         n = len(continuations_per_example[i])
@@ -270,11 +289,13 @@ def _score_shared(
     *,
     batch_size: int,
     max_length: int,
+    done: Callable[[int], Any] | None = None,
 ) -> list[list[tuple[float, int]] | None]:
     """Score each example's choices from one forward of its context (its key/value cache
     is copied to every choice): the same numbers as :func:`_score_pairs`, a fraction of
     the work when contexts are long next to the choices.  Examples whose context tokens
     depend on the choice, or that need truncation, are left ``None`` for the caller.
+    ``done`` is called with the number of examples each chunk scored (progress).
     """
     prefix = _special_prefix(tokenizer)
     out: list[list[tuple[float, int]] | None] = [None] * len(contexts)
@@ -295,10 +316,14 @@ def _score_shared(
             for item in group:  # chunks of about batch_size (example, choice) rows
                 if chunk and sum(len(c[2]) for c in chunk) + len(item[2]) > batch_size:
                     _score_chunk(model, chunk, out, device, pad_id, keep)
+                    if done is not None:
+                        done(len(chunk))
                     chunk = []
                 chunk.append(item)
             if chunk:
                 _score_chunk(model, chunk, out, device, pad_id, keep)
+                if done is not None:
+                    done(len(chunk))
     return out
 
 
@@ -392,8 +417,10 @@ def target_loss(
     """Mean cross-entropy (nats) per target token, over all targets' tokens together."""
     if len(prompts) != len(targets):
         raise ValueError(f"{len(prompts)} prompts but {len(targets)} targets")
-    scored = _score_pairs(model, tokenizer, list(zip(prompts, targets, strict=True)),
-                          batch_size=batch_size, max_length=max_length)
+    with progress.bar(len(prompts), "eval loss") as shown:
+        scored = _score_pairs(model, tokenizer, list(zip(prompts, targets, strict=True)),
+                              batch_size=batch_size, max_length=max_length,
+                              done=lambda batch: shown.update(len(batch)))
     tokens = sum(n for _, n in scored)
     return -sum(lp for lp, _ in scored) / tokens if tokens else 0.0
 
@@ -465,9 +492,10 @@ def generate(
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     outputs: list[str] = [""] * len(encoded)
     device = _device(model)
-    with _inference(model):
+    with _inference(model), progress.bar(len(order), "generate") as shown:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
+            shown.update(len(idx))
             ids, mask = _pad([encoded[i] for i in idx], pad_id, "left")
             width = ids.shape[1]
             criteria = StoppingCriteriaList([_StopStrings(width)] if stop else [])
@@ -517,9 +545,10 @@ def eval_classifier(
     order = sorted(range(len(texts)), key=lambda i: -len(encoded[i]))
     preds: list[int] = [0] * len(texts)
     losses: list[float] = [0.0] * len(texts)
-    with _inference(model):
+    with _inference(model), progress.bar(len(order), "eval") as shown:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
+            shown.update(len(idx))
             gold = torch.tensor([int(labels[i]) for i in idx], dtype=torch.long)
             ids, mask = _pad([encoded[i] for i in idx], pad_id, side)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
@@ -574,8 +603,12 @@ def evaluate_causal_lm(
     positive_label: int = 1,
     template: str | None = None,
     class_groups: Mapping[str, Any] | None = None,
+    chat: Any = None,
 ) -> dict[str, float]:
     """Evaluate a causal LM on normalised records of ``task``.
+
+    ``chat`` (a :class:`fedkt.data.formatting.ChatFormat`) wraps each prompt in the
+    model's chat template; the target and choices are the assistant's reply.
 
     multiple_choice / classification: ``accuracy`` and ``accuracy_norm`` by
     choice log-likelihood, and ``accuracy_<name>`` of each of ``class_groups``
@@ -597,7 +630,7 @@ def evaluate_causal_lm(
                             and label_names is not None else None) if task != "generation" else {}
 
     names = list(label_names) if label_names is not None else None
-    pairs = [lm_pair(r, task, names, template) for r in records]
+    pairs = [lm_pair(r, task, names, template, chat) for r in records]
     prompts = [p for p, _ in pairs]
     if task == "generation":
         out = {"loss": target_loss(model, tokenizer, prompts, [t for _, t in pairs],
@@ -611,7 +644,7 @@ def evaluate_causal_lm(
         predictions.emit({"id": _ids(records), "gold": [r[0] for r in refs], "pred": preds,
                           "rougeL": per_item}, task=task)
         return out
-    views = [mc_view(r, task, names, template) for r in records]
+    views = [mc_view(r, task, names, template, chat) for r in records]
     contexts = [v[0] for v in views]
     choices = [list(v[1]) for v in views]
     golds = [int(v[2]) for v in views]

@@ -47,6 +47,7 @@ __all__ = [
     "PREDICTIONS_DIR",
     "Predictions",
     "capture",
+    "current_scope",
     "emit",
     "pack",
     "prediction_files",
@@ -166,6 +167,11 @@ def scope(name: str) -> Iterator[None]:
         yield
     finally:
         _SCOPE.reset(token)
+
+
+def current_scope() -> str:
+    """The innermost :func:`scope` (``""`` outside one)."""
+    return _SCOPE.get()
 
 
 def emit(columns: dict[str, Sequence[Any]], **meta: Any) -> None:

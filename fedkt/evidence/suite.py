@@ -30,7 +30,9 @@ and ``plots/``; a ``comparison`` section adds the cross-method table
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -83,6 +85,11 @@ class SuiteConfig(_Strict):
     bootstrap_seed: int = 0
     # The cross-method table (fedkt.evidence.comparison): accuracy, bytes, compute, exposure.
     comparison: ComparisonConfig | None = None
+    # Experiment trackers for every run (a run config's ``tracking``, e.g. [mlflow]); an
+    # arm's own ``tracking`` wins.  Each (arm, seed) is one tracking run tagged suite, arm
+    # and seed, in one MLflow experiment (the suite's name; store SUITE/mlruns unless
+    # $MLFLOW_TRACKING_URI) and under SUITE/tensorboard/ARM/seed_N.
+    tracking: list[str] | dict[str, Any] | None = None
 
     @field_validator("arms")
     @classmethod
@@ -182,6 +189,11 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
         for seed in cfg.seeds:
             run_data = {**data, "seed": seed, "name": f"{arm}",
                         "output_dir": str(folder / arm / f"seed_{seed}")}
+            if cfg.tracking is not None and "tracking" not in overrides:
+                run_data["tracking"] = copy.deepcopy(cfg.tracking)
+            if run_data.get("tracking"):
+                run_data["tracking"] = _suite_tracking(run_data["tracking"], cfg.name, folder,
+                                                       arm, seed)
             try:
                 runs[(arm, seed)] = parse_config(run_data, f"(suite {path}, arm {arm!r})")
             except ConfigError as exc:
@@ -193,6 +205,27 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
     if isinstance(cfg.base, str):  # the copy in the suite folder must find its base too
         cfg = cfg.model_copy(update={"base": base})
     return Suite(cfg, folder, runs, claims, path)
+
+
+def _suite_tracking(tracking: Any, suite: str, folder: Path, arm: str, seed: int) -> Any:
+    """A run's ``tracking`` with the suite's defaults: one run per (arm, seed), tagged
+    with both, in the suite's experiment and folders (explicit settings win)."""
+    if isinstance(tracking, list | str):
+        tracking = {"backends": tracking}
+    if not isinstance(tracking, dict):
+        return tracking  # parse_config names what is wrong with it
+    out = copy.deepcopy(tracking)
+    out.setdefault("run_name", f"{arm}/seed_{seed}")
+    out["tags"] = {**(out.get("tags") or {}), "suite": suite, "arm": arm, "seed": str(seed)}
+    mlflow = out.setdefault("mlflow", {})
+    tensorboard = out.setdefault("tensorboard", {})
+    if isinstance(mlflow, dict):
+        mlflow.setdefault("experiment", suite)
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            mlflow.setdefault("uri", str(folder / "mlruns"))
+    if isinstance(tensorboard, dict):
+        tensorboard.setdefault("dir", str(folder / "tensorboard" / arm / f"seed_{seed}"))
+    return out
 
 
 # --------------------------------------------------------------------------- running

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,14 @@ def derive_seed(base: int, *tags: object) -> int:
     """A stable 31-bit seed from a base seed and tags (independent of hash randomisation)."""
     text = "/".join(str(t) for t in (base, *tags))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def clients_per_round(cfg: RunConfig) -> int:
+    """How many clients each round asks: ``max(1, round(fraction * K))`` of the K
+    participants (all of them with ``clients.fraction: 1``)."""
+    ids = cfg.client_ids()
+    return len(ids) if cfg.clients.fraction >= 1 else max(1, round(cfg.clients.fraction
+                                                                     * len(ids)))
 
 
 def seed_everything(seed: int) -> None:
@@ -109,15 +118,18 @@ class ClientContext:
 
         The Gaussian mechanism on the change ``upload - reference`` (``reference``
         None: ``upload`` already is a change): clip its L2 norm to
-        ``differential_privacy.clip_norm``, add ``N(0, (noise_multiplier * clip_norm)^2)``.
+        ``differential_privacy.clip_norm``, add ``N(0, (noise_multiplier * clip_norm)^2)``
+        (divided by sqrt(m) with ``noise: distributed``: :func:`fedkt.privacy.noise_share`).
         """
         dp = self.cfg.differential_privacy
         if not dp.enabled:
             return upload
-        from fedkt.privacy import privatize
+        from fedkt.privacy import noise_share, privatize
 
+        share = noise_share(dp.noise, clients_per_round(self.cfg), self.cfg.clients.min_replies)
         noisy, _ = privatize(upload, reference, clip_norm=dp.clip_norm,
-                             noise_multiplier=dp.noise_multiplier, seed=self.seed("dp"))
+                             noise_multiplier=dp.noise_multiplier / math.sqrt(share),
+                             seed=self.seed("dp"))
         return noisy
 
     def save_state(self, name: str, tensors: dict[str, torch.Tensor]) -> Path:

@@ -27,8 +27,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import yaml
 
+from fedkt import progress
 from fedkt.aggregation import fedavg
-from fedkt.config import RunConfig, RuntimeConfig, parse_config
+from fedkt.config import RunConfig, RuntimeConfig, TrackingConfig, parse_config
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
 from fedkt.eval.timing import Clock, eval_clock, now
@@ -91,10 +92,12 @@ class Traffic:
 
 
 def client_view(cfg: RunConfig) -> RunConfig:
-    """The config clients receive: without the server's output folder and transport
-    settings, so requests are byte-identical whichever runtime and folder a run uses."""
+    """The config clients receive: without the server's output folder, transport settings
+    and experiment trackers, so requests are byte-identical whichever runtime, folder and
+    trackers a run uses."""
     runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device)
-    return cfg.model_copy(update={"output_dir": ".", "runtime": runtime})
+    return cfg.model_copy(update={"output_dir": ".", "runtime": runtime,
+                                  "tracking": TrackingConfig()})
 
 
 def sample_clients(cfg: RunConfig, rnd: int) -> list[int]:
@@ -341,7 +344,8 @@ class RuntimeClients:
 def _config_from_yaml(text: str) -> RunConfig:
     import yaml
 
-    return parse_config(yaml.safe_load(text), "<received config>")
+    # check_installed=False: tracking is the server's; a client needs none of its extras.
+    return parse_config(yaml.safe_load(text), "<received config>", check_installed=False)
 
 
 def default_state_root(cfg: RunConfig) -> Path:
@@ -441,7 +445,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                             evaluate=bool(env["evaluate"]))
         set_threads(cfg.runtime.torch_threads)
         seed_everything(ctx.seed("handler"))
-        with predictions.capture() as tables:
+        with predictions.capture() as tables, progress.participant(ctx.name):
             reply = method.handlers[env["handler"]](ctx, msg)
         if tables and ctx.evaluate and cfg.eval.predictions:
             blob = bytearray(predictions.pack(tables))

@@ -109,12 +109,15 @@ def _federated_data(cfg: RunConfig) -> Any:
     return run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
 
 
-def lm_pairs(cfg: RunConfig, records: list[dict]) -> list[tuple[str, str]]:
-    """(prompt, target) training pairs for the run's task."""
-    from fedkt.data.formatting import lm_pair
+def lm_pairs(cfg: RunConfig, records: list[dict], tokenizer: Any = None
+             ) -> list[tuple[str, str]]:
+    """(prompt, target) training pairs for the run's task, for the model of ``tokenizer``
+    (its chat template with ``data.chat_template``; None: plain prompts)."""
+    from fedkt.data.formatting import chat_format, lm_pair
 
     fd = _federated_data(cfg)
-    return [lm_pair(r, fd.task, fd.label_names, fd.template) for r in records]
+    chat = chat_format(cfg.data.chat_template, tokenizer) if tokenizer is not None else None
+    return [lm_pair(r, fd.task, fd.label_names, fd.template, chat) for r in records]
 
 
 def lm_batches(cfg: RunConfig, tokenizer: Any, records: list[dict], seed: int | None,
@@ -122,7 +125,8 @@ def lm_batches(cfg: RunConfig, tokenizer: Any, records: list[dict], seed: int | 
     """Padded batches of ``records``' (prompt, target) pairs, shuffled with ``seed``."""
     from fedkt.data.lm_batches import make_batches, tokenize_pairs
 
-    tokenized = tokenize_pairs(tokenizer, lm_pairs(cfg, records), cfg.data.max_length)
+    tokenized = tokenize_pairs(tokenizer, lm_pairs(cfg, records, tokenizer),
+                               cfg.data.max_length)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return make_batches(tokenized, batch_size or cfg.training.batch_size, seed, pad)
 
@@ -183,16 +187,18 @@ def train_lm(
 
 def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]:
     """Evaluate a model on records of the run's task (accuracy, F1 or Rouge-L, loss)."""
+    from fedkt.data.formatting import chat_format
     from fedkt.eval.lm import evaluate_causal_lm
 
     fd = _federated_data(cfg)
+    chat = chat_format(cfg.data.chat_template, lm.tokenizer)
     with autocast(cfg, lm.model):
         return evaluate_causal_lm(lm.model, lm.tokenizer, records, fd.task, fd.label_names,
                                   batch_size=cfg.eval.batch_size,
                                   max_length=cfg.data.max_length,
                                   max_new_tokens=cfg.eval.max_new_tokens,
                                   positive_label=cfg.eval.positive_label, template=fd.template,
-                                  class_groups=cfg.eval.class_groups)
+                                  class_groups=cfg.eval.class_groups, chat=chat)
 
 
 def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:

@@ -34,7 +34,7 @@ def test_training_posteriors_are_the_scorers(setting):
         logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public),
                                        lm.tokenizer.pad_token_id or 0)
     assert torch.allclose(logq.exp(), p, atol=1e-5)
-    views = choices._views(cfg, public)
+    views = choices._views(cfg, public, lm.tokenizer)
     scores = torch.tensor(score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
                                         [v[1] for v in views], max_length=cfg.data.max_length))
     assert torch.equal(scores.argmax(-1), p.argmax(-1))

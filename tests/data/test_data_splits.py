@@ -188,3 +188,75 @@ def test_independent_of_hash_randomisation() -> None:
         outs.append(json.loads(stdout))
     assert outs[0] == outs[1]
     assert len(outs[0][1]) == 3 and all(outs[0][1])
+
+
+# --------------------------------------------------------------------------- by_field
+
+
+def _speakers(n_speakers: int, per: int = 3) -> list[dict]:
+    """A constructed set with a natural key: ``speaker`` kept in each record's extra."""
+    return [{"id": f"{s}-{i}", "text": f"utterance {i} of {s}", "label": i % 2,
+             "extra": {"speaker": f"spk{s:02d}"}}
+            for s in range(n_speakers) for i in range(per + s % 2)]
+
+
+def test_by_field_one_client_per_value_keeps_each_value_on_its_own_client() -> None:
+    records = _speakers(4)
+    cfg = PartitionConfig(scheme="by_field", field="speaker")
+    parts = partition(records, 4, cfg, seed=0)
+    # sorted values, one per client; every record placed once, in pool order
+    assert [{records[i]["extra"]["speaker"] for i in p} for p in parts] == [
+        {"spk00"}, {"spk01"}, {"spk02"}, {"spk03"}]
+    assert sorted(i for p in parts for i in p) == list(range(len(records)))
+    assert all(p == sorted(p) for p in parts)
+    assert parts == partition(records, 4, cfg, seed=99)  # one per value: no randomness
+
+
+def test_by_field_groups_values_into_k_clients_as_natural_id_partitioner() -> None:
+    from fedkt.data.splits import field_groups
+
+    records = _speakers(11)
+    cfg = PartitionConfig(scheme="by_field", field="speaker")
+    groups = field_groups(records, 3, "speaker", seed=5)
+    assert sorted(len(g) for g in groups) == [3, 4, 4]  # 11 values, sizes differ by <= 1
+    assert sorted(v for g in groups for v in g) == [f"spk{s:02d}" for s in range(11)]
+    parts = partition(records, 3, cfg, seed=5)
+    for group, part in zip(groups, parts, strict=True):
+        assert {records[i]["extra"]["speaker"] for i in part} == set(group)
+    assert parts == partition(records, 3, cfg, seed=5)
+    assert field_groups(records, 3, "speaker", seed=6) != groups  # the seed deals them
+
+
+def test_by_field_on_a_vendored_set_with_a_natural_key() -> None:
+    """DialogSum's ``topic`` (kept in extra): no topic is split across clients."""
+    data = client_splits(
+        DataConfig(dataset=DatasetConfig(name="dialogsum"), split=SplitConfig(test_size=100),
+                   partition=PartitionConfig(scheme="by_field", field="topic")),
+        num_clients=5, seed=1)
+    topics = [{r["extra"]["topic"] for r in p} for p in data.private]
+    assert all(topics)
+    for a in range(5):
+        for b in range(a + 1, 5):
+            assert not topics[a] & topics[b]
+    assert sum(len(p) for p in data.private) == 1500 - 100
+
+
+def test_by_field_errors_name_the_field() -> None:
+    records = _speakers(2)
+    with pytest.raises(DataError, match="'speaker' has 2 distinct value.*num_clients=3"):
+        partition(records, 3, PartitionConfig(scheme="by_field", field="speaker"), seed=0)
+    with pytest.raises(DataError, match="record '0-0' has no field 'user'"):
+        partition(records, 2, PartitionConfig(scheme="by_field", field="user"), seed=0)
+    with pytest.raises(DataError, match=r"client\(s\) \[0\].*min_size=4"):
+        partition(records, 2, PartitionConfig(scheme="by_field", field="speaker",
+                                              min_size=4), seed=0)
+    with pytest.raises(ValueError, match="field: scheme by_field needs"):
+        PartitionConfig(scheme="by_field")
+    with pytest.raises(ValueError, match="only scheme by_field reads it"):
+        PartitionConfig(scheme="iid", field="speaker")
+
+
+def test_by_field_label_gives_one_class_per_client() -> None:
+    records = _speakers(3)
+    parts = partition(records, 2, PartitionConfig(scheme="by_field", field="label"), seed=0)
+    assert [{records[i]["label"] for i in p} for p in parts] == [{0}, {1}]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.eval import predictions
 from fedkt.methods.base import Clients, Server
@@ -78,9 +79,13 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
             if self.data().task not in ("classification", "multiple_choice"):
                 raise ConfigError(f"method.knowledge: choices scores the task's choices; the "
                                   f"dataset is a {self.data().task} task")
-        elif not same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public):
-            self.bridge = CrossTokenizerKL(self.llm.tokenizer, self.slm.tokenizer,
-                                           self.method.top_k)
+        else:
+            check_shared_template(cfg.data.chat_template,
+                                  {"server": self.llm.tokenizer,
+                                   "the clients' SLM": self.slm.tokenizer}, "fedcollm")
+            if not same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public):
+                self.bridge = CrossTokenizerKL(self.llm.tokenizer, self.slm.tokenizer,
+                                               self.method.top_k)
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         sent = self.theta

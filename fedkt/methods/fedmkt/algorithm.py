@@ -66,6 +66,7 @@ from fedkt.alignment.knowledge import (
 from fedkt.alignment.targets import Received, build_targets, to_receiver
 from fedkt.alignment.topk import TopKLogits
 from fedkt.config import ModelConfig, RunConfig
+from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.payload import Payload, PayloadError
@@ -106,6 +107,10 @@ class FedMKTServer(Server[FedMKTConfig]):
             raise ConfigError(f"method.knowledge: choices scores the task's choices; the "
                               f"dataset is a {self.data().task} task")
         self.llm = server_lm(cfg)
+        if m.knowledge == "logits":  # aligned token by token: one text for every model
+            check_shared_template(cfg.data.chat_template, {"server": self.llm.tokenizer, **{
+                f"client {cid}": _tokenizer(cfg.clients.model_for(cid))
+                for cid in cfg.client_ids()}}, cfg.method.name)
         self.adapter = self.llm.trainable()
         # D_p tokenized with its gold answers (the top-K logits are taken along them)
         self.public = (PublicSet.build(cfg, self.llm.tokenizer, records)

@@ -203,7 +203,10 @@ class FedSPServer(Server[PromptMessengerConfig]):
                         [t.batch_size, t.betas, t.weight_decay, t.warmup_ratio,
                          t.max_grad_norm, *precision_key(self.cfg, self.aux.model)],
                         self.cfg.data.max_length, self.data().template,
-                        self.data().public, self.seed(1, "kd"))
+                        self.data().public, self.seed(1, "kd"),
+                        # chat-wrapped public texts (only when set: older keys stay valid)
+                        *([self.cfg.data.chat_template]
+                          if self.cfg.data.chat_template != "none" else []))
 
     @property
     def aux_id(self) -> str:

@@ -1,0 +1,65 @@
+"""Progress bars for the long, quiet parts of a run: evaluation, knowledge, alignment.
+
+Training shows a tqdm bar (:func:`fedkt.train.loop.run_steps`); evaluating a model,
+computing a FedMKT knowledge set and aligning a public set's two tokenizations show one
+too, through :func:`bar`: labelled with the participant doing the work (``server``,
+``client_1``; the runner and the client dispatch set it with :func:`participant`) and
+what it does (``eval``, ``knowledge``, ``align``), counting items with their rate
+(``items/s``).  Like training's, the bars write to stderr only when it is a terminal
+(tqdm's ``disable=None``): logs, CI and piped output stay clean.  Short jobs (fewer
+than :data:`MIN_ITEMS` items) show none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
+
+__all__ = ["MIN_ITEMS", "bar", "counted", "current_participant", "participant"]
+
+T = TypeVar("T")
+
+MIN_ITEMS = 20  # fewer items than this: no bar (as training's loops of under 20 steps)
+
+_WHO: ContextVar[str] = ContextVar("fedkt_progress_participant", default="")
+
+
+@contextmanager
+def participant(name: str) -> Iterator[None]:
+    """Label the bars made inside the block with ``name`` (``server``, ``client_0``)."""
+    token = _WHO.set(name)
+    try:
+        yield
+    finally:
+        _WHO.reset(token)
+
+
+def current_participant() -> str:
+    """The innermost :func:`participant` label (``""`` outside one)."""
+    return _WHO.get()
+
+
+def bar(total: int, what: str, *, unit: str = "items") -> Any:
+    """A tqdm bar of ``total`` items for ``what``, labelled with the participant.
+
+    Quiet when stderr is not a terminal or ``total`` is under :data:`MIN_ITEMS`; use it
+    as a context manager and call ``update(n)`` as items finish.
+    """
+    from fedkt.eval.predictions import current_scope
+
+    scope = current_scope()  # a second model of one participant (FedCoLLM's global_slm)
+    label = " ".join(p for p in (current_participant(), scope, what) if p)
+    return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True,
+                disable=None if total >= MIN_ITEMS else True)
+
+
+def counted(items: Iterable[T], total: int, what: str = "align") -> Iterator[T]:
+    """``items`` unchanged, ticking a :func:`bar` of ``total`` as each is consumed."""
+    with bar(total, what) as shown:
+        for item in items:
+            yield item
+            shown.update(1)
