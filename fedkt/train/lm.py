@@ -56,6 +56,8 @@ class LM:
     tokenizer: Any
     initial: dict[str, torch.Tensor]
     lr: float | None = None  # the model config's own learning rate (None: training.lr)
+    # The model config it was built from (``fedkt export`` rebuilds the base from it).
+    source: ModelConfig | None = None
 
     def reset(self, trainable: dict[str, torch.Tensor] | None = None) -> LM:
         """Load ``trainable`` (or the initial adapter) into the model; return self."""
@@ -93,7 +95,8 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
         model, tokenizer = load_causal_lm(model_cfg, seed=seed)
         model = apply_peft(model, training, seed=seed, prefix_text=prefix_text,
                            tokenizer=tokenizer).to(pick_device(device))
-        lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()})
+        lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()},
+                source=model_cfg)
         _LM_CACHE[key] = lm
     lm.lr = model_cfg.lr  # one cached copy may serve models that differ only in lr
     return lm.reset()
