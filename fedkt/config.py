@@ -155,6 +155,19 @@ class TrainingConfig(_Strict):
     # and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX)
     # or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/precision.py).
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # Recompute each decoder layer's activations in the backward pass instead of keeping
+    # them (transformers' gradient checkpointing, non-reentrant): activation memory of
+    # training falls from all layers' to about one layer's, for about a third more compute
+    # per step; the numbers stay the same (docs/performance.md, memory). Causal LMs only.
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _checkpointing_fits_peft(self) -> TrainingConfig:
+        if self.gradient_checkpointing and self.peft == "prefix":
+            raise ValueError("gradient_checkpointing: prefix tuning passes its virtual tokens "
+                             "as a key/value cache, which transformers drops under gradient "
+                             "checkpointing; use peft: lora, or turn it off")
+        return self
 
     @property
     def prefix_from_text(self) -> bool:

@@ -86,7 +86,8 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
     text_key = (hashlib.sha256((prefix_text or "").encode()).hexdigest()
                 if training.prefix_from_text else "")
     key = "|".join([model_cfg.model_dump_json(exclude={"lr"}), training.peft, training.lora.model_dump_json(),
-                    str(training.prefix_tokens), text_key, str(seed), device])
+                    str(training.prefix_tokens), text_key, str(seed), device,
+                    str(training.gradient_checkpointing)])
     lm = _LM_CACHE.get(key)
     if lm is None:
         from fedkt.models.adapters import adapter_state, apply_peft
@@ -95,6 +96,10 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
         model, tokenizer = load_causal_lm(model_cfg, seed=seed)
         model = apply_peft(model, training, seed=seed, prefix_text=prefix_text,
                            tokenizer=tokenizer).to(pick_device(device))
+        if training.gradient_checkpointing:
+            from fedkt.models.adapters import enable_gradient_checkpointing
+
+            enable_gradient_checkpointing(model)
         lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()},
                 source=model_cfg)
         _LM_CACHE[key] = lm
