@@ -91,7 +91,8 @@ class Traffic:
 def client_view(cfg: RunConfig) -> RunConfig:
     """The config clients receive: without the server's output folder and transport
     settings, so requests are byte-identical whichever runtime and folder a run uses."""
-    runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device)
+    runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device,
+                            client_devices=cfg.runtime.client_devices)
     return cfg.model_copy(update={"output_dir": ".", "runtime": runtime})
 
 
