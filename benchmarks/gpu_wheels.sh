@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_wheels.sh --install    # there: unpack into benchmarks/.gpu_wheels/site
 #
 # benchmarks/.gpu_wheels/ is git-ignored; carry it with the command (at most 64 MiB in all).
-# Only what a local-runtime run imports: pydantic (+ pydantic-core, annotated-types,
+# Only what a local-runtime run imports: pydantic (+ pydantic-core, annotated-types, a
+# typing-extensions recent enough for it,
 # typing-inspection), rapidfuzz and gguf (matplotlib, datasets, rouge-score and flwr are not imported by the
 # tiny configs without plots). Binary wheels (pydantic-core, rapidfuzz) are fetched for each Python in
 # PYVERS (default "3.10 3.11 3.12"), manylinux x86_64. WITH_VISION=1 adds scikit-learn and
@@ -27,7 +28,8 @@ if [[ "${1:-}" == "--install" ]]; then
 fi
 PYVERS="${PYVERS:-3.10 3.11 3.12}"
 mkdir -p "$DIR"
-pure=(pydantic==2.14.4 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0)
+pure=(pydantic==2.14.4 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
+      typing-extensions==4.16.0)
 binary=(pydantic-core==2.50.5 rapidfuzz==3.13.0)
 python -m pip download --no-deps --only-binary=:all: -d "$DIR" "${pure[@]}"
 for v in $PYVERS; do
