@@ -30,8 +30,8 @@ The on-paper model (docs/performance.md, "memory"): a participant's GPU memory i
 weights (bytes per parameter: fp32 4, bf16 2, int8 1, NF4 about 0.52 for the linear
 layers, embeddings and head in fp32 when it trains) + its adapter with gradients and
 AdamW state (16 bytes per trainable parameter) + the activations of one training step
-(``ACT`` bytes per token, layer and hidden unit, or with gradient checkpointing 2 bytes
-for each layer's input plus one layer's activations) + the logits of one step (about
+(``ACT`` bytes per token, layer and hidden unit, or with gradient checkpointing 2 (bf16)
+or 4 (fp32) bytes for each layer's input plus one layer's activations) + the logits of one step (about
 10 bytes per token and vocabulary entry: bf16 logits, their fp32 copy for the loss and
 its gradient) + about 1 GiB of CUDA context and allocator slack.
 """
@@ -72,11 +72,11 @@ SETTINGS: dict[str, tuple[dict, dict]] = {
 }
 MB = 1 << 20
 GB = 1e9
-# Activation bytes per token, layer and hidden unit kept for backward in bf16 autocast
-# with SDPA/flash attention (Korthikanti et al. 2022 give 34 for GPT's 4h MLP without the
-# attention-score term; Llama's SwiGLU MLP of about 2.7h keeps more: fitted to the CPU
-# measurements in docs/performance.md).
-ACT = 40
+# Activation bytes per token, layer and hidden unit that autograd keeps for backward:
+# 150 measured here (SmolLM2-135M and its 8-layer cut, fp32 weights, bf16 autocast, LoRA
+# with dropout: 151 and 172; docs/performance.md), assumed half of it (75) with bf16 weights
+# (a bf16 residual stream); each layer's input under gradient checkpointing: 4 / 2 bytes.
+ACT = {"fp32": 150.0, "bf16": 75.0}
 # (name, parameters in decoder-layer linear layers, other parameters, layers, hidden, vocab)
 LAYOUTS = {
     "7B (Llama-2-7B)": (6.476e9, 0.262e9, 32, 4096, 32000),
@@ -95,7 +95,10 @@ def paper_gb(layout: str, weights: str, gc: bool, trains: bool = True, batch: in
     out = {"weights": (linear * per + other * other_bytes) / GB}
     tokens = batch * seq
     out["adapter+adam"] = 16 * lora / GB if trains else 0.0
-    act = tokens * hidden * (layers * 2 + ACT) if gc else tokens * hidden * layers * ACT
+    kind = "fp32" if weights == "fp32" else "bf16"
+    inputs = 4 if kind == "fp32" else 2
+    act = (tokens * hidden * (layers * inputs + ACT[kind]) if gc
+           else tokens * hidden * layers * ACT[kind])
     out["activations"] = act / GB if trains else tokens * hidden * 2 * 4 / GB
     out["logits"] = tokens * vocab * (10 if trains else 2) / GB
     out["total"] = sum(out.values()) + 1.07
