@@ -20,6 +20,7 @@ EPILOG = """examples:
   fedkt resume runs/demo                           continue an interrupted run
   fedkt eval runs/demo                             re-evaluate a run's last checkpoint
   fedkt eval runs/demo --harness fedkt_intent_recognition   ... with lm-evaluation-harness
+  fedkt export runs/demo out --merge               the LLM as a merged Hugging Face model
   fedkt report runs/demo runs/standalone           compare runs in a markdown table
   fedkt report runs/demo --baseline runs/demo@0    paired CIs against round 0 (zero-shot)
   fedkt suite run suites/quick --jobs 2            arms x seeds, claims decided by CIs
@@ -125,6 +126,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"  {name}:")
         for key, value in metrics.items():
             print(f"  {key:>16}: {value:.4f}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from fedkt.export import export_model
+
+    res = export_model(args.run_dir, args.participant, args.out, round=args.round,
+                       merge=args.merge, overwrite=args.overwrite)
+    what = {"adapter": f"PEFT adapter folder (base model: {res.base})",
+            "merged": "merged Hugging Face model (AutoModelForCausalLM.from_pretrained)",
+            "full": "whole Hugging Face model (the run trains every weight, no adapter)"}
+    print(f"{res.participant} after round {res.round} -> {res.path}: {what[res.kind]}")
     return 0
 
 
@@ -277,6 +290,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --harness: the first N documents of each task (a fraction if < 1)")
     overrides(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("export", help="a run's model as a PEFT adapter folder or a merged "
+                       "Hugging Face model (loadable without fedkt)",
+                       description="Export one participant's model of a run in Hugging Face "
+                                   "/ PEFT format (see docs/models.md, exporting).")
+    p.add_argument("run_dir")
+    p.add_argument("out", help="folder to write (must be empty)")
+    p.add_argument("--participant", default="server",
+                   help="server (default), global_slm (FedCoLLM) or client_K")
+    p.add_argument("--round", type=int, help="a checkpointed round (default: the last; 0: "
+                   "the initial model)")
+    p.add_argument("--merge", action="store_true",
+                   help="fold the LoRA into the base weights: one plain Hugging Face model")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="compare runs in a markdown table (paired CIs with "
                        "--baseline)")

@@ -49,6 +49,39 @@ class LoraSettings(_Strict):
     modules_to_save: list[str] | None = None
 
 
+class QuantizationSettings(_Strict):
+    """Load a model's base weights quantised by bitsandbytes (``model.quantization``).
+
+    A model that trains (LoRA or prefix: a student) is prepared with peft's
+    ``prepare_model_for_kbit_training`` (QLoRA: norms and head in fp32, the quantised
+    weights frozen); a frozen one (``peft: none``: a teacher) only runs quantised. Adapters
+    and everything that travels stay in full precision. Needs the ``quantization`` extra.
+    """
+
+    # 4: NF4/FP4 weights (QLoRA); 8: LLM.int8() weights.
+    bits: Literal[4, 8]
+    # 4-bit only: the 4-bit data type (nf4: QLoRA's normal float).
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    # 4-bit only: quantise the quantisation constants too (QLoRA; about 0.4 bits/weight less).
+    double_quant: bool = True
+    # 4-bit only: the dtype the matmuls run in; None: the model's ``dtype``.
+    compute_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+
+
+def _check_device(value: str | None, where: str = "") -> str | None:
+    """A torch device string (``cpu``, ``cuda``, ``cuda:1``, ``mps``) or ``auto``."""
+    if value is None or value == "auto":
+        return value
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{where}{value!r} is not a device; use auto, cpu, cuda or cuda:N"
+                         ) from None
+    return value
+
+
 class ModelConfig(_Strict):
     """A model: a hub id, a local path, an offline alias, or a ``tiny-*`` preset."""
 
@@ -65,6 +98,42 @@ class ModelConfig(_Strict):
     # This model's learning rate (FedMKT D.1 sets the LLM's and each SLM's apart); None:
     # training.lr.  Read by the methods that train through the shared LM trainer.
     lr: float | None = Field(None, gt=0)
+    # Load the base weights quantised by bitsandbytes, e.g. {bits: 4} (QLoRA); None: in
+    # dtype. See QuantizationSettings and docs/models.md (bringing a 7B model).
+    quantization: QuantizationSettings | None = None
+    # The device this model runs on (cpu, cuda, cuda:1); None: runtime.device for the
+    # server's model, runtime.client_devices / runtime.device for a client's.
+    device: str | None = None
+    # accelerate's device_map: auto/balanced/sequential spread a model too big for one GPU
+    # over every visible GPU (then the CPU); None: the whole model on its device.
+    device_map: Literal["auto", "balanced", "sequential"] | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str | None) -> str | None:
+        return _check_device(value)
+
+    @field_validator("device_map")
+    @classmethod
+    def _accelerate_installed(cls, value: str | None) -> str | None:
+        import importlib.util
+
+        if value is not None and importlib.util.find_spec("accelerate") is None:
+            raise ValueError("needs accelerate, which is not installed: pip install "
+                             "'fedkt[placement]'; or remove device_map")
+        return value
+
+    @field_validator("quantization")
+    @classmethod
+    def _bitsandbytes_installed(cls, value: QuantizationSettings | None
+                                ) -> QuantizationSettings | None:
+        import importlib.util
+
+        if value is not None and importlib.util.find_spec("bitsandbytes") is None:
+            raise ValueError("needs bitsandbytes, which is not installed: pip install "
+                             "'fedkt[quantization]' (bitsandbytes>=0.46 runs 4/8-bit on CPUs "
+                             "and CUDA GPUs); or remove quantization")
+        return value
 
 
 class DatasetConfig(_Strict):
@@ -286,6 +355,19 @@ class TrainingConfig(_Strict):
     # and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX)
     # or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/precision.py).
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # Recompute each decoder layer's activations in the backward pass instead of keeping
+    # them (transformers' gradient checkpointing, non-reentrant): activation memory of
+    # training falls from all layers' to about one layer's, for about a third more compute
+    # per step; the numbers stay the same (docs/performance.md, memory). Causal LMs only.
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _checkpointing_fits_peft(self) -> TrainingConfig:
+        if self.gradient_checkpointing and self.peft == "prefix":
+            raise ValueError("gradient_checkpointing: prefix tuning passes its virtual tokens "
+                             "as a key/value cache, which transformers drops under gradient "
+                             "checkpointing; use peft: lora, or turn it off")
+        return self
 
     @property
     def prefix_from_text(self) -> bool:
@@ -385,10 +467,34 @@ class RuntimeConfig(_Strict):
     # $OMP_NUM_THREADS when set).
     torch_threads: int | None = Field(None, ge=1)
     device: str = "auto"
+    # local runtime: client k runs on client_devices[k % len] (round-robin over GPUs, e.g.
+    # [cuda:1, cuda:2]); None: runtime.device. A client model's own `device` wins.
+    client_devices: list[str] | None = Field(None, min_length=1)
     flower_sim: FlowerSimSettings = Field(default_factory=FlowerSimSettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
     # What a client's reply may hold at most (server side).
     limits: ReplyLimits = Field(default_factory=ReplyLimits)
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        return _check_device(value) or value
+
+    @field_validator("client_devices")
+    @classmethod
+    def _client_device_names(cls, value: list[str] | None) -> list[str] | None:
+        for i, name in enumerate(value or []):
+            _check_device(name, f"entry {i}: ")
+        return value
+
+    @model_validator(mode="after")
+    def _client_devices_local(self) -> RuntimeConfig:
+        if self.client_devices and self.name != "local":
+            raise ValueError(f"client_devices: only the local runtime places clients itself; "
+                             f"{self.name} runs each client in its own process (flower-sim: "
+                             "runtime.flower_sim.client_gpus; flower: each SuperNode's "
+                             "runtime.device)")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -651,6 +757,19 @@ class RunConfig(_Strict):
         if self.training.precision == "fp16" and self.runtime.device.startswith("cpu"):
             raise ValueError("training.precision: fp16 needs a CUDA GPU, runtime.device is "
                              f"{self.runtime.device!r}; use bf16, fp32 or auto")
+        return self
+
+    @model_validator(mode="after")
+    def _quantization_fits_training(self) -> RunConfig:
+        """A quantised base cannot train every weight (``peft: full``)."""
+        models = [("server", self.server)] + [(f"clients.models.{i}", m)
+                                              for i, m in enumerate(self.clients.models)]
+        for key, model in models:
+            if model is not None and model.quantization is not None and \
+                    self.training.peft == "full":
+                raise ValueError(f"{key}.quantization: training.peft 'full' trains every weight, "
+                                 "and quantised weights cannot train; use peft lora (QLoRA) "
+                                 "or prefix, or none for a frozen model")
         return self
 
     @model_validator(mode="after")

@@ -335,6 +335,12 @@ class Server(Generic[C]):
         :mod:`fedkt.eval.harness`); ``None``: this server holds no causal LM."""
         return None
 
+    def participant_model(self, participant: str) -> LM | None:
+        """The causal LM of one of the participants :meth:`evaluate` reports (``server``:
+        :meth:`server_model`), current weights loaded, for ``fedkt export``; ``None``:
+        this server holds no such model."""
+        return self.server_model() if participant == "server" else None
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Everything needed to resume after the last completed round."""
         return {}

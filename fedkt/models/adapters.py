@@ -40,6 +40,7 @@ __all__ = [
     "apply_peft",
     "count_parameters",
     "default_lora_targets",
+    "enable_gradient_checkpointing",
     "load_adapter",
     "load_adapter_state",
     "save_adapter",
@@ -147,6 +148,31 @@ def apply_peft(model: nn.Module, training_cfg: TrainingConfig, seed: int = 0, *,
         set_prefix(peft_model, text_prefix(peft_model, tokenizer, prefix_text,
                                            training_cfg.prefix_tokens))
     return peft_model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
+    """Turn on transformers' (non-reentrant) gradient checkpointing of ``model``'s layers,
+    peft-wrapped or not; returns ``model``.
+
+    Non-reentrant checkpointing needs no input that requires grad, so a LoRA or prefix on
+    frozen embeddings trains as without it; only training forwards recompute (evaluation
+    runs under ``no_grad``).  A model without support is a :class:`ModelError`.
+    """
+    if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
+        raise ModelError("training.gradient_checkpointing: prefix/prompt tuning passes its "
+                         "virtual tokens as a cache, which gradient checkpointing drops")
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ModelError(f"training.gradient_checkpointing: {type(base).__name__} does not "
+                         "support gradient checkpointing")
+    kwargs = {"use_reentrant": False}
+    enable = getattr(base, "activation_checkpointing_enable", None)  # transformers >= 5.x
+    if callable(enable):
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
 
 
 # --------------------------------------------------------------------------- prefix

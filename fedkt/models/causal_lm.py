@@ -259,15 +259,23 @@ def _finish(
 
 
 def load_causal_lm(
-    cfg: ModelConfig, seed: int = 0
+    cfg: ModelConfig, seed: int = 0, device: str | torch.device | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the causal LM ``cfg`` names and its tokenizer (with a pad token).
 
     ``seed`` sets the weights of ``tiny-*`` presets; pretrained weights ignore it.
     ``cfg.num_layers`` keeps only the first N decoder layers of whatever was loaded.
+    ``cfg.quantization`` / ``cfg.device_map``: the weights are quantised by bitsandbytes
+    and placed as they load (a quantised model on ``device``), see
+    :mod:`fedkt.placement`; otherwise the model is on the CPU and ``device`` is unused.
     Raises :class:`~fedkt.models.offline.ModelError` with what to do when it can't.
     """
-    model, tokenizer = _load_causal_lm(cfg, seed)
+    from fedkt.placement import loader_kwargs
+
+    extra = loader_kwargs(cfg, device)
+    if cfg.quantization is not None:
+        _check_bitsandbytes(extra.get("device_map"))
+    model, tokenizer = _load_causal_lm(cfg, seed, extra)
     if cfg.num_layers is not None:
         try:
             keep_first_layers(model, cfg.num_layers)
@@ -276,15 +284,48 @@ def load_causal_lm(
     return model, tokenizer
 
 
+def _check_bitsandbytes(device_map: Any) -> None:
+    """bitsandbytes imports and quantises on the target device, else a ModelError naming
+    the key and what is needed."""
+    device = next(iter(device_map.values())) if isinstance(device_map, dict) else "cuda"
+    try:
+        import bitsandbytes.functional as bnbf
+
+        probe = torch.linspace(-1, 1, 64, device=str(device))
+        packed, state = bnbf.quantize_4bit(probe, quant_type="nf4")
+        bnbf.dequantize_4bit(packed, state)
+    except Exception as exc:  # noqa: BLE001 - any failure means: cannot quantise here
+        raise ModelError(
+            f"quantization: bitsandbytes cannot quantise on {device!r} here "
+            f"({type(exc).__name__}: {exc}); it needs bitsandbytes>=0.46 (pip install "
+            "'fedkt[quantization]') and a CUDA GPU or a CPU it supports; or remove "
+            "quantization") from None
+
+
+def _from_pretrained(folder: str, dtype: torch.dtype, extra: dict[str, Any],
+                     **kwargs: Any) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs, **extra)
+
+
 def _load_causal_lm(
-    cfg: ModelConfig, seed: int
+    cfg: ModelConfig, seed: int, extra: dict[str, Any] | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     name = cfg.name
     dtype = torch_dtype(cfg.dtype)
+    extra = extra or {}
     if is_tiny_preset(name):
         if name.lower() not in TINY_PRESETS:
             raise _unknown_tiny(name)
-        return build_tiny_causal_lm(name.lower(), cfg.tiny, seed=seed, dtype=dtype)
+        model, tokenizer = build_tiny_causal_lm(name.lower(), cfg.tiny, seed=seed, dtype=dtype)
+        if not extra:
+            return model, tokenizer
+        # Quantisation and device maps happen while loading: through a saved copy.
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="fedkt-tiny-") as tmp:
+            model.save_pretrained(tmp)
+            model = _from_pretrained(tmp, dtype, extra)
+        return _finish(model, tokenizer)
     if is_offline_alias(name):
         alias = OFFLINE_ALIASES[name.lower()]
         if alias.kind != "causal_lm":
@@ -293,15 +334,16 @@ def _load_causal_lm(
             raise ModelError(f"offline alias {name!r} is {what}; use fedkt.models.{hint}")
         resolved = resolve_offline(name)
         if resolved.gguf_file is None:
-            model = AutoModelForCausalLM.from_pretrained(str(resolved.path), dtype=dtype)
+            model = _from_pretrained(str(resolved.path), dtype, extra)
             return _finish(model, AutoTokenizer.from_pretrained(str(resolved.path)))
     gguf = _gguf_source(cfg)
     if gguf is not None:
         folder = gguf_float_dir(*gguf)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+        model = _from_pretrained(str(folder), dtype, extra)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         return _finish(model, tokenizer)
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code,
+                              **extra}
     local = _local(name)
     if local is not None:
         model = AutoModelForCausalLM.from_pretrained(str(local), **kwargs)

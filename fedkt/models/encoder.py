@@ -220,6 +220,10 @@ def load_encoder_classifier(
     head of :class:`PooledClassifier`; ``None`` keeps the architecture's own
     ``*ForSequenceClassification`` head.
     """
+    given = [k for k in ("quantization", "device_map") if getattr(cfg, k, None) is not None]
+    if given:
+        raise ModelError(f"model {cfg.name!r}: {given[0]} applies to causal LMs only; encoder "
+                         "classifiers load in full on their device (remove it)")
     model, tokenizer = _load_hf_classifier(cfg, num_labels, seed)
     if pooling is None:
         return model, tokenizer

@@ -95,7 +95,8 @@ def client_view(cfg: RunConfig) -> RunConfig:
     """The config clients receive: without the server's output folder, transport settings
     and experiment trackers, so requests are byte-identical whichever runtime, folder and
     trackers a run uses."""
-    runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device)
+    runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device,
+                            client_devices=cfg.runtime.client_devices)
     return cfg.model_copy(update={"output_dir": ".", "runtime": runtime,
                                   "tracking": TrackingConfig()})
 

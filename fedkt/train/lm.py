@@ -23,6 +23,7 @@ import torch
 
 from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
+from fedkt.placement import client_device, server_device
 from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, pick_device, step, trainable
@@ -56,6 +57,8 @@ class LM:
     tokenizer: Any
     initial: dict[str, torch.Tensor]
     lr: float | None = None  # the model config's own learning rate (None: training.lr)
+    # The model config it was built from (``fedkt export`` rebuilds the base from it).
+    source: ModelConfig | None = None
 
     def reset(self, trainable: dict[str, torch.Tensor] | None = None) -> LM:
         """Load ``trainable`` (or the initial adapter) into the model; return self."""
@@ -84,16 +87,31 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
     text_key = (hashlib.sha256((prefix_text or "").encode()).hexdigest()
                 if training.prefix_from_text else "")
     key = "|".join([model_cfg.model_dump_json(exclude={"lr"}), training.peft, training.lora.model_dump_json(),
-                    str(training.prefix_tokens), text_key, str(seed), device])
+                    str(training.prefix_tokens), text_key, str(seed), device,
+                    str(training.gradient_checkpointing)])
     lm = _LM_CACHE.get(key)
     if lm is None:
         from fedkt.models.adapters import adapter_state, apply_peft
         from fedkt.models.causal_lm import load_causal_lm
+        from fedkt.placement import placed_by_loader
 
-        model, tokenizer = load_causal_lm(model_cfg, seed=seed)
+        model, tokenizer = load_causal_lm(model_cfg, seed=seed, device=device)
+        if model_cfg.quantization is not None and training.peft in ("lora", "prefix"):
+            # A student on a quantised base (QLoRA): norms and head in fp32, inputs that
+            # carry gradients to the adapter. A frozen teacher (peft: none) only runs.
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         model = apply_peft(model, training, seed=seed, prefix_text=prefix_text,
-                           tokenizer=tokenizer).to(pick_device(device))
-        lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()})
+                           tokenizer=tokenizer)
+        if not placed_by_loader(model):  # quantised / device-mapped models stay put
+            model = model.to(pick_device(device))
+        if training.gradient_checkpointing:
+            from fedkt.models.adapters import enable_gradient_checkpointing
+
+            enable_gradient_checkpointing(model)
+        lm = LM(model, tokenizer, {k: v.clone() for k, v in adapter_state(model).items()},
+                source=model_cfg)
         _LM_CACHE[key] = lm
     lm.lr = model_cfg.lr  # one cached copy may serve models that differ only in lr
     return lm.reset()
@@ -231,7 +249,7 @@ def _prefix_text(cfg: RunConfig) -> str | None:
 
 def client_lm(cfg: RunConfig, cid: int) -> LM:
     """Client ``cid``'s model (``clients.models``), reset to its initial adapter."""
-    return get_lm(cfg.clients.model_for(cid), cfg.training, cfg.seed, cfg.runtime.device,
+    return get_lm(cfg.clients.model_for(cid), cfg.training, cfg.seed, client_device(cfg, cid),
                   prefix_text=_prefix_text(cfg))
 
 
@@ -239,7 +257,7 @@ def server_lm(cfg: RunConfig) -> LM:
     """The server's model (``server``), reset to its initial adapter."""
     if cfg.server is None:
         raise ConfigError(f"server: method {cfg.method.name!r} needs a server model")
-    return get_lm(cfg.server, cfg.training, cfg.seed, cfg.runtime.device,
+    return get_lm(cfg.server, cfg.training, cfg.seed, server_device(cfg),
                   prefix_text=_prefix_text(cfg))
 
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from torch import Tensor, nn
 
 from fedkt.config import RunConfig
+from fedkt.placement import client_device, server_device
 from fedkt.train.encoder import (
     build_encoder,
     check_text_classification,
@@ -124,7 +125,9 @@ class _EncoderFamily:
         labels = self._labels(cfg)
         return Classifier(*build_encoder(encoder_config(cfg), labels, cfg.seed, layers=m.layers,
                                          freeze_embeddings=m.freeze_embeddings,
-                                         pooling=m.pooling, device=cfg.runtime.device))
+                                         pooling=m.pooling,
+                                         device=server_device(cfg) if cid is None
+                                         else client_device(cfg, cid)))
 
     def state(self, model: Classifier) -> State:
         return trainable_state(model.model)

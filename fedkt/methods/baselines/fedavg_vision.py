@@ -25,6 +25,7 @@ from fedkt.errors import ConfigError
 from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
 from fedkt.models.vision import build_model, head_module
 from fedkt.payload import Payload
+from fedkt.placement import client_device, server_device
 from fedkt.train.optim import pick_device
 from fedkt.train.pretrain import check_pretrain_source, pretrained_model, server_pretrain_records
 from fedkt.train.vision import evaluate_vision, extract_features, train_vision
@@ -65,7 +66,7 @@ class FedAvgVisionServer(Server[FedAvgVisionConfig]):
                                      cfg.training.precision, n_pre)
         else:
             model = build_model(mcfg, spec, derive_seed(cfg.seed, "model-init"))
-        self.model = model.to(pick_device(cfg.runtime.device)).eval()
+        self.model = model.to(pick_device(server_device(cfg))).eval()
         self.theta = {k: v.clone() for k, v in _part(self.model, m.trainable).state_dict().items()}
         self.test_images, self.test_labels = image_tensors(fd.test)
         self.test_ids = [r["id"] for r in fd.test]
@@ -105,7 +106,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     cfg, mode, t = ctx.cfg, ctx.cfg.method.trainable, ctx.cfg.training
     fd = ctx.data()
     model = build_model(model_config(cfg), data_spec(fd), ctx.seed("init"))
-    model = model.to(pick_device(cfg.runtime.device))
+    model = model.to(pick_device(client_device(cfg, ctx.cid)))
     if mode == "head":
         model.load_state_dict(ctx.received(msg, BASE, like=model.state_dict()))
     theta = msg.state("trainable", like=_part(model, mode).state_dict(), source="server")

@@ -133,6 +133,12 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         """The LLM (omega); the global SLM is what every client holds."""
         return self.llm.reset(self.omega)
 
+    def participant_model(self, participant: str) -> LM | None:
+        """``server``: the LLM (omega); ``global_slm``: the co-tuned SLM (theta)."""
+        if participant == "global_slm":
+            return self.slm.reset(self.theta)
+        return super().participant_model(participant)
+
     def state_dict(self) -> dict[str, Tensor]:
         return {**{f"llm.{k}": v for k, v in self.omega.items()},
                 **{f"slm.{k}": v for k, v in self.theta.items()}}

@@ -45,6 +45,7 @@ from fedkt.exchange import (
 )
 from fedkt.methods.base import ClientContext, Clients, Server
 from fedkt.payload import Payload
+from fedkt.placement import client_device, server_device
 from fedkt.precision import autocast, grad_scaler
 from fedkt.train.encoder import (
     build_encoder,
@@ -81,7 +82,7 @@ class FedKDServer(Server[FedKDConfig]):
         self.student, self.tokenizer = build_encoder(
             encoder_config(self.cfg), labels, self.cfg.seed, layers=self.global_layers(),
             freeze_embeddings=m.freeze_embeddings, pooling=m.pooling,
-            device=self.cfg.runtime.device)
+            device=server_device(self.cfg))
         self.global_state = trainable_state(self.student)
         self.version = 0  # the round whose aggregate the global student includes
         ids = self.cfg.client_ids()  # every party builds version 0 itself, from the seed
@@ -155,7 +156,8 @@ def train_fedkd(cfg: Any, models: FedKDModels, records: list[dict], *, seed: int
 def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     """Algorithm 1, client: mutual distillation, then upload the compressed student update."""
     cfg, m = ctx.cfg, ctx.method
-    models = FedKDModels.build(cfg, check_text_classification(ctx.data(), m.name))
+    models = FedKDModels.build(cfg, check_text_classification(ctx.data(), m.name),
+                               device=client_device(cfg, ctx.cid))
     teacher = ctx.load_state("teacher")  # the teacher and W_h never leave this client
     if teacher is not None:
         load_trainable(models.teacher, teacher)

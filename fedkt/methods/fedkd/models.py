@@ -50,11 +50,11 @@ class FedKDModels:
     pairs: list[tuple[int, int]]
 
     @classmethod
-    def build(cls, cfg: RunConfig, labels: int) -> FedKDModels:
+    def build(cls, cfg: RunConfig, labels: int, device: str | None = None) -> FedKDModels:
         m: FedKDConfig = cfg.method
         model_cfg = encoder_config(cfg)
         kw = dict(freeze_embeddings=m.freeze_embeddings, eager_attention=m.attention_loss,
-                  pooling=m.pooling, device=cfg.runtime.device)
+                  pooling=m.pooling, device=device or cfg.runtime.device)
         teacher, tokenizer = build_encoder(model_cfg, labels, cfg.seed, **kw)
         if m.student_layers > num_layers(teacher):
             raise ConfigError(f"method.student_layers: {m.student_layers} is more than the "

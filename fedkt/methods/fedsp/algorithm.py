@@ -87,6 +87,7 @@ from fedkt.models.auxiliary import (
     unwrap,
 )
 from fedkt.payload import Payload, PayloadError
+from fedkt.placement import client_device, server_device
 from fedkt.train.lm import LM, client_test_metrics, evaluate_lm, get_lm, prefix_init_text
 from fedkt.train.optim import pick_device
 
@@ -135,7 +136,7 @@ class FedSPServer(Server[PromptMessengerConfig]):
             raise ConfigError(f"data.split: {', '.join(needs)} use(s) the server's own data, the "
                               "public split, which is empty; set data.split.public_fraction > 0")
         self.training = prefix_training(cfg)
-        self.llm = get_lm(cfg.server, self.training, cfg.seed, cfg.runtime.device)
+        self.llm = get_lm(cfg.server, self.training, cfg.seed, server_device(cfg))
         if text_init(cfg):
             self.prompts = text_prefix(self.llm.model, self.llm.tokenizer,
                                        prefix_init_text(cfg, public), cfg.training.prefix_tokens)
@@ -151,7 +152,7 @@ class FedSPServer(Server[PromptMessengerConfig]):
                                   method.cross_layer_sharing)
             self.aux_config = config_dict(base)
             aux = build_auxiliary(self.aux_config, cut_state(base, self.spec), self.spec)
-            aux = apply_peft(aux, self.training, seed=cfg.seed).to(pick_device(cfg.runtime.device))
+            aux = apply_peft(aux, self.training, seed=cfg.seed).to(pick_device(server_device(cfg)))
             self.aux = LM(aux, self.llm.tokenizer, {})
             hidden = int(base.config.hidden_size)
             self.w_s = nn.Linear(hidden, hidden, bias=False)  # W_S of Eq. 2, from the identity
@@ -383,7 +384,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     m = ctx.method
     cfg = ctx.cfg
     if m.client_model == "llm":
-        lm = get_lm(cfg.server, prefix_training(cfg), cfg.seed, cfg.runtime.device)
+        lm = get_lm(cfg.server, prefix_training(cfg), cfg.seed, client_device(cfg, ctx.cid))
         params: list[nn.Parameter] = []
     else:
         entry = client_auxiliary(ctx, str(msg.get("aux_id", "")))

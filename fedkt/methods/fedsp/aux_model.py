@@ -22,6 +22,7 @@ from torch import Tensor
 from fedkt.methods.base import ClientContext
 from fedkt.models.auxiliary import AuxSpec, aux_state, build_auxiliary, unwrap
 from fedkt.payload import Payload, PayloadError
+from fedkt.placement import client_device
 from fedkt.train.lm import LM
 from fedkt.train.optim import pick_device
 
@@ -116,7 +117,7 @@ def client_auxiliary(ctx: ClientContext, aux_id: str) -> ClientAux:
     spec = AuxSpec.from_json(meta["spec"])
     model = build_auxiliary(meta["config"], saved, spec)
     model = apply_peft(model, prefix_training(ctx.cfg), seed=ctx.cfg.seed)
-    model.to(pick_device(ctx.cfg.runtime.device))
+    model.to(pick_device(client_device(ctx.cfg, ctx.cid)))
     names = {id(p): n for n, p in unwrap(model).named_parameters()}
     base = {names[id(p)]: p.detach().clone() for p in align_params(model, ctx.method.trainable)}
     entry = ClientAux(LM(model, tokenizer, {}), spec, aux_id, base)

@@ -120,3 +120,7 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.clients.models:
         raise ValueError(f"clients.models: {name} derives the clients' model from the "
                          "server's LLM; leave clients.models empty")
+    if cfg.training.gradient_checkpointing:
+        raise ValueError(f"training.gradient_checkpointing: {name} trains prefixes (virtual "
+                         "keys/values passed as a cache), which transformers drops under "
+                         "gradient checkpointing; turn it off")

@@ -53,6 +53,7 @@ from fedkt.errors import ConfigError
 from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
 from fedkt.models.vision import build_model, head_module
 from fedkt.payload import Payload
+from fedkt.placement import client_device, server_device
 from fedkt.train.optim import pick_device
 from fedkt.train.pretrain import (
     check_pretrain_source,
@@ -94,7 +95,7 @@ class KoalaServer(Server[KoalaConfig]):
         torch.manual_seed(derive_seed(cfg.seed, "koala-setup"))
         fd = self.data()
         self.spec: DataSpec = data_spec(fd)
-        self.device = pick_device(cfg.runtime.device)
+        self.device = pick_device(server_device(cfg))
         check_pretrain_source(cfg.server, cfg.data.dataset, m.pretrain)
         pre, n_pre = server_pretrain_records(m.pretrain)
         proxy = split_server_data(fd.public)  # images only: no task label is read
@@ -298,7 +299,7 @@ def _small_model(ctx: ClientContext, msg: Payload) -> nn.Module:
     """This client's small model, with the weights of the version the server refers to."""
     spec = data_spec(ctx.data())
     model = build_model(ctx.cfg.clients.model_for(ctx.cid), spec, ctx.seed("init"))
-    model = model.to(pick_device(ctx.cfg.runtime.device))
+    model = model.to(pick_device(client_device(ctx.cfg, ctx.cid)))
     model.load_state_dict(ctx.received(msg, MODEL, like=model.state_dict()))
     return model
 
