@@ -251,12 +251,12 @@ def test_eval_classifier_matches_manual(tokenizer):
 def _fake_formatting() -> types.ModuleType:
     mod = types.ModuleType("fedkt.data.formatting")
 
-    def mc_view(record, task, label_names, template=None):
+    def mc_view(record, task, label_names, template=None, chat=None):
         if task == "classification":
             return f"{record['text']}\nLabel:", [" " + n for n in label_names], record["label"]
         return record["prompt"], [" " + c for c in record["choices"]], record["label"]
 
-    def lm_pair(record, task, label_names, template=None):
+    def lm_pair(record, task, label_names, template=None, chat=None):
         if task == "generation":
             return record["prompt"], " " + record["target"]
         ctx, conts, gold = mc_view(record, task, label_names, template)
