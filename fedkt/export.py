@@ -74,11 +74,11 @@ def _run_config(run_dir: Path) -> Any:
 def _pick_round(run_dir: Path, rnd: int | None) -> int:
     from fedkt.tracking import RunRecorder
 
-    recorder = RunRecorder(run_dir, resume=True)
+    recorder = RunRecorder(run_dir, resume=True, repair=False)
     done = recorder.last_complete_round()
     if rnd is None:
         return done
-    kept = [r for r, _ in recorder._round_dirs() if r <= done]
+    kept = [r for r, _ in recorder.round_dirs() if r <= done]
     if rnd != 0 and rnd not in kept:
         raise ExportError(f"--round {rnd}: {run_dir} has no checkpoint of that round (kept: "
                           f"{', '.join(map(str, kept)) or 'none'}; 0 is the initial model)")
@@ -94,7 +94,7 @@ def _server(cfg: Any, run_dir: Path, rnd: int) -> Any:
     server = get_method(cfg.method.name).server(cfg, run_dir)
     server.setup()
     if rnd:
-        state = RunRecorder(run_dir, resume=True).checkpoint_dir(rnd) / SERVER_STATE
+        state = RunRecorder(run_dir, resume=True, repair=False).checkpoint_dir(rnd) / SERVER_STATE
         server.load_state_dict(load_file(str(state)) if state.exists() else {})
     return server
 
