@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedkt.config import RunConfig
+from fedkt.errors import ConfigError
 from fedkt.payload import Payload, PayloadError, check_tensor
 from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.lm import LM
@@ -42,10 +43,17 @@ from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
 
 __all__ = ["FIELD", "choice_knowledge", "choice_logprobs", "distill_choices", "encode", "entropy",
-           "pack", "select", "shuffled", "unpack"]
+           "pack", "require_choice_task", "select", "shuffled", "unpack"]
 
 FIELD = "choices"  # the payload field: {"posteriors": fp32 [N, C]}
 _ROW_SUM_TOL = 1e-3
+
+
+def require_choice_task(task: str) -> None:
+    """``method.knowledge: choices`` scores a task's choices: refuse any other task."""
+    if task not in ("classification", "multiple_choice"):
+        raise ConfigError(f"method.knowledge: choices scores the task's choices; the dataset "
+                          f"is a {task} task")
 
 
 def _views(cfg: RunConfig, records: Sequence[dict], tokenizer: Any
@@ -56,9 +64,7 @@ def _views(cfg: RunConfig, records: Sequence[dict], tokenizer: Any
     from fedkt.data.splits import run_data
 
     fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
-    if fd.task not in ("classification", "multiple_choice"):
-        raise ValueError(f"choice knowledge needs a classification or multiple-choice task; "
-                         f"{fd.name or 'the dataset'} is {fd.task}")
+    require_choice_task(fd.task)
     chat = chat_format(cfg.data.chat_template, tokenizer)
     return [choice_view(r, fd.task, fd.label_names, fd.template, chat) for r in records]
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from fedkt.alignment.choices import require_choice_task
 from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.eval import predictions
@@ -76,9 +77,7 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         self.theta = self.slm.trainable()
         self.bridge = None
         if self.method.knowledge == "choices":  # no token alignment: each scores the choices
-            if self.data().task not in ("classification", "multiple_choice"):
-                raise ConfigError(f"method.knowledge: choices scores the task's choices; the "
-                                  f"dataset is a {self.data().task} task")
+            require_choice_task(self.data().task)
         else:
             check_shared_template(cfg.data.chat_template,
                                   {"server": self.llm.tokenizer,

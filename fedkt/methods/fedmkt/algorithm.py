@@ -102,10 +102,8 @@ class FedMKTServer(Server[FedMKTConfig]):
         if not records:
             raise ConfigError("data.split: fedmkt transfers knowledge on the public set, which "
                               "is empty; use split scheme 'fedmkt' or public_fraction > 0")
-        if m.knowledge == "choices" and self.data().task not in ("classification",
-                                                                  "multiple_choice"):
-            raise ConfigError(f"method.knowledge: choices scores the task's choices; the "
-                              f"dataset is a {self.data().task} task")
+        if m.knowledge == "choices":
+            choices.require_choice_task(self.data().task)
         self.llm = server_lm(cfg)
         if m.knowledge == "logits":  # aligned token by token: one text for every model
             check_shared_template(cfg.data.chat_template, {"server": self.llm.tokenizer, **{
