@@ -16,7 +16,7 @@ from typing import Any
 from fedkt.config import DatasetConfig
 from fedkt.data.dataset import DataError
 from fedkt.data.formatting import check_template
-from fedkt.data.records import _read_hf, _read_path, load_dataset_records
+from fedkt.data.records import load_dataset_records, read_source
 
 __all__ = ["GOLD_FIELDS", "INPUT_FIELDS", "load_public_texts", "without_labels"]
 
@@ -44,15 +44,7 @@ def _source_rows(cfg: DatasetConfig) -> tuple[list[tuple[str, str, dict[str, Any
                  {**r.get("extra", {}), **{k: v for k, v in r.items() if k != "extra"}})
                 for i, r in enumerate(ds.records)]
         return rows, ds.name
-    if cfg.path:
-        from pathlib import Path
-
-        path = Path(cfg.path).expanduser()
-        raw, _ = _read_path(path, cfg.hf_split)
-        name = path.stem
-    else:
-        raw, _ = _read_hf(cfg)
-        name = str(cfg.hf_name)
+    raw, _, name = read_source(cfg)
     rows = []
     for index, (where, row) in enumerate(raw):
         if cfg.max_records is not None and index >= cfg.max_records:

@@ -328,6 +328,16 @@ def _read_saved(path: Path, split: str) -> tuple[_Rows, Any]:
     return _hf_rows(ds, f"{path}[{split}]")
 
 
+def read_source(cfg: DatasetConfig) -> tuple[_Rows, Any, str]:
+    """Raw rows of a ``path`` or ``hf_name`` source, its features (or None) and its name."""
+    if cfg.path:
+        path = Path(cfg.path).expanduser()
+        rows, features = _read_path(path, cfg.hf_split)
+        return rows, features, path.stem
+    rows, features = _read_hf(cfg)
+    return rows, features, str(cfg.hf_name)
+
+
 def _read_hf(cfg: DatasetConfig) -> tuple[_Rows, Any]:
     import datasets  # local: slow import, only needed here
 
@@ -613,13 +623,7 @@ def _load(cfg: DatasetConfig) -> Dataset:
             )
         task = cfg.task
         fields = dict(cfg.fields)
-        if cfg.path:
-            path = Path(cfg.path).expanduser()
-            rows, features = _read_path(path, cfg.hf_split)
-            ds_name = path.stem
-        else:
-            rows, features = _read_hf(cfg)
-            ds_name = str(cfg.hf_name)
+        rows, features, ds_name = read_source(cfg)
         id_prefix = f"{ds_name}:"
         if label_names is None and task == "classification":
             label_names = _class_label_names(features, fields.get("label", "label"))
