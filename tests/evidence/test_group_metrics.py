@@ -14,6 +14,7 @@ from fedkt.eval.predictions import Predictions, write_predictions
 from fedkt.evidence.compare import baseline_report
 from fedkt.evidence.stats import bootstrap_difference, components, metric_names, sample
 from fedkt.evidence.suite import load_suite, report_suite
+from tests.evidence.test_suite import _hand_ci  # the paired bootstrap written out
 
 SRV = {0, 1, 2}
 
@@ -25,26 +26,6 @@ def _table(gold: list[int], right: np.ndarray, groups: dict | None = None) -> Pr
         meta["class_groups"] = groups
     return Predictions({"id": [f"x{i}" for i in range(len(gold))], "gold": gold, "pred": pred},
                        meta)
-
-
-def _hand_ci(pairs: list[tuple[np.ndarray, np.ndarray]], reps: int, seed: int
-             ) -> tuple[float, float, float]:
-    """The paired bootstrap written out with index arrays (as in test_suite)."""
-    rng = np.random.default_rng(seed)
-    per_seed = []
-    for a, b in pairs:
-        idx = rng.integers(0, len(a), size=(reps, len(a)))
-        per_seed.append(a[idx].mean(1) - b[idx].mean(1))
-    stacked = np.stack(per_seed)
-    if len(pairs) > 1:
-        pick = rng.integers(0, len(pairs), size=(reps, len(pairs)))
-        reps_ = stacked[pick, np.arange(reps)[:, None]].mean(1)
-    else:
-        reps_ = stacked[0]
-    est = float(np.mean([a.mean() - b.mean() for a, b in pairs]))
-    lo, hi = np.quantile(reps_, [0.025, 0.975])
-    return est, float(lo), float(hi)
-
 
 def test_group_sample_holds_the_groups_items_only() -> None:
     rng = np.random.default_rng(0)
