@@ -145,6 +145,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fedkt.evidence.compare import baseline_report, groups_report
     from fedkt.evidence.runs import group_runs, open_run
     from fedkt.report import harness_report, report
+    from fedkt.tracking import breakdown_table, time_breakdown
 
     runs = [open_run(p) for p in args.run_dirs]
     plain = [str(r.path) for r in runs]
@@ -156,6 +157,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     harness = harness_report(plain)
     if harness:
         parts.append("lm-evaluation-harness:\n\n" + harness)
+    parts.append("Where the time went (seconds per phase, summed over participants):\n\n"
+                 + breakdown_table([(r.label, time_breakdown(r.info.rows)) for r in runs]))
     if args.baseline:
         parts.append(baseline_report(args.run_dirs, args.baseline, args.metric,
                                      reps=args.bootstrap, seed=args.bootstrap_seed))

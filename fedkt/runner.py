@@ -25,7 +25,6 @@ from fedkt.config import RunConfig
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
-from fedkt.eval.timing import eval_clock, now
 from fedkt.evidence.compare import round0_summary
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
@@ -35,6 +34,7 @@ from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
+from fedkt.timing import Clock, clocks, eval_clock, now, phase, phase_seconds
 from fedkt.trackers import Tracking, open_tracking
 from fedkt.tracking import (
     HOLDINGS,
@@ -132,7 +132,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         evaluate = rnd % cfg.eval.every == 0 or rnd == cfg.rounds
         clients.start_round(rnd, evaluate)
         seed_everything(server.seed(rnd))
-        started, evaluated = now(), eval_clock()
+        started, evaluated, phases = now(), eval_clock(), clocks()
         server_metrics = _split_metrics(server.round(rnd, clients) or {})
         traffic = clients.traffic
         # The server's own work: the round without waiting for clients or evaluating.
@@ -146,6 +146,8 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
         if "server" in server_eval:
             server_metrics.setdefault("test", {}).update(server_eval.pop("server"))
+        sums = _write_checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
+        spent = _server_phases(phases, traffic.wait_phases)
         wall = time.perf_counter() - t0
         recorder.log({"round": rnd, "participant": "server", "split": "train",
                       **server_metrics.get("train", {}),
@@ -153,7 +155,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
                       "bytes_received": sum(traffic.received.values()),
                       "clients_replied": len(clients.ids) - len(traffic.excluded),
                       "wall_time": wall, "compute_time": max(0.0, compute.wall),
-                      "compute_cpu": max(0.0, compute.cpu)})
+                      "compute_cpu": max(0.0, compute.cpu), **spent})
         if "test" in server_metrics:
             recorder.log({"round": rnd, "participant": "server", "split": "test",
                           **server_metrics["test"]})
@@ -178,7 +180,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             for split, values in per_split.items():
                 recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
         _write_client_predictions(cfg, recorder, rnd, traffic)
-        _checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd, cfg.seed)
+        _mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
     summary = recorder.summary()
@@ -252,7 +254,7 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
     Clients take part when the method has an ``evaluate`` handler (their initial
     models); nothing is trained and no checkpoint is written.
     """
-    t0 = time.perf_counter()
+    t0, phases = time.perf_counter(), clocks()
     clients.start_round(0, True)
     clients.ids = cfg.client_ids()  # every participant, whatever clients.fraction samples
     if "evaluate" in method.handlers and cfg.eval.clients:
@@ -261,24 +263,48 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
         except RoundError as exc:
             log.warning("round 0: %s", exc)
     server_eval = _server_evaluate(cfg, server, recorder, 0)
-    wall = {"wall_time": time.perf_counter() - t0}
+    traffic = clients.traffic
+    wall = {"wall_time": time.perf_counter() - t0, **_server_phases(phases, traffic.wait_phases)}
     for name, values in server_eval.items():
         recorder.log({"round": 0, "participant": name, "split": "test", **values, **wall})
         wall = {}
-    traffic = clients.traffic
     for cid in clients.ids:
-        values = _split_metrics(traffic.metrics.get(cid, {})).get("test")
-        if values:
-            recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test", **values})
+        split = _split_metrics(traffic.metrics.get(cid, {}))
+        if split.get("test"):  # with the seconds per phase of the client's evaluation
+            timing = {k: v for k, v in split.get("train", {}).items() if k.endswith("_seconds")}
+            recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test",
+                          **split["test"], **timing})
     _write_client_predictions(cfg, recorder, 0, traffic)
     if not quiet:
         print(recorder.round_table(0), flush=True)
 
 
-def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
-                holdings: dict[str, dict[str, str]], rnd: int, seed: int) -> None:
-    """The server's state and what each client holds, then the round marked complete
-    (``latest.json`` with the files' SHA-256 and the run's seed)."""
+def _server_phases(before: dict[str, Clock], clients: dict[str, Clock]) -> dict[str, float]:
+    """The server's own seconds per phase since ``before``: without the phases its clients
+    ran in this process while it waited for them (the local runtime)."""
+    names = set(before) | set(clients)
+    return phase_seconds({k: before.get(k, Clock()) + clients.get(k, Clock()) for k in names},
+                         clocks())
+
+
+def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
+                      holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
+    """Write the server's state and what each client holds for round ``rnd``; return the
+    files' SHA-256.  The round counts as complete only once :func:`_mark_checkpoint` ran
+    (after its rows are logged), so a crash in between runs the round again."""
+    with phase("checkpoint"):
+        return _write_checkpoint_files(recorder, state, holdings, rnd)
+
+
+def _mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
+    """Mark round ``rnd`` complete (``latest.json`` with the files' SHA-256 and the run's
+    seed) and keep the last two checkpoints."""
+    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
+    recorder.prune_checkpoints(keep=2)
+
+
+def _write_checkpoint_files(recorder: RunRecorder, state: dict[str, torch.Tensor],
+                            holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (SERVER_STATE + ".tmp")
@@ -288,9 +314,7 @@ def _checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
     finally:
         tmp.unlink(missing_ok=True)
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
-    sums = {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
-    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
-    recorder.prune_checkpoints(keep=2)
+    return {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
 
 
 @dataclass

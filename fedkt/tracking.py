@@ -44,7 +44,8 @@ __all__ = [
     "LOCK_FILE", "TIMING_KEYS", "RunFolderBusy", "RunRecorder", "atomic_write", "clear_run_dir",
     "run_lock", "best_round", "fmt_mb", "fmt_seconds",
     "format_table", "is_eval", "is_timing", "lower_is_better", "main_metric", "without_timings",
-    "metric_keys", "participant_order", "read_rows", "run_wall_time",
+    "metric_keys", "participant_order", "read_rows", "run_wall_time", "time_breakdown",
+    "breakdown_table", "mean_breakdown",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -535,6 +536,50 @@ def run_wall_time(rows: Sequence[dict[str, Any]]) -> float | None:
             key = r.get("round")
             per_round[key] = max(per_round.get(key, 0.0), float(r["wall_time"]))
     return sum(per_round.values()) if per_round else None
+
+
+def time_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """Where a run's time went: ``wall`` (:func:`run_wall_time`), the seconds of each
+    phase of :mod:`fedkt.timing` summed over every participant's rows (``<phase>_seconds``),
+    and ``other``: the wall time no phase covers (0 when the phases add up to more, as
+    clients working in parallel on other machines can).  None without a wall time."""
+    from fedkt.timing import PHASES
+
+    wall = run_wall_time(rows)
+    if wall is None:
+        return None
+    out = {"wall": wall}
+    for name in PHASES:
+        out[name] = sum(float(r[f"{name}_seconds"]) for r in rows
+                        if _is_number(r.get(f"{name}_seconds")))
+    out["other"] = max(0.0, wall - sum(out[name] for name in PHASES))
+    return out
+
+
+def mean_breakdown(runs: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """The mean of several runs' :func:`time_breakdown` (those that have one)."""
+    have = [r for r in runs if r is not None]
+    if not have:
+        return None
+    return {k: sum(r[k] for r in have) / len(have) for k in have[0]}
+
+
+def breakdown_table(named: Sequence[tuple[str, dict[str, float] | None]]) -> str:
+    """A markdown table of :func:`time_breakdown` results: seconds and share of the wall
+    time per phase, one line per name."""
+    from fedkt.timing import PHASES
+
+    cols = [*PHASES, "other"]
+    header = ["", "wall (s)", *(f"{c} (s, %)" for c in cols)]
+    lines = []
+    for name, spent in named:
+        if spent is None:
+            lines.append([name, "-", *("-" for _ in cols)])
+            continue
+        wall = spent["wall"] or 1.0
+        lines.append([name, f"{spent['wall']:.1f}",
+                      *(f"{spent[c]:.1f} ({100 * spent[c] / wall:.0f}%)" for c in cols)])
+    return format_table(header, lines, markdown=True)
 
 
 def _line_style(name: str) -> dict[str, Any]:

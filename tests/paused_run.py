@@ -5,7 +5,8 @@
 It runs :func:`fedkt.cli.main` with the arguments after N, like ``python -m fedkt.cli``,
 with one change: in round N the server says so on stderr (:data:`PAUSE_LINE`) and sleeps
 ``PAUSE_SECONDS`` after the clients replied and the round's metrics rows were written,
-just before its checkpoint (``fedkt.runner._checkpoint`` is wrapped).
+just before its checkpoint marks the round complete (``fedkt.runner._mark_checkpoint`` is
+wrapped: the round's rows are logged, its checkpoint is not yet the latest).
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ def pause_before_checkpoint(rnd: int, seconds: float = PAUSE_SECONDS) -> None:
     """Make the runner stop for ``seconds`` in round ``rnd`` just before its checkpoint."""
     import fedkt.runner
 
-    checkpoint = fedkt.runner._checkpoint
+    mark = fedkt.runner._mark_checkpoint
 
-    def paused(recorder: Any, state: Any, holdings: Any, at: int, *rest: Any) -> None:
+    def paused(recorder: Any, at: int, *rest: Any) -> None:
         if at == rnd:
             print(PAUSE_LINE.format(rnd=at), file=sys.stderr, flush=True)
             time.sleep(seconds)
-        checkpoint(recorder, state, holdings, at, *rest)
+        mark(recorder, at, *rest)
 
-    fedkt.runner._checkpoint = paused
+    fedkt.runner._mark_checkpoint = paused
 
 
 if __name__ == "__main__":

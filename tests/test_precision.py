@@ -170,3 +170,20 @@ def test_explicit_threads_are_kept():
         assert monkey == default_threads() and torch.get_num_threads() == monkey
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_import_fedkt_makes_openmp_wait_passively_unless_the_user_chose(preset, expected):
+    """``import fedkt`` before torch sets OMP_WAIT_POLICY=PASSIVE for the OpenMP runtime
+    torch then loads (spinning threads slow a loaded machine 3x); a user's choice stays."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if preset:
+        env["OMP_WAIT_POLICY"] = preset
+    code = ("import os, sys, fedkt\nassert 'torch' not in sys.modules\n"
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[-1] == expected

@@ -38,6 +38,7 @@ from fedkt.config import RunConfig
 from fedkt.errors import ConfigError
 from fedkt.payload import Payload, PayloadError, check_tensor
 from fedkt.precision import autocast, grad_scaler, upcast
+from fedkt.timing import timed
 from fedkt.train.lm import LM
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
@@ -119,6 +120,7 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     return (torch.stack(scores).view(len(encoded), c) / temperature).log_softmax(-1)
 
 
+@timed("knowledge")
 def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
                      temperature: float = 1.0) -> Tensor:
     """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient)."""
@@ -198,6 +200,7 @@ def unpack(packed: Any, n: int, c: int, source: str) -> Tensor:
     return p
 
 
+@timed("distill")
 def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
                     taken: Tensor, *, epochs: float, lr: float | None, seed: int,
                     kd_weight: float, ft_weight: float = 0.0, temperature: float = 1.0,

@@ -26,6 +26,7 @@ from fedkt.alignment.topk import PAD_VALUE, TopKLogits
 from fedkt.config import RunConfig
 from fedkt.data.lm_batches import IGNORE_INDEX, make_batches, pad_token_id, tokenize_pairs
 from fedkt.payload import PayloadError, check_tensor
+from fedkt.timing import timed
 from fedkt.train.lm import LM, lm_pairs
 
 __all__ = ["PublicSet", "knowledge_set", "pack_topk", "packed_entries", "unpack_topk",
@@ -83,6 +84,7 @@ def _sample_losses(logits: Tensor, labels: Tensor, reduction: str) -> Tensor:
 
 
 @torch.no_grad()
+@timed("knowledge")
 def knowledge_set(lm: LM, public: PublicSet, k: int, *, batch_size: int,
                   reduction: str = "mean") -> TopKLogits:
     """S on D_p: top-K logits of every position and each sample's loss (Appendix A).

@@ -34,6 +34,7 @@ from rapidfuzz.distance import Levenshtein
 from fedkt.alignment.vocab import _memo, token_bytes, vocab_hash
 from fedkt.cache import cache_dir, cached
 from fedkt.progress import counted
+from fedkt.timing import timed
 
 __all__ = [
     "Alignment",
@@ -287,6 +288,7 @@ def _load(path: os.PathLike[str] | str) -> list[Alignment]:
             for i in range(len(ns))]
 
 
+@timed("align")
 def align_corpus(texts: Sequence[str], src_tokenizer: Any, tgt_tokenizer: Any, *,
                  add_special_tokens: bool = True, max_length: int | None = None,
                  cache: bool = True) -> list[Alignment]:

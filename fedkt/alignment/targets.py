@@ -30,6 +30,7 @@ from fedkt.alignment.sequence import Alignment
 from fedkt.alignment.topk import PAD_VALUE, TopKLogits, project_topk, sparse_kd_loss
 from fedkt.data.lm_batches import IGNORE_INDEX
 from fedkt.payload import PayloadError
+from fedkt.timing import timed
 
 __all__ = ["KDTargets", "Received", "build_targets", "kd_loss", "to_receiver"]
 
@@ -87,6 +88,7 @@ class Received:
         return ids, vals, mask
 
 
+@timed("align")
 def to_receiver(topk: TopKLogits, src_tok: Any, src: PublicSet, tgt_tok: Any, tgt: PublicSet,
                 source: str) -> Received:
     """A received knowledge set joined to D_p, ready to project into the receiver's tokens

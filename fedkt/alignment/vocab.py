@@ -34,6 +34,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
 from fedkt.cache import cache_dir, cached
+from fedkt.timing import timed
 
 __all__ = [
     "VocabScheme",
@@ -666,6 +667,7 @@ def _build_mapping(src_tokenizer: Any, tgt_tokenizer: Any, workers: int) -> np.n
     return out
 
 
+@timed("align")
 def vocab_mapping(src_tokenizer: Any, tgt_tokenizer: Any, cache: bool = True,
                   workers: int = 2) -> np.ndarray:
     """Vocabulary mapping: ``out[src_id]`` is the target id (int64, [V_src]).

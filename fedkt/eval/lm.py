@@ -26,7 +26,7 @@ from fedkt import progress
 from fedkt.eval import predictions
 from fedkt.eval.groups import group_accuracies, resolve_groups
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
-from fedkt.eval.timing import timed_evaluation
+from fedkt.timing import timed_evaluation
 
 __all__ = [
     "eval_classifier",

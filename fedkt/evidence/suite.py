@@ -60,7 +60,13 @@ from fedkt.evidence.plots import suite_plots
 from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean_std, open_run
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.precision import physical_cores
-from fedkt.tracking import LATEST_FILE, format_table
+from fedkt.tracking import (
+    LATEST_FILE,
+    breakdown_table,
+    format_table,
+    mean_breakdown,
+    time_breakdown,
+)
 
 __all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
 
@@ -428,6 +434,12 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
             ["claim", "estimate", f"{int(cfg.level * 100)}% CI", "verdict"],
             [[v["claim"], v["estimate"], v["ci"], v["verdict"]] for v in verdicts],
             markdown=True), ""]
+    text += ["## Where the time went", "",
+             "Mean over seeds of each run's seconds per phase (fedkt.timing), summed over "
+             "its participants; other: the wall time no phase covers.", "",
+             breakdown_table([(arm, mean_breakdown([time_breakdown(r.info.rows)
+                                                    for r in g.runs]))
+                              for arm, g in present.items()]), ""]
     if cfg.comparison is not None:
         text += [comparison_report(folder, cfg.comparison, present, reps=cfg.bootstrap,
                                    level=cfg.level, seed=cfg.bootstrap_seed)]

@@ -32,7 +32,6 @@ from fedkt.aggregation import fedavg
 from fedkt.config import RunConfig, RuntimeConfig, TrackingConfig, parse_config
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
-from fedkt.eval.timing import Clock, eval_clock, now
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
 from fedkt.payload import Payload, PayloadError, dumps, loads
@@ -45,6 +44,7 @@ from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's 
     TransportError,
 )
 from fedkt.runtime.replies import check_reply, error_text
+from fedkt.timing import Clock, clocks, eval_clock, now, phase, phase_seconds
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -82,6 +82,8 @@ class Traffic:
     # ran in this process meanwhile (clients that share it), for the server's compute.
     wait: Clock = Clock()
     wait_eval: Clock = Clock()
+    # ... and the seconds per phase (fedkt.timing) that ran in this process meanwhile.
+    wait_phases: dict[str, Clock] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     excluded: dict[int, str] = field(default_factory=dict)
     # Per-example predictions each client sent back (scope -> table), and their bytes,
@@ -151,7 +153,8 @@ class RuntimeClients:
                 continue
             envelope = {"handler": handler, "round": self.rnd, "step": self.step,
                         "cid": cid, "evaluate": evaluate, "config": self._config_yaml, **extra}
-            requests[cid] = dumps({**payload, ENVELOPE: envelope})
+            with phase("comm"):
+                requests[cid] = dumps({**payload, ENVELOPE: envelope})
         self.step += 1
         self.asked = len(requests)  # clients asked in the latest call
         return requests
@@ -172,7 +175,8 @@ class RuntimeClients:
             if len(got) > limits.reply_bytes:
                 raise PayloadError(f"client {cid}: reply of {len(got)} bytes is larger than "
                                    f"runtime.limits.reply_bytes = {limits.reply_bytes}")
-            reply = loads(got, source=f"client {cid}")
+            with phase("comm"):
+                reply = loads(got, source=f"client {cid}")
             if ERROR in reply:
                 raise ClientFailure(error_text(reply[ERROR]))
             checked = check_reply(reply, cid, limits)
@@ -205,12 +209,15 @@ class RuntimeClients:
     @contextmanager
     def _waiting(self) -> Iterator[None]:
         """Count the block as time the server waits for its clients."""
-        start, evaluated = now(), eval_clock()
+        start, evaluated, phases = now(), eval_clock(), clocks()
         try:
             yield
         finally:
             self.traffic.wait += now() - start
             self.traffic.wait_eval += eval_clock() - evaluated
+            for name, spent in clocks().items():
+                self.traffic.wait_phases[name] = (self.traffic.wait_phases.get(name, Clock())
+                                                  + (spent - phases.get(name, Clock())))
 
     def _excluded_text(self) -> str:
         return "; ".join(f"client {c}: {r}" for c, r in self.traffic.excluded.items())
@@ -363,7 +370,13 @@ def _fixed(seconds: float) -> str:
     return f"{seconds:015.6f}"
 
 
-def _timings(reply: Payload) -> dict[str, dict[str, str]]:
+def _phase_timings(before: dict[str, Clock]) -> dict[str, str]:
+    """The handler's seconds per phase (``train/<phase>_seconds``: its row of the round), at
+    a fixed width."""
+    return {f"train/{k}": _fixed(v) for k, v in phase_seconds(before, clocks()).items()}
+
+
+def _timings(reply: Payload) -> dict[str, str]:
     """A handler's ``*_seconds`` metrics, moved into the envelope at a fixed width: a
     reply's size must not depend on how long the work took."""
     metrics = reply.get("metrics")
@@ -371,7 +384,7 @@ def _timings(reply: Payload) -> dict[str, dict[str, str]]:
         return {}
     timed = [k for k, v in metrics.items() if k.endswith("_seconds")
              and isinstance(v, int | float) and not isinstance(v, bool)]
-    return {"timings": {k: _fixed(float(metrics.pop(k))) for k in timed}} if timed else {}
+    return {k: _fixed(float(metrics.pop(k))) for k in timed}
 
 
 # A client (SuperNode) that runs model code a job's config asks for (``trust_remote_code``)
@@ -421,9 +434,10 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
     code when the job's config sets ``trust_remote_code`` (None: only if
     ``$FEDKT_ALLOW_REMOTE_CODE`` says so); refused, the request fails with the keys named.
     """
-    start, evaluated = now(), eval_clock()
+    start, evaluated, phases = now(), eval_clock(), clocks()
     try:
-        msg = loads(data, source="server")
+        with phase("comm"):
+            msg = loads(data, source="server")
         env = msg.pop(ENVELOPE)
         if cid is not None and env["cid"] != cid:
             raise PayloadError(f"request for client {env['cid']} delivered to client {cid}")
@@ -454,8 +468,9 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
         # Fixed-width text: reply sizes must not depend on how long the work took.
         took = now() - start
         compute = took - (eval_clock() - evaluated)
+        timings = {**_timings(reply), **_phase_timings(phases)}
         reply[ENVELOPE] = {"seconds": _fixed(took.wall), "compute": _fixed(compute.wall),
-                           "cpu": _fixed(compute.cpu), **_timings(reply)}
+                           "cpu": _fixed(compute.cpu), **({"timings": timings} if timings else {})}
         return dumps(reply)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         where = traceback.extract_tb(exc.__traceback__)[-1]

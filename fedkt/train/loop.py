@@ -18,6 +18,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from fedkt.timing import timed
+
 __all__ = ["LoopStats", "run_steps"]
 
 B = TypeVar("B")
@@ -47,13 +49,15 @@ class LoopStats:
         return {k: v / max(1, self.steps) for k, v in self.parts.items()}
 
 
+@timed("train")
 def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], float], *,
               modules: Sequence[nn.Module], seed: int, total: int | None = None,
               desc: str = "train") -> LoopStats:
     """Train on ``batches``: ``step(loss(i, batch))`` for each, ``modules`` in train mode.
 
     ``total`` (the number of batches, when known) shows a progress bar for loops of 20
-    steps or more.  ``modules`` are left in eval mode.
+    steps or more.  ``modules`` are left in eval mode.  Its time is the ``train`` phase
+    unless the caller's phase (``distill``) already counts it (:mod:`fedkt.timing`).
     """
     stats = LoopStats()
     torch.manual_seed(seed)  # dropout and any other in-model randomness

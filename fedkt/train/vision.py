@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkt.eval import predictions
-from fedkt.eval.timing import timed_evaluation
 from fedkt.models.vision import pool_features
 from fedkt.precision import autocast, grad_scaler, upcast
+from fedkt.timing import timed_evaluation
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import step
 

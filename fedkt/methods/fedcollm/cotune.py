@@ -28,6 +28,7 @@ from fedkt.data.lm_batches import IGNORE_INDEX
 from fedkt.losses import kl_div
 from fedkt.methods.base import derive_seed
 from fedkt.precision import autocast, grad_scaler
+from fedkt.timing import timed
 from fedkt.train.lm import LM, lm_batches
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import grad_norm, make_optimizer, step, trainable
@@ -132,6 +133,7 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
                         slm=ft * g_out.loss + lam * kl_fg)  # L^g
 
 
+@timed("distill")
 def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
            bridge: CrossTokenizerKL | None = None) -> dict[str, float]:
     """Server step of Algorithm 1: co-tune omega and theta on D_a (Eqs. 4-6), in place.
@@ -185,6 +187,7 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
             | {f"cotune_{k}": v for k, v in ratios.items()})
 
 
+@timed("distill")
 def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int
                    ) -> dict[str, float]:
     """Step 4 with ``knowledge: choices`` (an extension, for an unlabelled D_a): each model's

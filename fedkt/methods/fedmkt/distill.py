@@ -21,6 +21,7 @@ from torch import Tensor
 from fedkt.alignment.targets import KDTargets, kd_loss
 from fedkt.config import RunConfig
 from fedkt.precision import upcast
+from fedkt.timing import timed
 from fedkt.train.lm import LM, train_lm
 from fedkt.train.optim import grad_norm, trainable
 
@@ -62,6 +63,7 @@ def lambda_mix(l_ft: Tensor | float, l_kd: Tensor | float, lam: float) -> Tensor
 DIAGNOSTICS = ("kd_grad_ratio", "kd_teacher_top1", "kd_teacher_top1_target")
 
 
+@timed("distill")
 def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, epochs: float,
             lr: float | None, seed: int, desc: str) -> dict[str, float]:
     """Train ``lm`` on D_p with L = lambda L_FT + (1 - lambda) L_KD (Eq. 9 server, Eq. 10

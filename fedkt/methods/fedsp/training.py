@@ -26,6 +26,7 @@ from fedkt.models.adapters import prefix_param, set_prefix
 from fedkt.models.auxiliary import aux_param_groups, unwrap
 from fedkt.payload import PayloadError
 from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
+from fedkt.timing import timed
 from fedkt.train.lm import LM, lm_batches, train_lm
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step
@@ -160,6 +161,7 @@ def _body(model: nn.Module) -> nn.Module:
     return unwrap(model).base_model
 
 
+@timed("distill")
 def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_s: nn.Linear,
                       tokenizer: Any, records: list[dict], *, steps: int, lr: float, seed: int,
                       params: list[nn.Parameter], batch_size: int | None = None,

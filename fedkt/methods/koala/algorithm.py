@@ -54,6 +54,7 @@ from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean
 from fedkt.models.vision import build_model, head_module
 from fedkt.payload import Payload
 from fedkt.placement import client_device, server_device
+from fedkt.timing import timed
 from fedkt.train.optim import pick_device
 from fedkt.train.pretrain import (
     check_pretrain_source,
@@ -193,6 +194,7 @@ class KoalaServer(Server[KoalaConfig]):
         self.confirm(back, got)
         return metrics
 
+    @timed("distill")
     def reverse_distill(self, rnd: int, soft: Tensor) -> dict[str, float]:
         """Eqs. 3, 11: the head learns the soft labels of the proxy images.
 
@@ -229,6 +231,7 @@ class KoalaServer(Server[KoalaConfig]):
             lr=m.reverse_lr, weight_decay=m.weight_decay, betas=(0.9, 0.999),
             seed=self.seed(rnd, "reverse"), precision=self.precision)
 
+    @timed("knowledge")
     @torch.no_grad()
     def teacher_logits(self, key: str) -> Tensor:
         """Proxy-set logits of the teacher: the small model, or (``teacher: untrained``)
@@ -239,6 +242,7 @@ class KoalaServer(Server[KoalaConfig]):
         fresh = build_model(mcfg, self.spec, derive_seed(self.cfg.seed, "untrained-teacher", key))
         return predict_logits(fresh.to(self.device), self.proxy_images, precision=self.precision)
 
+    @timed("distill")
     def forward_distill(self, rnd: int, key: str, large_probs: Tensor) -> dict[str, float]:
         """Eqs. 12-17 on the proxy set: the small model and its W learn, the large is fixed."""
         m = self.method

@@ -1,0 +1,52 @@
+"""Where a run's time goes: the phases of :mod:`fedkt.timing` in rows, report and suite."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fedkt import timing
+from fedkt.tracking import breakdown_table, time_breakdown
+from tests.conformance import conformance
+
+
+def test_the_outermost_phase_takes_the_time():
+    before = timing.clocks()
+    with timing.phase("knowledge"):
+        time.sleep(0.02)
+        with timing.phase("eval"):  # scoring done for the teacher's knowledge
+            time.sleep(0.02)
+    with timing.phase("eval"):
+        time.sleep(0.01)
+    spent = timing.phase_seconds(before, timing.clocks())
+    assert spent["knowledge_seconds"] >= 0.04
+    assert 0.01 <= spent["eval_seconds"] < 0.03
+    assert set(spent) == {"knowledge_seconds", "eval_seconds"}
+    with pytest.raises(ValueError, match="unknown phase 'training'"):
+        with timing.phase("training"):
+            pass
+
+
+@pytest.mark.parametrize("name, phases", [
+    ("fedavg", {"train", "eval", "comm", "checkpoint"}),
+    ("fedmkt", {"train", "eval", "distill", "knowledge", "align"}),
+    ("fedcollm", {"train", "eval", "distill"}),
+    ("koala", {"train", "eval", "distill", "knowledge"}),
+])
+def test_rows_break_a_run_into_phases_that_add_up_to_its_wall_time(name, phases):
+    """Every participant's phases are its own: in the local runtime the clients work while
+    the server waits, so summing everyone's phases must stay within the run's wall time
+    (it would not if the server also counted its clients' work)."""
+    rows = conformance(name).run.rows
+    spent = time_breakdown(rows)
+    assert spent is not None
+    for p in phases:
+        assert spent[p] > 0, f"{name}: no time in phase {p!r}"
+    covered = sum(spent[p] for p in timing.PHASES)
+    assert covered <= spent["wall"] * 1.02 + 0.05, (name, spent)
+    assert spent["other"] == pytest.approx(max(0.0, spent["wall"] - covered))
+    assert any(k.endswith("_seconds") and r["participant"].startswith("client")
+               for r in rows for k in r), "clients report their phases too"
+    table = breakdown_table([(name, spent)])
+    assert table.splitlines()[0].count("|") == len(timing.PHASES) + 4
