@@ -312,6 +312,42 @@ def format_row(row: dict[str, Any]) -> str:
             f"{row['heldout_aux'] - mean_r:+.3f} |")
 
 
+def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], heldout: int
+                      ) -> list[dict[str, Any]]:
+    """For each (rounds, server steps per round, lr): fedkt's server-only control (the
+    suite's ``server_only`` arm: FedSP's server stage, no client) run without evaluation;
+    the relative change of its prompts and the held-out loss (client 0's first examples,
+    which the server never trains on) before and after. Prints one row per budget."""
+    fd = run_data(base.data, base.clients.num_clients, base.seed)
+    rows = []
+    print("| rounds × server steps | lr | ‖P_T − P0‖/‖P0‖ | server loss (last round) | "
+          "held-out loss P0 → P_T | seconds |\n|---:|---:|---:|---:|---:|---:|")
+    for rounds, steps, lr in budgets:
+        t0 = time.time()
+        method = base.method.model_copy(update={"server_prompt_steps": steps, "prompt_lr": lr,
+                                                "server_prompt_lr": None})
+        cfg = base.model_copy(update={"rounds": rounds, "method": method})
+        srv = get_method(cfg.method.name).server(cfg, Path("/tmp") / "fedsp-probe")
+        srv.setup()
+        p0 = srv.prompts.clone()
+        llm = srv.llm.reset({PROMPT_KEY: p0})
+        (batch,) = lm_batches(base, llm.tokenizer, fd.private[0][:heldout], seed=None,
+                              batch_size=heldout)
+        before = loss_at(llm, p0, batch)
+        metrics: dict[str, float] = {}
+        for rnd in range(1, rounds + 1):
+            metrics = srv.round(rnd, None)  # server_only: no client is called
+        moved = float((srv.prompts - p0).norm() / p0.norm())
+        after = loss_at(srv.llm.reset({PROMPT_KEY: srv.prompts}), srv.prompts, batch)
+        rows.append({"rounds": rounds, "steps": steps, "lr": lr, "moved": moved,
+                     "server_loss": metrics.get("train/server_loss"), "heldout_p0": before,
+                     "heldout_pt": after, "seconds": time.time() - t0})
+        print(f"| {rounds} × {steps} | {lr:g} | {moved:.4f} | "
+              f"{metrics.get('train/server_loss', float('nan')):.3f} | {before:.3f} → {after:.3f} | "
+              f"{time.time() - t0:.0f} |", flush=True)
+    return rows
+
+
 def parse_cuts(items: list[str]) -> list[tuple[str, list[int]]]:
     out = []
     for item in items:
@@ -351,8 +387,19 @@ def main(argv: list[str] | None = None) -> None:
     grid.add_argument("--ref-kd-steps", type=int, default=500, help="the reference cell's KD")
     grid.add_argument("--align", type=int, default=10, help="the reference cell's align steps")
     grid.add_argument("--json", default=None, help="also write the rows here (JSON)")
+    moves = ap.add_argument_group("server-only control (--server-only)")
+    moves.add_argument("--server-only", action="append", default=None, metavar="R:S:LR",
+                       help="rounds:server steps per round:lr of the suite's server_only arm; "
+                            "prints how far its prompts move (repeatable)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.server_only:
+        budgets = [(int(r), int(st), float(lr)) for r, st, lr in
+                   (b.split(":") for b in args.server_only)]
+        start = time.time()
+        server_only_moves(load_suite(args.suite).runs[("server_only", 0)], budgets, args.heldout)
+        print(f"\n{time.time() - start:.0f} s wall")
+        return
     if args.grid:
         start = time.time()
         base = (load_config(args.config) if args.config

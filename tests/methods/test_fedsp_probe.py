@@ -77,3 +77,13 @@ def test_grid_on_a_tiny_llm_the_whole_llm_as_auxiliary_model_agrees_exactly(tmp_
     assert len(one["step_norms"]) == 3 and len(one["heldout_random_steps"]) == 2
     assert one["distance"] <= sum(one["step_norms"]) + 1e-6
     assert (tmp_path / "grid.json").is_file()
+
+
+def test_server_only_control_moves_its_prompts_further_at_a_larger_budget(capsys):
+    fp = probe()
+    cfg = load_config(ROOT / "fedkt" / "configs" / "fedsp" / "tiny.yaml")
+    cfg = cfg.model_copy(update={"method": cfg.method.model_copy(update={"server_only": True})})
+    small, large = fp.server_only_moves(cfg, [(1, 1, 1e-4), (2, 3, 1e-2)], heldout=8)
+    assert 0 < small["moved"] < large["moved"]
+    assert large["heldout_pt"] != large["heldout_p0"]
+    assert "| 2 × 3 | 0.01 |" in capsys.readouterr().out
