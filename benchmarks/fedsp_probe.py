@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from fedkt.config import RunConfig, load_config
 from fedkt.data.splits import run_data
+from fedkt.eval import predictions
 from fedkt.evidence.suite import load_suite
 from fedkt.methods import get_method
 from fedkt.methods.fedsp import PROMPT_KEY
@@ -67,7 +68,7 @@ from fedkt.methods.fedsp.training import (
     stage_optimizer,
 )
 from fedkt.models.auxiliary import prompts_for_aux, prompts_into_llm
-from fedkt.train.lm import LM, lm_batches
+from fedkt.train.lm import LM, evaluate_lm, lm_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "fedkt" / "configs" / "suites" / "fedsp.yaml"
@@ -312,16 +313,25 @@ def format_row(row: dict[str, Any]) -> str:
             f"{row['heldout_aux'] - mean_r:+.3f} |")
 
 
-def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], heldout: int
-                      ) -> list[dict[str, Any]]:
+def predict(cfg: RunConfig, lm: LM, records: list[dict]) -> tuple[float, list[Any]]:
+    """fedkt's evaluation of ``lm`` on ``records``: accuracy and the per-item predictions."""
+    with predictions.capture() as sink:
+        metrics = evaluate_lm(cfg, lm, records)
+    return metrics["accuracy"], sink[""].columns["pred"]
+
+
+def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], heldout: int,
+                      evaluate: int = 0) -> list[dict[str, Any]]:
     """For each (rounds, server steps per round, lr): fedkt's server-only control (the
-    suite's ``server_only`` arm: FedSP's server stage, no client) run without evaluation;
-    the relative change of its prompts and the held-out loss (client 0's first examples,
-    which the server never trains on) before and after. Prints one row per budget."""
+    suite's ``server_only`` arm: FedSP's server stage, no client), without the run's
+    evaluation; the relative change of its prompts, and on client 0's first examples
+    (which the server never trains on) the loss before and after and, for the first
+    ``evaluate`` of them, the accuracy and how many predictions changed."""
     fd = run_data(base.data, base.clients.num_clients, base.seed)
     rows = []
     print("| rounds × server steps | lr | ‖P_T − P0‖/‖P0‖ | server loss (last round) | "
-          "held-out loss P0 → P_T | seconds |\n|---:|---:|---:|---:|---:|---:|")
+          "held-out loss P0 → P_T | accuracy P0 → P_T (predictions changed) | seconds |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for rounds, steps, lr in budgets:
         t0 = time.time()
         method = base.method.model_copy(update={"server_prompt_steps": steps, "prompt_lr": lr,
@@ -339,12 +349,22 @@ def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], he
             metrics = srv.round(rnd, None)  # server_only: no client is called
         moved = float((srv.prompts - p0).norm() / p0.norm())
         after = loss_at(srv.llm.reset({PROMPT_KEY: srv.prompts}), srv.prompts, batch)
-        rows.append({"rounds": rounds, "steps": steps, "lr": lr, "moved": moved,
-                     "server_loss": metrics.get("train/server_loss"), "heldout_p0": before,
-                     "heldout_pt": after, "seconds": time.time() - t0})
+        row = {"rounds": rounds, "steps": steps, "lr": lr, "moved": moved,
+               "server_loss": metrics.get("train/server_loss"), "heldout_p0": before,
+               "heldout_pt": after}
+        acc = "-"
+        if evaluate:
+            items = fd.private[0][:evaluate]
+            acc0, pred0 = predict(cfg, srv.llm.reset({PROMPT_KEY: p0}), items)
+            acc1, pred1 = predict(cfg, srv.llm.reset({PROMPT_KEY: srv.prompts}), items)
+            changed = sum(a != b for a, b in zip(pred0, pred1, strict=True))
+            row.update(accuracy_p0=acc0, accuracy_pt=acc1, changed=changed)
+            acc = f"{acc0:.3f} → {acc1:.3f} ({changed} of {len(items)})"
+        row["seconds"] = time.time() - t0
+        rows.append(row)
         print(f"| {rounds} × {steps} | {lr:g} | {moved:.4f} | "
               f"{metrics.get('train/server_loss', float('nan')):.3f} | {before:.3f} → {after:.3f} | "
-              f"{time.time() - t0:.0f} |", flush=True)
+              f"{acc} | {row['seconds']:.0f} |", flush=True)
     return rows
 
 
@@ -391,13 +411,16 @@ def main(argv: list[str] | None = None) -> None:
     moves.add_argument("--server-only", action="append", default=None, metavar="R:S:LR",
                        help="rounds:server steps per round:lr of the suite's server_only arm; "
                             "prints how far its prompts move (repeatable)")
+    moves.add_argument("--evaluate", type=int, default=0,
+                       help="also score the first N of client 0's items before and after")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.server_only:
         budgets = [(int(r), int(st), float(lr)) for r, st, lr in
                    (b.split(":") for b in args.server_only)]
         start = time.time()
-        server_only_moves(load_suite(args.suite).runs[("server_only", 0)], budgets, args.heldout)
+        server_only_moves(load_suite(args.suite).runs[("server_only", 0)], budgets, args.heldout,
+                          args.evaluate)
         print(f"\n{time.time() - start:.0f} s wall")
         return
     if args.grid:

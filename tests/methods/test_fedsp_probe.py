@@ -83,7 +83,9 @@ def test_server_only_control_moves_its_prompts_further_at_a_larger_budget(capsys
     fp = probe()
     cfg = load_config(ROOT / "fedkt" / "configs" / "fedsp" / "tiny.yaml")
     cfg = cfg.model_copy(update={"method": cfg.method.model_copy(update={"server_only": True})})
-    small, large = fp.server_only_moves(cfg, [(1, 1, 1e-4), (2, 3, 1e-2)], heldout=8)
+    small, large = fp.server_only_moves(cfg, [(1, 1, 1e-4), (2, 3, 1e-2)], heldout=8,
+                                        evaluate=6)
     assert 0 < small["moved"] < large["moved"]
     assert large["heldout_pt"] != large["heldout_p0"]
+    assert 0 <= small["changed"] <= 6 and small["accuracy_p0"] == large["accuracy_p0"]
     assert "| 2 × 3 | 0.01 |" in capsys.readouterr().out
