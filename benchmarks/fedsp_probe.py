@@ -207,21 +207,23 @@ def aux_grad(srv: Any, prompts: Tensor, batch: dict[str, Tensor]) -> tuple[Tenso
 
 
 def probe_cell(srv: Any, llm: LM, p0: Tensor, g_llm: Tensor, train: dict[str, Tensor],
-               heldout: dict[str, Tensor], *, steps: int, lr: float, seeds: int
-               ) -> dict[str, Any]:
-    """One cell: gradient agreement at P0, and the LLM's held-out loss after ``steps``
-    optimiser steps on the auxiliary model's gradients against random steps of the same
-    norms (``seeds`` draws each) and one random direction at the same distance."""
+               heldout: dict[str, Tensor], *, steps: int, lr: float, seeds: int,
+               paths: bool = True) -> dict[str, Any]:
+    """One cell: gradient agreement at P0, and (``paths``) the LLM's held-out loss after
+    ``steps`` optimiser steps on the auxiliary model's gradients against random steps of
+    the same norms (``seeds`` draws each) and one random direction at the same distance."""
     g_aux, aux_loss = aux_grad(srv, p0, train)
+    depth = srv.spec.llm_depth
+    agreement = {"aux_loss": aux_loss, "cosine": cosine(g_aux, g_llm),
+                 "slot_cosines": slot_cosines(g_aux, g_llm, depth),
+                 "signs_agree": sign_agreement(g_aux, g_llm)}
+    if not paths:
+        return agreement
     path = optimiser_path(lambda p: aux_grad(srv, p, train)[0], srv.cfg, p0, steps=steps, lr=lr)
     norms = step_norms(path)
     distance = float((path[-1] - p0).norm())
-    depth = srv.spec.llm_depth
     return {
-        "aux_loss": aux_loss,
-        "cosine": cosine(g_aux, g_llm),
-        "slot_cosines": slot_cosines(g_aux, g_llm, depth),
-        "signs_agree": sign_agreement(g_aux, g_llm),
+        **agreement,
         "step_norms": norms,
         "distance": distance,
         "heldout_aux": loss_at(llm, path[-1], heldout),
@@ -249,6 +251,7 @@ def run_grid(base: RunConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
              if args.cells is None or c.key in args.cells.split(",")]
     for init in args.inits.split(","):
         llm_ref: dict[str, Any] = {}
+        header_done = False
         for cell in cells:
             srv = fedsp_server(base, {**cell.method, "prompt_init": init, "kd_cache": True})
             t0 = time.time()
@@ -258,23 +261,28 @@ def run_grid(base: RunConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
                                   batch_size=args.examples)
             (heldout,) = lm_batches(base, llm.tokenizer, other[:args.heldout], seed=None,
                                     batch_size=args.heldout)
+            paths = args.paths is None or cell.key in args.paths.split(",")
             if not llm_ref:
                 g_llm, loss0 = prompt_grad(llm, p0, train)
+                llm_ref = {"p0": p0, "g": g_llm, "train_loss": loss0,
+                           "heldout_p0": loss_at(llm, p0, heldout), "norm_p0": float(p0.norm())}
+                print(f"\ninit {init}: {base.server.name}, ‖P0‖ {llm_ref['norm_p0']:.1f}, LLM "
+                      f"training loss {loss0:.3f} (client {args.client}'s first {args.examples}); "
+                      f"held-out loss (client {(args.client + 1) % len(fd.private)}'s first "
+                      f"{args.heldout}) at P0 {llm_ref['heldout_p0']:.3f}", flush=True)
+            if paths and "heldout_llm" not in llm_ref:
                 path = optimiser_path(lambda p, lm=llm, b=train: prompt_grad(lm, p, b)[0], srv.cfg,
                                       p0, steps=args.steps, lr=args.adam_lr)
-                llm_ref = {"p0": p0, "g": g_llm, "train_loss": loss0,
-                           "heldout_p0": loss_at(llm, p0, heldout),
-                           "heldout_llm": loss_at(llm, path[-1], heldout),
-                           "llm_distance": float((path[-1] - p0).norm()), "norm_p0": float(p0.norm())}
-                print(f"\ninit {init}: {base.server.name}, ‖P0‖ {llm_ref['norm_p0']:.1f}, LLM training "
-                      f"loss {loss0:.3f} (client {args.client}'s first {args.examples}); held-out "
-                      f"loss (client {(args.client + 1) % len(fd.private)}'s first {args.heldout}) at P0 "
-                      f"{llm_ref['heldout_p0']:.3f}, after {args.steps} steps (lr {args.adam_lr:g}) on "
-                      f"the LLM's own gradient {llm_ref['heldout_llm']:.3f} "
-                      f"(‖ΔP‖/‖P0‖ {llm_ref['llm_distance'] / llm_ref['norm_p0']:.4f})", flush=True)
+                llm_ref["heldout_llm"] = loss_at(llm, path[-1], heldout)
+                llm_ref["llm_distance"] = float((path[-1] - p0).norm())
+                print(f"init {init}: after {args.steps} steps (lr {args.adam_lr:g}) on the LLM's own "
+                      f"gradient, held-out loss {llm_ref['heldout_llm']:.3f} (‖ΔP‖/‖P0‖ "
+                      f"{llm_ref['llm_distance'] / llm_ref['norm_p0']:.4f})", flush=True)
+            if not header_done:
                 print(header + "\n|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
                       flush=True)
-            elif not torch.equal(p0, llm_ref["p0"]):
+                header_done = True
+            if not torch.equal(p0, llm_ref["p0"]):
                 raise SystemExit(f"cell {cell.name}: P0 differs from the first cell's")
             m = srv.method
             kd: dict[str, Any] = {}
@@ -284,7 +292,7 @@ def run_grid(base: RunConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
             row = {"init": init, "key": cell.key, "cell": cell.name, "method": cell.method, "kd": kd,
                    "align": aligned, **{k: v for k, v in llm_ref.items() if k not in ("p0", "g")},
                    **probe_cell(srv, llm, p0, llm_ref["g"], train, heldout, steps=args.steps,
-                                lr=args.adam_lr, seeds=args.seeds)}
+                                lr=args.adam_lr, seeds=args.seeds, paths=paths)}
             row["seconds"] = time.time() - t0
             if cell.method.get("aux_layers") == depth:  # N = all layers: the LLM itself
                 assert row["cosine"] > 0.999, f"N = all layers: cosine {row['cosine']} != 1"
@@ -300,14 +308,16 @@ def run_grid(base: RunConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
 def format_row(row: dict[str, Any]) -> str:
     """One markdown table row of a grid cell."""
     slots = row["slot_cosines"]
-    rs, rd = row["heldout_random_steps"], row["heldout_random_distance"]
     kd = (f"{row['kd']['kd_steps']}: {row['kd']['kd_loss_first']:.2f} → {row['kd']['kd_loss']:.3f}"
           if row["kd"] else "-")
-    mean_r = statistics.mean(rs + rd)
-    return (f"| {row['init']} | {row['cell']} | {kd} | {row['aux_loss']:.3f} | "
+    head = (f"| {row['init']} | {row['cell']} | {kd} | {row['aux_loss']:.3f} | "
             f"{row['cosine']:+.3f} | {min(slots):+.3f} / {statistics.median(slots):+.3f} / "
-            f"{max(slots):+.3f} | {row['signs_agree']:.1%} | "
-            f"{row['distance'] / row['norm_p0']:.4f} | {row['heldout_aux']:.3f} | "
+            f"{max(slots):+.3f} | {row['signs_agree']:.1%} | ")
+    if "heldout_aux" not in row:
+        return head + "- | - | - | - | - |"
+    rs, rd = row["heldout_random_steps"], row["heldout_random_distance"]
+    mean_r = statistics.mean(rs + rd)
+    return (head + f"{row['distance'] / row['norm_p0']:.4f} | {row['heldout_aux']:.3f} | "
             f"{statistics.mean(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}] | "
             f"{statistics.mean(rd):.3f} [{min(rd):.3f}, {max(rd):.3f}] | "
             f"{row['heldout_aux'] - mean_r:+.3f} |")
@@ -399,6 +409,9 @@ def main(argv: list[str] | None = None) -> None:
     grid.add_argument("--cells", default=None,
                       help="grid cells, comma-separated (default: all): n1 (N=1, the suite's "
                            "KD), n1ref (N=1, the reference's KD + alignment), n2, n5, all")
+    grid.add_argument("--paths", default=None,
+                      help="cells whose optimiser paths run (default: all; the others: "
+                           "gradient agreement only)")
     grid.add_argument("--server", default=None, help="another LLM (e.g. qwen2.5-0.5b)")
     grid.add_argument("--steps", type=int, default=10, help="optimiser steps per path")
     grid.add_argument("--adam-lr", type=float, default=1e-2, help="the paths' learning rate")

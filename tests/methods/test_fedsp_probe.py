@@ -63,7 +63,7 @@ def test_grid_on_a_tiny_llm_the_whole_llm_as_auxiliary_model_agrees_exactly(tmp_
     cfg = load_config(ROOT / "fedkt" / "configs" / "fedsp" / "tiny.yaml")
     args = argparse.Namespace(inits="text", cells="n1,all", client=0, examples=8, heldout=8,
                               steps=3, adam_lr=1e-2, seeds=2, ref_kd_steps=4, align=2,
-                              json=str(tmp_path / "grid.json"))
+                              paths=None, json=str(tmp_path / "grid.json"))
     rows = fp.run_grid(cfg, args)
     one, full = rows
     assert one["cell"].startswith("N=1") and full["cell"] == "N=4 (all), no KD"
