@@ -339,6 +339,7 @@ def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], he
     ``evaluate`` of them, the accuracy and how many predictions changed."""
     fd = run_data(base.data, base.clients.num_clients, base.seed)
     rows = []
+    first: tuple[Tensor, float, list[Any]] | None = None
     print("| rounds × server steps | lr | ‖P_T − P0‖/‖P0‖ | server loss (last round) | "
           "held-out loss P0 → P_T | accuracy P0 → P_T (predictions changed) | seconds |\n"
           "|---:|---:|---:|---:|---:|---:|---:|")
@@ -365,7 +366,9 @@ def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], he
         acc = "-"
         if evaluate:
             items = fd.private[0][:evaluate]
-            acc0, pred0 = predict(cfg, srv.llm.reset({PROMPT_KEY: p0}), items)
+            if first is None or not torch.equal(first[0], p0):  # P0's scores, once
+                first = (p0, *predict(cfg, srv.llm.reset({PROMPT_KEY: p0}), items))
+            _, acc0, pred0 = first
             acc1, pred1 = predict(cfg, srv.llm.reset({PROMPT_KEY: srv.prompts}), items)
             changed = sum(a != b for a, b in zip(pred0, pred1, strict=True))
             row.update(accuracy_p0=acc0, accuracy_pt=acc1, changed=changed)
