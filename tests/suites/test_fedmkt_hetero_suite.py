@@ -30,6 +30,7 @@ def _smoke_suite() -> dict[str, Any]:
     """The shipped suite's label-free FedMKT arm (with round 0) and its labelled arm, one
     seed, one round, a few records."""
     suite = shipped_suite("fedmkt_hetero", ("fedmkt", "fedmkt_labelled"))
+    suite["baseline"] = "fedmkt"
     base = suite["base"]
     base["data"]["split"].update(test_size=14, server_size=16)
     base["data"]["max_private_per_client"] = 6
