@@ -6,7 +6,6 @@ sample of source tokens and *extrapolated* to the whole source vocabulary, the r
 and the agreement with brute force on the sample.
 
     python benchmarks/vocab_mapping.py [--sample 100] [--pairs qwen-smol gpt2-llama3 ...]
-        [--without-collapse]
 
 Needs the offline tokenizer packages (see docs/alignment.md); Qwen2.5 is read from its
 GGUF file, which takes ~20 s and is not part of the timings.  The Gemma pairs (262,144
@@ -49,14 +48,7 @@ def main() -> None:
                         help="source tokens timed with the brute force")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--without-collapse", action="store_true",
-                        help="time the search as it was before source characters that no "
-                             "target holds were collapsed (the same mapping, more queries)")
     args = parser.parse_args()
-    if args.without_collapse:
-        import fedkt.alignment.vocab as vocab
-
-        vocab._foreign_table = lambda sources, targets: {}
     from fedkt.models.install import require_models
 
     require_models((n for key in args.pairs for n in PAIRS[key]),

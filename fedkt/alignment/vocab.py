@@ -534,24 +534,6 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
     return out
 
 
-def _foreign_table(sources: Sequence[str], targets: Sequence[str]) -> dict[int, str]:
-    """A ``str.translate`` table that replaces every character of the sources that occurs
-    in no target string by one stand-in character that occurs in none either.
-
-    Levenshtein distance only ever compares a source character with a target character,
-    and such a character equals none, before and after the replacement; so every
-    distance to every target, and the MinED mapping, stays the same, while sources that
-    differ only in their foreign characters (much of a multilingual vocabulary, against
-    an English one) become one query.
-    """
-    alphabet = set("".join(targets))
-    foreign = set("".join(sources)) - alphabet
-    if not foreign:
-        return {}
-    stand_in = next(chr(c) for c in itertools.count(0xE000) if chr(c) not in alphabet)
-    return dict.fromkeys(map(ord, foreign), stand_in)
-
-
 def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
                   workers: int = 2) -> np.ndarray:
     """Fast MinED; identical to :func:`brute_force_mapping` (FedMKT Appendix B)."""
@@ -570,13 +552,10 @@ def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
     exact = {s: r for r, s in enumerate(uniq)}
     ulens = np.fromiter((len(s) for s in uniq), dtype=np.int64, count=len(uniq))
 
-    # Unique source strings, each with the characters no target string holds replaced by
-    # one stand-in that no target holds either (the distances, hence the mapping, are
-    # unchanged: see _foreign_table); exact matches first.
-    table = _foreign_table(src_tokens, uniq)
+    # Unique source strings; exact matches first.
     src_index: dict[str, int] = {}
-    src_inverse = np.fromiter((src_index.setdefault(s.translate(table), len(src_index))
-                               for s in src_tokens), dtype=np.int64, count=len(src_tokens))
+    src_inverse = np.fromiter((src_index.setdefault(s, len(src_index)) for s in src_tokens),
+                              dtype=np.int64, count=len(src_tokens))
     qs = list(src_index)
     rank = np.array([exact.get(s, -1) for s in qs], dtype=np.int64)
     todo = np.flatnonzero(rank < 0)

@@ -113,25 +113,6 @@ def test_long_tokens_take_the_bucket_path():
     assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
 
 
-def test_foreign_characters_collapse_without_changing_the_mapping():
-    """Source characters that no target holds (a multilingual vocabulary against an
-    English one) become one stand-in: fewer queries, the same mapping as brute force,
-    also when the stand-in's usual code point is itself a target character."""
-    rng = random.Random(29)
-    for tgt_alpha, extra in (("abc ", ""), ("abc \ue000", "\ue000")):
-        for _ in range(40):
-            tgt = ["".join(rng.choice(tgt_alpha) for _ in range(rng.randint(0, 9)))
-                   for _ in range(rng.randint(1, 40))]
-            src = ["".join(rng.choice("ab 漢字ßд" + extra) for _ in range(rng.randint(0, 14)))
-                   for _ in range(rng.randint(1, 40))]
-            src += ["漢" * n for n in range(1, 6)] + ["字" * n for n in range(1, 6)]
-            assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
-    # queries that differ only in foreign characters are one query
-    table = V._foreign_table(["a漢", "a字", "aд"], ["a", "b"])
-    assert len({s.translate(table) for s in ["a漢", "a字", "aд"]}) == 1
-    assert V._foreign_table(["ab"], ["a", "b"]) == {}
-
-
 def test_hash_collisions_are_caught(monkeypatch):
     """With a deliberately terrible hash every join is full of false pairs; still exact."""
     original = V._Families._hash
