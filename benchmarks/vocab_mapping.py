@@ -8,7 +8,8 @@ and the agreement with brute force on the sample.
     python benchmarks/vocab_mapping.py [--sample 100] [--pairs qwen-smol gpt2-llama3 ...]
 
 Needs the offline tokenizer packages (see docs/alignment.md); Qwen2.5 is read from its
-GGUF file, which takes ~20 s and is not part of the timings.
+GGUF file, which takes ~20 s and is not part of the timings.  The Gemma pairs (262,144
+tokens) map Gemma-3 to and from SmolLM2 and Qwen2.5, both directions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ PAIRS = {
     "qwen-smol": ("qwen2.5-0.5b", "smollm2-135m"),
     "gpt2-llama3": ("gpt2-tokenizer", "llama3-tokenizer"),
     "llama3-gpt2": ("llama3-tokenizer", "gpt2-tokenizer"),
+    "gemma-smol": ("gemma3-270m", "smollm2-135m"),
+    "smol-gemma": ("smollm2-135m", "gemma3-270m"),
+    "gemma-qwen": ("gemma3-270m", "qwen2.5-0.5b"),
+    "qwen-gemma": ("qwen2.5-0.5b", "gemma3-270m"),
 }
 
 
