@@ -15,9 +15,10 @@ warm-up pass. The settings compared:
 * ``1 thread``: one torch thread (what ``fedkt suite run --jobs N`` gives each job on N
   cores).
 
-Each setting runs on the idle machine and under load: beside a second job, another
-process doing float32 matrix products on all cores with the default (spinning) policy,
-as a second user's torch job would. The seconds per forward pass are printed (median
+Each setting runs on the idle machine and beside a second job on all cores doing float32
+matrix products: with OpenMP's default (spinning) policy, as another user's torch job
+would, and with the setting's own threads and policy, as a second fedkt job (two suites
+at once) would. The seconds per forward pass are printed (median
 and range), with the load average before and after.
 
     python benchmarks/threads_under_load.py [--reps 5] [--model smollm2-135m]
@@ -64,18 +65,27 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"times": times, "threads": torch.get_num_threads()}))
 
 
-def load_job() -> subprocess.Popen:
-    """A second job: float32 matrix products on every core, OpenMP's default policy."""
-    code = ("import torch\nx = torch.randn(1024, 1024)\n"
-            "while True:\n    x = torch.tanh(x @ x * 1e-3)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    return subprocess.Popen([sys.executable, "-c", code], env=env)
+def _env(setting: str | None) -> dict[str, str]:
+    """This process's environment with the OpenMP settings of ``setting`` only."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    if setting is not None:
+        env.update(SETTINGS[setting]["env"])
+    return env
+
+
+def load_job(setting: str | None) -> subprocess.Popen:
+    """A second job on every core: float32 matrix products, with OpenMP's default policy
+    (``setting`` None: another user's torch job) or with ``setting``'s (a second fedkt job)."""
+    threads = SETTINGS[setting]["threads"] if setting else None
+    code = ("import torch\n" + (f"torch.set_num_threads({threads})\n" if threads else "")
+            + "x = torch.randn(1024, 1024)\nwhile True:\n    x = torch.tanh(x @ x * 1e-3)\n")
+    return subprocess.Popen([sys.executable, "-c", code], env=_env(setting))
 
 
 def measure(args: argparse.Namespace, setting: str) -> dict:
     spec = SETTINGS[setting]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
-    env.update(spec["env"])
+    env = _env(setting)
     cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--reps", str(args.reps),
            "--batch", str(args.batch), "--length", str(args.length)]
     if spec["threads"]:
@@ -102,21 +112,21 @@ def main() -> None:
           f"model {args.model}, fp32 forward of {args.batch} x {args.length} tokens, "
           f"{args.reps} passes after a warm-up")
     rows = []
-    for state in ("idle", "loaded"):
-        job = load_job() if state == "loaded" else None
-        try:
-            if job:
+    for state in ("idle", "beside a torch job", "beside a job like it"):
+        load0 = os.getloadavg()[0]
+        for setting in SETTINGS:
+            job = None
+            if state != "idle":
+                job = load_job(setting if state == "beside a job like it" else None)
                 time.sleep(3)  # let the second job reach full speed
-            load0 = os.getloadavg()[0]
-            for setting in SETTINGS:
+            try:
                 res = measure(args, setting)
-                rows.append((state, setting, res["threads"], res["times"]))
-            load1 = os.getloadavg()[0]
-        finally:
-            if job:
-                job.kill()
-                job.wait()
-        print(f"{state}: load average {load0:.1f} before, {load1:.1f} after")
+            finally:
+                if job:
+                    job.kill()
+                    job.wait()
+            rows.append((state, setting, res["threads"], res["times"]))
+        print(f"{state}: load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after")
     print("\n| machine | setting | torch threads | s per forward (median) | min - max |")
     print("|---|---|---:|---:|---:|")
     for state, setting, threads, times in rows:
