@@ -34,7 +34,7 @@ from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
-from fedkt.timing import Clock, clocks, eval_clock, now, phase, phase_seconds
+from fedkt.timing import Clock, clocks, eval_clock, now, phase_seconds, timed
 from fedkt.trackers import Tracking, open_tracking
 from fedkt.tracking import (
     HOLDINGS,
@@ -137,7 +137,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         traffic = clients.traffic
         # The server's own work: the round without waiting for clients or evaluating.
         compute = (now() - started) - traffic.wait - (
-            eval_clock() - evaluated - traffic.wait_eval)
+            eval_clock() - evaluated - traffic.wait_phases.get("eval", Clock()))
         dp = cfg.differential_privacy
         if dp.enabled:  # the privacy budget each client has spent so far
             share = noise_share(dp.noise, clients_per_round(cfg), cfg.clients.min_replies)
@@ -287,24 +287,12 @@ def _server_phases(before: dict[str, Clock], clients: dict[str, Clock]) -> dict[
                          clocks())
 
 
+@timed("checkpoint")
 def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
                       holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
     """Write the server's state and what each client holds for round ``rnd``; return the
     files' SHA-256.  The round counts as complete only once :func:`_mark_checkpoint` ran
     (after its rows are logged), so a crash in between runs the round again."""
-    with phase("checkpoint"):
-        return _write_checkpoint_files(recorder, state, holdings, rnd)
-
-
-def _mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
-    """Mark round ``rnd`` complete (``latest.json`` with the files' SHA-256 and the run's
-    seed) and keep the last two checkpoints."""
-    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
-    recorder.prune_checkpoints(keep=2)
-
-
-def _write_checkpoint_files(recorder: RunRecorder, state: dict[str, torch.Tensor],
-                            holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (SERVER_STATE + ".tmp")
@@ -315,6 +303,13 @@ def _write_checkpoint_files(recorder: RunRecorder, state: dict[str, torch.Tensor
         tmp.unlink(missing_ok=True)
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
     return {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
+
+
+def _mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
+    """Mark round ``rnd`` complete (``latest.json`` with the files' SHA-256 and the run's
+    seed) and keep the last two checkpoints."""
+    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
+    recorder.prune_checkpoints(keep=2)
 
 
 @dataclass

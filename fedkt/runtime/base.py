@@ -78,11 +78,10 @@ class Traffic:
     seconds: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     # The handlers' time without their evaluation (the method's compute on the client).
     compute: dict[int, Clock] = field(default_factory=lambda: defaultdict(Clock))
-    # Server side: wall seconds spent waiting for clients, and the evaluation seconds that
-    # ran in this process meanwhile (clients that share it), for the server's compute.
+    # Server side: wall seconds spent waiting for clients, and the seconds per phase
+    # (fedkt.timing; "eval" among them) that ran in this process meanwhile (clients that
+    # share it), for the server's compute and its own phases.
     wait: Clock = Clock()
-    wait_eval: Clock = Clock()
-    # ... and the seconds per phase (fedkt.timing) that ran in this process meanwhile.
     wait_phases: dict[str, Clock] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     excluded: dict[int, str] = field(default_factory=dict)
@@ -209,12 +208,11 @@ class RuntimeClients:
     @contextmanager
     def _waiting(self) -> Iterator[None]:
         """Count the block as time the server waits for its clients."""
-        start, evaluated, phases = now(), eval_clock(), clocks()
+        start, phases = now(), clocks()
         try:
             yield
         finally:
             self.traffic.wait += now() - start
-            self.traffic.wait_eval += eval_clock() - evaluated
             for name, spent in clocks().items():
                 self.traffic.wait_phases[name] = (self.traffic.wait_phases.get(name, Clock())
                                                   + (spent - phases.get(name, Clock())))
@@ -434,7 +432,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
     code when the job's config sets ``trust_remote_code`` (None: only if
     ``$FEDKT_ALLOW_REMOTE_CODE`` says so); refused, the request fails with the keys named.
     """
-    start, evaluated, phases = now(), eval_clock(), clocks()
+    start, phases = now(), clocks()
     try:
         with phase("comm"):
             msg = loads(data, source="server")
@@ -467,7 +465,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
             reply[PREDICTIONS] = torch.frombuffer(blob, dtype=torch.uint8).clone()
         # Fixed-width text: reply sizes must not depend on how long the work took.
         took = now() - start
-        compute = took - (eval_clock() - evaluated)
+        compute = took - (eval_clock() - phases.get("eval", Clock()))
         timings = {**_timings(reply), **_phase_timings(phases)}
         reply[ENVELOPE] = {"seconds": _fixed(took.wall), "compute": _fixed(compute.wall),
                            "cpu": _fixed(compute.cpu), **({"timings": timings} if timings else {})}
