@@ -535,6 +535,67 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
     return out
 
 
+def _sentinel(alphabet: set[str]) -> str:
+    """A character that no target string contains (private-use area first)."""
+    for code in range(0xE000, 0x110000):
+        if 0xD800 <= code < 0xE000:
+            continue
+        if chr(code) not in alphabet:
+            return chr(code)
+    raise ValueError("mined_mapping: the target vocabulary uses every character")
+
+
+def _fold_foreign(query: str, alphabet: set[str], sentinel: str) -> str:
+    """``query`` with every character absent from the targets replaced by ``sentinel``.
+
+    Edit distance compares a query's characters only with the target's, never with each
+    other, so characters that equal no target character are interchangeable: folding them
+    into one keeps every distance, hence the MinED answer. Foreign-script tokens (62k of
+    Gemma-3's against SmolLM2) collapse to a few hundred distinct queries.
+    """
+    if all(c in alphabet for c in query):
+        return query
+    return "".join(c if c in alphabet else sentinel for c in query)
+
+
+def _nearest(qs: list[str], uniq: list[str], ulens: np.ndarray, workers: int) -> np.ndarray:
+    """Rank in ``uniq`` of each query's MinED target (queries with no exact match)."""
+    rank = np.full(len(qs), -1, dtype=np.int64)
+    qlens = np.fromiter((len(q) for q in qs), dtype=np.int64, count=len(qs))
+    joinable = np.flatnonzero(qlens <= _MAX_JOIN_LEN)
+    if len(joinable):
+        t_owner = np.flatnonzero(ulens <= _MAX_JOIN_LEN + 2)
+        bits = max(len(qs), len(uniq)).bit_length()
+        tfam = _Families(uniq, t_owner, level=2)
+        tkeys = {k: tfam.packed(k, bits) for k in ("p0", "p1", "p2", "pos1", "sub2", "pp2")}
+        pending = joinable
+        for dist, joins, level in ((1, _JOINS_D1, 1), (2, _JOINS_D2, 2)):
+            if len(pending) == 0:
+                break
+            qfam = _Families(qs, pending, level=level)
+            qi_all, ti_all = [], []
+            for qf, tf in joins:
+                qi, ti = _join(tkeys[tf], qfam.packed(qf, bits), bits)
+                qi_all.append(qi)
+                ti_all.append(ti)
+            qi = np.concatenate(qi_all)
+            ti = np.concatenate(ti_all)
+            best = _best_rank(len(qs), qi, ti)[pending]
+            found = best < len(uniq)
+            cand_q, cand_t = pending[found], best[found]
+            # Guard against 64-bit hash collisions: confirm the chosen pairs; a query
+            # whose chosen pair fails goes to the exhaustive bucket scan.
+            d = process.cpdist([qs[i] for i in cand_q], [uniq[t] for t in cand_t],
+                               scorer=Levenshtein.distance, workers=workers)
+            ok = np.asarray(d) == dist
+            rank[cand_q[ok]] = cand_t[ok]
+            pending = pending[~found]
+    rest = np.flatnonzero(rank < 0)
+    if len(rest):
+        rank[rest] = _bucket_scan([qs[i] for i in rest], uniq, ulens, workers)
+    return rank
+
+
 def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
                   workers: int = 2) -> np.ndarray:
     """Fast MinED; identical to :func:`brute_force_mapping` (FedMKT Appendix B)."""
@@ -560,40 +621,15 @@ def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
     qs = list(src_index)
     rank = np.array([exact.get(s, -1) for s in qs], dtype=np.int64)
     todo = np.flatnonzero(rank < 0)
-
     if len(todo):
-        qlens = np.fromiter((len(qs[i]) for i in todo), dtype=np.int64, count=len(todo))
-        joinable = todo[qlens <= _MAX_JOIN_LEN]
-        if len(joinable):
-            t_owner = np.flatnonzero(ulens <= _MAX_JOIN_LEN + 2)
-            bits = max(len(qs), len(uniq)).bit_length()
-            tfam = _Families(uniq, t_owner, level=2)
-            tkeys = {k: tfam.packed(k, bits) for k in ("p0", "p1", "p2", "pos1", "sub2", "pp2")}
-            pending = joinable
-            for dist, joins, level in ((1, _JOINS_D1, 1), (2, _JOINS_D2, 2)):
-                if len(pending) == 0:
-                    break
-                qfam = _Families(qs, pending, level=level)
-                qi_all, ti_all = [], []
-                for qf, tf in joins:
-                    qi, ti = _join(tkeys[tf], qfam.packed(qf, bits), bits)
-                    qi_all.append(qi)
-                    ti_all.append(ti)
-                qi = np.concatenate(qi_all)
-                ti = np.concatenate(ti_all)
-                best = _best_rank(len(qs), qi, ti)[pending]
-                found = best < len(uniq)
-                cand_q, cand_t = pending[found], best[found]
-                # Guard against 64-bit hash collisions: confirm the chosen pairs; a query
-                # whose chosen pair fails goes to the exhaustive bucket scan.
-                d = process.cpdist([qs[i] for i in cand_q], [uniq[t] for t in cand_t],
-                                   scorer=Levenshtein.distance, workers=workers)
-                ok = np.asarray(d) == dist
-                rank[cand_q[ok]] = cand_t[ok]
-                pending = pending[~found]
-        rest = np.flatnonzero(rank < 0)
-        if len(rest):
-            rank[rest] = _bucket_scan([qs[i] for i in rest], uniq, ulens, workers)
+        # The rest, with foreign characters folded (same distances), each distinct once.
+        alphabet = set().union(*map(set, uniq))
+        sentinel = _sentinel(alphabet)
+        folded: dict[str, int] = {}
+        fold_of = np.fromiter(
+            (folded.setdefault(_fold_foreign(qs[i], alphabet, sentinel), len(folded))
+             for i in todo), dtype=np.int64, count=len(todo))
+        rank[todo] = _nearest(list(folded), uniq, ulens, workers)[fold_of]
     return uid_arr[rank][src_inverse]
 
 

@@ -95,6 +95,23 @@ def test_mined_equals_brute_force_property(src, tgt):
     assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet="ab\u4e00\u4e01\u00e9x", max_size=7), min_size=1, max_size=30),
+       st.lists(st.text(alphabet="ab ", max_size=7), min_size=1, max_size=25))
+def test_foreign_characters_fold_without_changing_the_answer(src, tgt):
+    # Source characters absent from every target (CJK, 'é', 'x' here) are folded into one
+    # sentinel before the search: the answers stay the brute force's.
+    assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
+
+
+def test_foreign_only_tokens_map_to_the_smallest_target_no_longer():
+    # A query none of whose characters occur in the targets is at distance
+    # max(len(q), len(t)) from every t: the lexicographically smallest t with len <= len(q).
+    tgt = ["zz", "c", "abc", "ba", "d"]
+    assert mined_mapping(["\u4e00\u4e01", "\u4e00"], tgt).tolist() == [3, 1] == (
+        brute_force_mapping(["\u4e00\u4e01", "\u4e00"], tgt).tolist())
+
+
 def test_ties_go_to_lexicographically_smallest_then_smallest_id():
     # 'ab' is at distance 1 from 'bb', 'aa', 'ac'; smallest string is 'aa'.
     assert mined_mapping(["ab"], ["bb", "ac", "aa"]).tolist() == [2]
