@@ -253,7 +253,14 @@ def test_shipped_suite_decides_on_accuracy_with_the_controls():
     assert all(".accuracy" in c and ".loss" not in c for c in suite.cfg.claims)
     arms = {arm for arm, _ in suite.runs}
     assert arms == {"zero_shot", "prefix", "fedprompt", "fedprompt_single", "fedsp",
-                    "fedsp_no_kd", "fedsp_no_cs", "fedsp_no_alt", "server_only"}
+                    "server_only"}
+    # The ablations are their own suite, on the same base, with the same FedSP arm.
+    ablations = load_suite(ROOT / "fedkt" / "configs" / "suites" / "fedsp_ablations.yaml")
+    assert {arm for arm, _ in ablations.runs} == {"fedsp", "fedsp_no_kd", "fedsp_no_cs",
+                                                   "fedsp_no_alt", "server_only"}
+    for arm in ("fedsp", "server_only"):
+        assert ablations.runs[(arm, 0)].model_dump(exclude={"output_dir"}) == \
+            suite.runs[(arm, 0)].model_dump(exclude={"output_dir"})
     fedsp, ctrl = suite.runs[("fedsp", 0)], suite.runs[("server_only", 0)]
     assert fedsp.clients.num_clients == 10 and fedsp.data.split.scheme == "fedmkt"
     assert ctrl.method.server_only and ctrl.method.server_prompt_steps == \
@@ -261,5 +268,5 @@ def test_shipped_suite_decides_on_accuracy_with_the_controls():
     assert (ctrl.method.server_prompt_lr or ctrl.method.prompt_lr) == (
         fedsp.method.server_prompt_lr or fedsp.method.prompt_lr)  # FedSP's server stage exactly
     assert suite.runs[("fedprompt_single", 0)].method.cross_layer_sharing is False
-    assert suite.runs[("fedsp_no_cs", 0)].method.prompt_transfer == "repeat"
+    assert ablations.runs[("fedsp_no_cs", 0)].method.prompt_transfer == "repeat"
     assert all(cfg.training.precision != "bf16" for cfg in suite.runs.values())
