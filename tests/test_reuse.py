@@ -1,0 +1,238 @@
+"""Compute nothing twice (fedkt.reuse): a stored evaluation or knowledge set stands in for
+its computation only when everything that decides it is the same, and nothing in a run's
+results shows whether it did, but the seconds it spared."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedkt import reuse
+from fedkt.eval import predictions
+from fedkt.eval.lm import evaluate_causal_lm
+from fedkt.runner import run_job
+from fedkt.runtime.base import default_state_root
+from fedkt.runtime.local import LocalTransport
+from fedkt.tracking import without_timings
+
+
+def _run(cfg) -> list[dict]:
+    return run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+
+
+def _prediction_bytes(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes()
+            for p in sorted((run_dir / "predictions").rglob("*.json.gz"))}
+
+
+def _spy_forward(monkeypatch) -> list[int]:
+    """Count forward passes of every tiny Llama (the class the tiny models use)."""
+    from transformers.models.llama.modeling_llama import LlamaForCausalLM
+
+    calls: list[int] = []
+    real = LlamaForCausalLM.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", counted)
+    return calls
+
+
+def test_identical_clients_round0_runs_the_model_once_and_rows_match_reuse_off(
+        make_config, monkeypatch, reuse_store):
+    """Round 0 of two clients and the server, all on the same initial model: one
+    evaluation runs the model, the other two read it; every row and prediction file
+    equals a run with eval.reuse off, but for timings."""
+    calls = _spy_forward(monkeypatch)
+    small = ("rounds=1", "data.max_private_per_client=8")
+    on = make_config(*small, name="on")
+    rows_on = _run(on)
+    forwards_on = len(calls)
+    calls.clear()
+    off = make_config(*small, "eval.reuse=false", name="off")
+    rows_off = _run(off)
+    forwards_off = len(calls)
+
+    round0 = [r for r in rows_on if r["round"] == 0]
+    assert {r["participant"] for r in round0} == {"server", "client_0", "client_1"}
+    saved = [r for r in round0 if r.get("eval_saved_seconds")]
+    assert len(saved) == 2, round0  # the first evaluation ran, two reused it
+    assert all(r["eval_saved_seconds"] > 0 for r in saved)
+    # After training the clients' adapters differ: round 1 recomputes every evaluation.
+    assert not any(r.get("eval_saved_seconds") for r in rows_on if r["round"] == 1)
+    assert not any(v for r in rows_off for k, v in r.items() if k.endswith("_saved_seconds"))
+    assert without_timings(rows_on) == without_timings(rows_off)
+    assert _prediction_bytes(on.run_dir) == _prediction_bytes(off.run_dir)
+    # Round 0 of the off run scored the test set three times, the on run once.
+    assert forwards_off > forwards_on > 0
+    per_eval = (forwards_off - forwards_on) / 2
+    assert per_eval == int(per_eval) and per_eval > 0
+    assert len(list((reuse_store / "eval").glob("*.json.gz"))) == 1 + 2 + 1  # r0, r1 x2, server
+
+
+def test_a_second_run_reuses_every_evaluation_with_the_same_rows(make_config, monkeypatch):
+    """The same config again (another arm's shared start, or the same suite run again)
+    reads every evaluation; its rows and prediction files are the first run's."""
+    first = make_config("rounds=1", "data.max_private_per_client=8", name="a")
+    rows_a = _run(first)
+    calls = _spy_forward(monkeypatch)
+    second = make_config("rounds=1", "data.max_private_per_client=8", name="b")
+    before = reuse.stats()
+    rows_b = _run(second)
+    after = reuse.stats()
+    evals = [r for r in rows_b if r["split"] == "test"]
+    assert after["reused"] - before["reused"] == len(evals) and after["computed"] == before[
+        "computed"]
+    assert without_timings(rows_a) == without_timings(rows_b)
+    assert _prediction_bytes(first.run_dir) == _prediction_bytes(second.run_dir)
+    # only training ran the model (its steps and nothing else)
+    steps = sum(r.get("steps", 0) for r in rows_b if r["split"] == "train")
+    assert 0 < len(calls) <= steps + 2 * 8
+
+
+def test_the_key_changes_with_the_adapter_the_weights_and_the_settings(make_config):
+    from fedkt.train.lm import client_lm, train_lm
+
+    cfg = make_config()
+    lm = client_lm(cfg, 0)
+    start = reuse.model_digest(lm.model)
+    assert reuse.model_digest(lm.model) == start  # stable
+    train_lm(cfg, lm, cfg_records(cfg), seed=0)
+    trained = reuse.model_digest(lm.model)
+    assert trained != start  # a trained adapter: a new key, never the stale evaluation
+    lm.reset()
+    assert reuse.model_digest(lm.model) == start  # back to the initial adapter
+    # A frozen base weight changed in place (its version counter moves): a new key too.
+    frozen = next(p for p in lm.model.parameters() if not p.requires_grad)
+    kept = frozen.detach().clone()
+    with torch.no_grad():
+        frozen[0].add_(1.0)
+    changed = reuse.model_digest(lm.model)
+    with torch.no_grad():
+        frozen.copy_(kept)
+    assert changed != start
+    assert reuse.model_digest(lm.model) == start
+    # The LoRA scaling is no weight: the PEFT config is in the key.
+    lm.model.peft_config["default"].lora_alpha += 1
+    try:
+        assert reuse.model_digest(lm.model) != start
+    finally:
+        lm.model.peft_config["default"].lora_alpha -= 1
+
+
+def cfg_records(cfg) -> list[dict]:
+    from fedkt.data.splits import run_data
+
+    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed).private[0][:8]
+
+
+def test_after_training_the_evaluation_is_recomputed_not_reused(make_config, reuse_store):
+    """The client's evaluation after local training (round 1) is computed even though an
+    evaluation of the same client, items and settings (round 0) is stored, and its
+    numbers differ from round 0's."""
+    rows = _run(make_config("rounds=1", "training.lr=5e-2"))
+    r0 = next(r for r in rows if r["round"] == 0 and r["participant"] == "client_0")
+    r1 = next(r for r in rows if r["round"] == 1 and r["participant"] == "client_0"
+              and r["split"] == "test")
+    assert "eval_saved_seconds" not in r1
+    assert r1["loss"] != r0["loss"]
+
+
+def test_settings_and_precision_are_in_the_key(make_config):
+    from fedkt.train.lm import client_lm, evaluate_lm
+
+    from fedkt.precision import cpu_supports_bf16
+
+    cfg = make_config()  # training.precision: auto, bf16 on a CPU that has it, else fp32
+    other = "fp32" if cpu_supports_bf16() else "bf16"
+    lm = client_lm(cfg, 0)
+    test = cfg_records(cfg)[:6]
+    evaluate_lm(cfg, lm, test)
+    for changed in (make_config("eval.batch_size=4", name="b4"),
+                    make_config("data.max_length=16", name="ml"),
+                    make_config(f"training.precision={other}", name="precision")):
+        before = reuse.stats()
+        evaluate_lm(changed, lm, test)
+        assert reuse.stats()["computed"] == before["computed"] + 1, changed
+    before = reuse.stats()
+    evaluate_lm(cfg, lm, test[:5])  # other test items
+    evaluate_lm(cfg, lm, [{**test[0], "id": "other"}, *test[1:]])  # other ids
+    assert reuse.stats()["computed"] == before["computed"] + 2
+    before = reuse.stats()
+    evaluate_lm(make_config(name="again"), lm, test)  # the same again
+    same = "bf16" if cpu_supports_bf16() else "fp32"  # what auto resolves to: the same
+    evaluate_lm(make_config(f"training.precision={same}", name="same"), lm, test)
+    assert reuse.stats()["reused"] == before["reused"] + 2
+
+
+def test_two_threads_racing_for_one_key_compute_it_once(make_config, reuse_store):
+    """Two participants evaluating the same model at the same moment: the second waits
+    for the first's entry (the cache's lock) and both return its metrics and table."""
+    from fedkt.train.lm import client_lm
+
+    from fedkt.data.splits import run_data
+
+    cfg = make_config()
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    lm = client_lm(cfg, 0)
+    records = fd.test[:6]
+    started = threading.Barrier(2)
+    results: list[tuple[dict, dict]] = [None, None]  # type: ignore[list-item]
+    runs = []
+
+    def evaluate(slot: int) -> None:
+        with predictions.capture() as tables:
+            started.wait()
+
+            def compute() -> dict[str, float]:
+                runs.append(slot)
+                return evaluate_causal_lm(lm.model, lm.tokenizer, records, fd.task,
+                                          fd.label_names)
+
+            metrics = reuse.evaluation(True, lm.model, lm.tokenizer, {"records": records},
+                                       compute)
+        results[slot] = (metrics, {k: t.to_json() for k, t in tables.items()})
+
+    threads = [threading.Thread(target=evaluate, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(runs) == 1
+    assert results[0] == results[1] and results[0][1]  # same metrics, same non-empty table
+    entries = list((reuse_store / "eval").glob("*"))
+    assert [p.suffix for p in entries if not p.name.endswith(".lock")] == [".gz"]
+    data = json.loads(gzip.decompress(next(p for p in entries if p.suffix == ".gz")
+                                      .read_bytes()))
+    assert data["metrics"] == results[0][0]
+
+
+def test_a_broken_entry_is_recomputed(make_config, reuse_store):
+    from fedkt.train.lm import client_lm, evaluate_lm
+
+    cfg = make_config()
+    lm = client_lm(cfg, 0)
+    test = cfg_records(cfg)[:4]
+    first = evaluate_lm(cfg, lm, test)
+    (entry,) = (reuse_store / "eval").glob("*.json.gz")
+    entry.write_bytes(b"not gzip")
+    before = reuse.stats()
+    assert evaluate_lm(cfg, lm, test) == first
+    assert reuse.stats()["computed"] == before["computed"] + 1
+    assert json.loads(gzip.decompress(entry.read_bytes()))["metrics"] == first
+
+
+@pytest.mark.parametrize("value", [object(), {1, 2}])
+def test_an_unkeyable_setting_is_an_error_a_set_is_not(value):
+    if isinstance(value, set):
+        assert reuse.digest({"x": value}) == reuse.digest({"x": {2, 1}})
+    else:
+        with pytest.raises(TypeError, match="cannot key a object"):
+            reuse.digest({"x": value})
