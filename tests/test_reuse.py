@@ -146,9 +146,8 @@ def test_after_training_the_evaluation_is_recomputed_not_reused(make_config, reu
 
 
 def test_settings_and_precision_are_in_the_key(make_config):
-    from fedkt.train.lm import client_lm, evaluate_lm
-
     from fedkt.precision import cpu_supports_bf16
+    from fedkt.train.lm import client_lm, evaluate_lm
 
     cfg = make_config()  # training.precision: auto, bf16 on a CPU that has it, else fp32
     other = "fp32" if cpu_supports_bf16() else "bf16"
@@ -175,9 +174,8 @@ def test_settings_and_precision_are_in_the_key(make_config):
 def test_two_threads_racing_for_one_key_compute_it_once(make_config, reuse_store):
     """Two participants evaluating the same model at the same moment: the second waits
     for the first's entry (the cache's lock) and both return its metrics and table."""
-    from fedkt.train.lm import client_lm
-
     from fedkt.data.splits import run_data
+    from fedkt.train.lm import client_lm
 
     cfg = make_config()
     fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
@@ -236,3 +234,69 @@ def test_an_unkeyable_setting_is_an_error_a_set_is_not(value):
     else:
         with pytest.raises(TypeError, match="cannot key a object"):
             reuse.digest({"x": value})
+
+
+def test_a_suite_table_is_the_same_with_reuse_on_and_off_and_each_key_is_computed_once(
+        tmp_path, reuse_store):
+    """The quick suite (FedAvg vs standalone, tiny models), cut to one seed and round, run
+    with --jobs 2 (both arms' round 0 race for the same keys) with eval.reuse on, then off:
+    the table, the claims, every row (timings aside) and every prediction file are the
+    same; with reuse on every stored evaluation was computed by exactly one process."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    suite = yaml.safe_load((root / "configs" / "suites" / "quick.yaml").read_text())
+    suite["seeds"] = [0]
+    suite["base"]["rounds"] = 1
+    suite["base"]["data"]["split"]["test_size"] = 24
+    suite["base"]["data"]["max_private_per_client"] = 8
+    suite["claims"] = [c for c in suite["claims"] if "@" not in c]
+    folders = {}
+    for reuse_on in (True, False):
+        suite["base"]["eval"]["reuse"] = reuse_on
+        path = tmp_path / f"quick_{reuse_on}.yaml"
+        path.write_text(yaml.safe_dump(suite))
+        folders[reuse_on] = tmp_path / f"suite_{reuse_on}"
+        done = subprocess.run(
+            [sys.executable, "-m", "fedkt.cli", "suite", "run", str(path), "--output-dir",
+             str(folders[reuse_on]), "--jobs", "2", "-q"], cwd=root, capture_output=True,
+            text=True, timeout=900, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+    def table(folder: Path) -> str:
+        text = (folder / "suite.md").read_text().replace(str(folder), "")
+        return text.split("## Where the time went")[0]
+
+    def rows(folder: Path) -> dict[str, list[dict]]:
+        return {str(p.parent.relative_to(folder)): without_timings(
+            json.loads(line) for line in p.read_text().splitlines())
+            for p in sorted(folder.glob("*/seed_*/metrics.jsonl"))}
+
+    on, off = folders[True], folders[False]
+    assert "| fedavg |" in table(on) and table(on) == table(off)
+    summary = {k: json.loads((f / "suite.json").read_text()) for k, f in folders.items()}
+    assert summary[True]["table"] == summary[False]["table"]
+    assert summary[True]["claims"] == summary[False]["claims"]
+    assert rows(on) == rows(off) and len(rows(on)) == 2
+    for arm in ("fedavg/seed_0", "standalone/seed_0"):
+        assert _prediction_bytes(on / arm) == _prediction_bytes(off / arm)
+    # Each evaluation either computed its entry or reused one (its participant's row of
+    # that round says what it spared): as many entries as computed evaluations, so no key
+    # was computed twice, by one run or by two runs at once.
+    spared: dict[tuple, float] = {}
+    tested: set[tuple] = set()
+    for path in on.glob("*/seed_*/metrics.jsonl"):
+        for r in map(json.loads, path.read_text().splitlines()):
+            key = (path.parent.parent.name, r["round"], r["participant"])
+            if r["split"] == "test":
+                tested.add(key)
+            spared[key] = spared.get(key, 0.0) + (r.get("eval_saved_seconds") or 0.0)
+    computed = sorted(k for k in tested if not spared[k])
+    entries = list((reuse_store / "eval").glob("*.json.gz"))
+    assert len(entries) == len(computed) < len(tested), (computed, sorted(tested))
+    assert not list((reuse_store / "eval").glob(".*tmp*"))  # no temporary left behind
+    assert sum(k[1] == 0 for k in computed) == 1  # round 0: one model, scored once
