@@ -254,6 +254,7 @@ def test_a_suite_table_is_the_same_with_reuse_on_and_off_and_each_key_is_compute
     suite["base"]["rounds"] = 1
     suite["base"]["data"]["split"]["test_size"] = 24
     suite["base"]["data"]["max_private_per_client"] = 8
+    suite["base"]["eval"]["plots"] = False
     suite["claims"] = [c for c in suite["claims"] if "@" not in c]
     folders = {}
     for reuse_on in (True, False):
@@ -300,3 +301,66 @@ def test_a_suite_table_is_the_same_with_reuse_on_and_off_and_each_key_is_compute
     assert len(entries) == len(computed) < len(tested), (computed, sorted(tested))
     assert not list((reuse_store / "eval").glob(".*tmp*"))  # no temporary left behind
     assert sum(k[1] == 0 for k in computed) == 1  # round 0: one model, scored once
+
+
+def _mkt(make_config, *overrides, method="llm2slm", name="run"):
+    return make_config("server={name: tiny-llama, tiny: {hidden_size: 96, num_layers: 3}}",
+                       "clients.models=[{name: tiny-gpt2}]",
+                       "data.split={scheme: fedmkt, test_size: 8}", "data.max_public=8",
+                       "data.max_private_per_client=8", "method.top_k=8", *overrides,
+                       method=method, name=name)
+
+
+def _same_topk(a, b) -> bool:
+    return a.vocab_size == b.vocab_size and all(
+        torch.equal(x, y) for x, y in zip(a.to_tensors().values(), b.to_tensors().values(),
+                                           strict=True))
+
+
+def test_a_frozen_llms_knowledge_is_computed_once_and_a_trained_ones_again(make_config):
+    """LLM2SLM's frozen LLM: its top-K logits on the public set are computed by the first
+    server (one run, arm or suite) and read by the next, equal to a recomputation with
+    reuse off; once the LLM's adapter changes (FedMKT trains it) they are computed again."""
+    from fedkt.methods import get_method
+
+    def server(cfg):
+        s = get_method(cfg.method.name).server(cfg, cfg.run_dir)
+        s.setup()
+        return s
+
+    cfg = _mkt(make_config)
+    before = reuse.stats()
+    first = server(cfg).own_knowledge()
+    assert reuse.stats()["computed"] == before["computed"] + 1
+    again = server(_mkt(make_config, name="other_arm")).own_knowledge()
+    assert reuse.stats()["computed"] == before["computed"] + 1  # read, not computed
+    assert reuse.stats()["reused"] == before["reused"] + 1
+    fresh = server(_mkt(make_config, "eval.reuse=false", name="off")).own_knowledge()
+    assert _same_topk(first, again) and _same_topk(first, fresh)
+    trained = server(_mkt(make_config, method="fedmkt", name="fedmkt"))
+    assert _same_topk(trained.own_knowledge(), first)  # same LLM before training: reused
+    trained.adapter = {k: v + 0.01 for k, v in trained.adapter.items()}
+    trained.s0 = None  # what a round of training does (FedMKTServer.round)
+    computed = reuse.stats()["computed"]
+    changed = trained.own_knowledge()
+    assert reuse.stats()["computed"] == computed + 1
+    assert not _same_topk(changed, first)
+
+
+def test_choice_posteriors_are_reused_for_the_same_model_texts_and_temperature(make_config):
+    from fedkt.alignment.choices import choice_knowledge
+    from fedkt.data.splits import run_data
+    from fedkt.train.lm import client_lm
+
+    cfg = make_config()
+    lm = client_lm(cfg, 0)
+    records = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test[:6]
+    before = reuse.stats()
+    p = choice_knowledge(cfg, lm, records)
+    q = choice_knowledge(cfg, lm, records)
+    assert reuse.stats()["reused"] == before["reused"] + 1 and torch.equal(p, q)
+    warmer = choice_knowledge(cfg, lm, records, temperature=2.0)
+    assert reuse.stats()["computed"] == before["computed"] + 2
+    assert not torch.equal(warmer, p)
+    off = make_config("eval.reuse=false", name="off")
+    assert torch.equal(choice_knowledge(off, lm, records), p)
