@@ -18,7 +18,7 @@ from fedkt.eval.lm import evaluate_causal_lm
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import without_timings
+from fedkt.tracking import time_breakdown, without_timings
 
 
 def _run(cfg) -> list[dict]:
@@ -70,6 +70,10 @@ def test_identical_clients_round0_runs_the_model_once_and_rows_match_reuse_off(
     assert not any(v for r in rows_off for k, v in r.items() if k.endswith("_saved_seconds"))
     assert without_timings(rows_on) == without_timings(rows_off)
     assert _prediction_bytes(on.run_dir) == _prediction_bytes(off.run_dir)
+    # fedkt report / suite.md: what reuse spared, beside the phases (not in the wall time)
+    spared = sum(r["eval_saved_seconds"] for r in saved)
+    assert time_breakdown(rows_on)["saved"] == pytest.approx(spared)
+    assert time_breakdown(rows_off)["saved"] == 0.0
     # Round 0 of the off run scored the test set three times, the on run once.
     assert forwards_off > forwards_on > 0
     per_eval = (forwards_off - forwards_on) / 2
@@ -364,3 +368,16 @@ def test_choice_posteriors_are_reused_for_the_same_model_texts_and_temperature(m
     assert not torch.equal(warmer, p)
     off = make_config("eval.reuse=false", name="off")
     assert torch.equal(choice_knowledge(off, lm, records), p)
+
+
+def test_saved_seconds_are_their_own_clock_reported_beside_the_phases():
+    from fedkt import timing
+
+    before = timing.clocks()
+    with timing.phase("eval"):
+        timing.saved("eval", 2.5)
+    spent = timing.phase_seconds(before, timing.clocks())
+    assert spent["eval_saved_seconds"] == pytest.approx(2.5)
+    assert spent["eval_seconds"] < 1.0  # the spared time is not spent time
+    with pytest.raises(ValueError, match="unknown saved phase 'train_saved'"):
+        timing.saved("train", 1.0)
