@@ -268,8 +268,22 @@ def _key(kind: str, model: torch.nn.Module | None, tokenizer: Any, parts: Mappin
 # --------------------------------------------------------------------------- evaluations
 
 
+def _plain(value: Any) -> Any:
+    """numpy and torch scalars and arrays as Python numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__qualname__} is not JSON serialisable")
+
+
+class Unstorable(OSError):
+    """A result that cannot be stored (it is then used, not stored)."""
+
+
 def _write_json(path: Path, data: Any) -> None:
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_plain)
+    except (TypeError, ValueError) as exc:
+        raise Unstorable(f"not storable as JSON: {exc}") from None
     path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
 
 
@@ -293,36 +307,40 @@ def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
     capture` as the computation emits them.  ``enabled`` False: just ``compute()``."""
     if not enabled:
         return compute()
+    here = predictions.current_scope()
+    found: list[Any] = []
+
+    def usable(p: Path) -> bool:
+        if not p.exists():
+            return False
+        try:
+            found.append(_read_json(p))
+        except CACHE_ERRORS as exc:
+            _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
+            return False
+        return True
+
     with phase("eval"):  # hashing and reading count as evaluation
-        path = store("eval") / f"{_key('eval', model, tokenizer, parts)}.json.gz"
-        found: list[Any] = []
-
-        def usable(p: Path) -> bool:
-            if not p.exists():
-                return False
-            try:
-                found.append(_read_json(p))
-            except CACHE_ERRORS as exc:
-                _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
-                return False
-            return True
-
-        here = predictions.current_scope()
-        with cache_entry(path, usable) as build:
-            if build is not None:
-                start = now()
-                with predictions.capture() as tables:
-                    metrics = compute()
-                data = {"metrics": metrics, "seconds": (now() - start).wall,
-                        "tables": {("" if name == here else name):
-                                   {"columns": t.columns, "meta": t.meta}
-                                   for name, t in tables.items()}}
-                _write_json(build.tmp, data)
-                found.append(data)
-                _count("computed")
-            else:
-                saved("eval", float(found[-1].get("seconds", 0.0)))
-                _count("reused")
+        try:
+            path = store("eval") / f"{_key('eval', model, tokenizer, parts)}.json.gz"
+            with cache_entry(path, usable) as build:
+                if build is not None:
+                    start = now()
+                    with predictions.capture() as tables:
+                        metrics = compute()
+                    found.append({"metrics": metrics, "seconds": (now() - start).wall,
+                                  "tables": {("" if name == here else name):
+                                             {"columns": t.columns, "meta": t.meta}
+                                             for name, t in tables.items()}})
+                    _count("computed")
+                    _write_json(build.tmp, found[-1])
+                else:
+                    saved("eval", float(found[-1].get("seconds", 0.0)))
+                    _count("reused")
+        except OSError as exc:  # an unwritable cache never stops an evaluation
+            _log.warning("eval.reuse: the reuse store failed (%s); evaluating without it", exc)
+            if not found:
+                return compute()
         data = found[-1]
         for name, table in data["tables"].items():
             with predictions.scope(name or here):
@@ -341,36 +359,40 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
     code).  Reused, its original seconds count as ``knowledge_saved_seconds``."""
     if not enabled:
         return compute()
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file, save_file
 
+    found: list[tuple[dict[str, torch.Tensor], float]] = []
+
+    def usable(p: Path) -> bool:
+        if not p.exists():
+            return False
+        try:
+            with safe_open(str(p), "pt") as fh:
+                seconds = float((fh.metadata() or {}).get("seconds", 0.0))
+            found.append((load_file(str(p)), seconds))
+        except (*CACHE_ERRORS, SafetensorError) as exc:
+            _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
+            return False
+        return True
+
+    out: dict[str, torch.Tensor] | None = None
     with phase("knowledge"):
-        path = store("knowledge") / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
-        found: list[tuple[dict[str, torch.Tensor], float]] = []
-
-        def usable(p: Path) -> bool:
-            if not p.exists():
-                return False
-            try:
-                from safetensors import safe_open
-
-                with safe_open(str(p), "pt") as fh:
-                    seconds = float((fh.metadata() or {}).get("seconds", 0.0))
-                found.append((load_file(str(p)), seconds))
-            except (*CACHE_ERRORS, SafetensorError) as exc:
-                _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
-                return False
-            return True
-
-        with cache_entry(path, usable) as build:
-            if build is not None:
-                start = now()
-                out = compute()
-                seconds = (now() - start).wall
-                save_file({k: v.detach().cpu().contiguous() for k, v in out.items()},
-                          str(build.tmp), metadata={"seconds": repr(seconds)})
-                _count("computed")
-                return out
+        try:
+            path = store("knowledge") / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
+            with cache_entry(path, usable) as build:
+                if build is not None:
+                    start = now()
+                    out = compute()
+                    seconds = (now() - start).wall
+                    _count("computed")
+                    save_file({k: v.detach().cpu().contiguous() for k, v in out.items()},
+                              str(build.tmp), metadata={"seconds": repr(seconds)})
+        except OSError as exc:  # an unwritable cache never stops the computation
+            _log.warning("eval.reuse: the reuse store failed (%s); computing without it", exc)
+            return out if out is not None else compute()
+        if out is not None:
+            return out
         values, seconds = found[-1]
         saved("knowledge", seconds)
         _count("reused")

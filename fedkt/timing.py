@@ -8,7 +8,9 @@ checkpoint ``checkpoint``.  The outermost phase takes the time: scoring done to 
 a teacher's knowledge is ``knowledge``, not ``eval``.  :func:`clocks` is the running
 total per phase of this thread, in wall seconds and CPU seconds of the process; a
 participant's row reports the difference over its work as ``<phase>_seconds``, and what
-no phase covers is the rest of its ``wall_time``.
+no phase covers is the rest of its ``wall_time``.  A result reused instead of computed
+(:mod:`fedkt.reuse`) spends little; :func:`saved` records the seconds its computation took,
+reported as ``eval_saved_seconds`` / ``knowledge_saved_seconds``.
 
 A round's *compute* is its time minus the evaluation it contains (and, on the server,
 minus the time it waited for clients): what a method costs, whatever the run's

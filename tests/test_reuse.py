@@ -381,3 +381,19 @@ def test_saved_seconds_are_their_own_clock_reported_beside_the_phases():
     assert spent["eval_seconds"] < 1.0  # the spared time is not spent time
     with pytest.raises(ValueError, match="unknown saved phase 'train_saved'"):
         timing.saved("train", 1.0)
+
+
+def test_an_unusable_store_never_stops_an_evaluation(make_config, monkeypatch, tmp_path):
+    from fedkt.train.lm import client_lm, evaluate_lm
+
+    cfg = make_config()
+    lm = client_lm(cfg, 0)
+    test = cfg_records(cfg)[:4]
+    with predictions.capture() as wanted:
+        expected = evaluate_lm(make_config("eval.reuse=false", name="off"), lm, test)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv(reuse.ENV, str(blocker))  # the store cannot be made
+    with predictions.capture() as got:
+        assert evaluate_lm(cfg, lm, test) == expected
+    assert got[""].to_json() == wanted[""].to_json()
