@@ -113,7 +113,9 @@ def _bytes_digest(t: torch.Tensor) -> str:
     if flat.numel():
         if flat.dtype == torch.bool:
             flat = flat.to(torch.uint8)
-        h.update(memoryview(flat.view(torch.uint8).numpy()))
+        elif flat.is_quantized:
+            flat = flat.int_repr()
+        h.update(memoryview(flat.resolve_conj().resolve_neg().view(torch.uint8).numpy()))
     return h.hexdigest()
 
 
@@ -123,7 +125,10 @@ def tensor_digest(t: torch.Tensor, memo: bool = False) -> str:
     head = f"{t.dtype}|{tuple(t.shape)}|"
     if not memo:
         return hashlib.sha256((head + _bytes_digest(t)).encode()).hexdigest()
-    key, version, ptr = id(t), t._version, t.data_ptr()
+    try:
+        key, version, ptr = id(t), t._version, t.data_ptr()
+    except RuntimeError:  # an inference tensor keeps no version counter: hash it every time
+        return tensor_digest(t, memo=False)
     with _lock:
         found = _MEMO.get(key)
     if found is not None and found[0]() is t and found[1:3] == (version, ptr):
