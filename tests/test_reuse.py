@@ -397,3 +397,23 @@ def test_an_unusable_store_never_stops_an_evaluation(make_config, monkeypatch, t
     with predictions.capture() as got:
         assert evaluate_lm(cfg, lm, test) == expected
     assert got[""].to_json() == wanted[""].to_json()
+
+
+def test_a_reused_table_goes_to_the_scope_of_its_caller(make_config):
+    """FedSP evaluates its auxiliary model under scope 'aux': a table stored there is
+    emitted unscoped to a caller without a scope, and back."""
+    from fedkt.train.lm import client_lm, evaluate_lm
+
+    cfg = make_config()
+    lm = client_lm(cfg, 0)
+    test = cfg_records(cfg)[:4]
+    with predictions.capture() as first, predictions.scope("aux"):
+        metrics = evaluate_lm(cfg, lm, test)
+    before = reuse.stats()
+    with predictions.capture() as second:
+        assert evaluate_lm(cfg, lm, test) == metrics
+    with predictions.capture() as third, predictions.scope("aux"):
+        evaluate_lm(cfg, lm, test)
+    assert reuse.stats()["reused"] == before["reused"] + 2
+    assert list(first) == ["aux"] and list(second) == [""] and list(third) == ["aux"]
+    assert first["aux"].to_json() == second[""].to_json() == third["aux"].to_json()
