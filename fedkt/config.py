@@ -595,6 +595,14 @@ class EvalConfig(_Strict):
     # Write each evaluation's per-example predictions (predictions/round_NNNN/*.json.gz),
     # which `fedkt report --baseline` and suites pair for confidence intervals.
     predictions: bool = True
+    # Compute nothing twice: an evaluation whose model weights and adapter, test items,
+    # scorer settings, precision and fedkt code were all seen before reuses the stored
+    # metrics and predictions (within a run, across a suite's arms and across suites,
+    # through $FEDKT_CACHE/reuse); so does a model's knowledge on a fixed public set
+    # (FedMKT's top-K logits, choice posteriors, KOALA's teacher logits). The rows are the
+    # same either way but for timings: a reuse reports the seconds it spared as
+    # eval_saved_seconds / knowledge_saved_seconds. docs/performance.md says what the key covers.
+    reuse: bool = True
     # Draw the run's curves (plots/*.png: one figure per metric, about 0.1 s each) when it
     # ends; off for sweeps and tests that only read metrics.jsonl.
     plots: bool = True

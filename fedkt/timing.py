@@ -8,7 +8,9 @@ checkpoint ``checkpoint``.  The outermost phase takes the time: scoring done to 
 a teacher's knowledge is ``knowledge``, not ``eval``.  :func:`clocks` is the running
 total per phase of this thread, in wall seconds and CPU seconds of the process; a
 participant's row reports the difference over its work as ``<phase>_seconds``, and what
-no phase covers is the rest of its ``wall_time``.
+no phase covers is the rest of its ``wall_time``.  A result reused instead of computed
+(:mod:`fedkt.reuse`) spends little; :func:`saved` records the seconds its computation took,
+reported as ``eval_saved_seconds`` / ``knowledge_saved_seconds``.
 
 A round's *compute* is its time minus the evaluation it contains (and, on the server,
 minus the time it waited for clients): what a method costs, whatever the run's
@@ -26,11 +28,14 @@ from contextlib import AbstractContextManager, contextmanager
 from functools import wraps
 from typing import NamedTuple, ParamSpec, TypeVar
 
-__all__ = ["PHASES", "Clock", "clocks", "eval_clock", "evaluating", "now", "phase",
-           "phase_seconds", "timed", "timed_evaluation"]
+__all__ = ["PHASES", "SAVED", "Clock", "clocks", "eval_clock", "evaluating", "now", "phase",
+           "phase_seconds", "saved", "timed", "timed_evaluation"]
 
 # The phases a run's time is broken into (fedkt report, suite.md, docs/performance.md).
 PHASES = ("eval", "train", "distill", "knowledge", "align", "comm", "checkpoint")
+# What reused results saved (fedkt.reuse): the seconds their computation took when it ran,
+# reported as ``<phase>_saved_seconds``; not part of the run's wall time.
+SAVED = ("eval_saved", "knowledge_saved")
 
 _state = threading.local()
 
@@ -68,9 +73,9 @@ def eval_clock() -> Clock:
 
 def phase_seconds(before: dict[str, Clock], after: dict[str, Clock]) -> dict[str, float]:
     """``{"<phase>_seconds": wall seconds}`` spent between two :func:`clocks` readings
-    (phases with no time are left out)."""
+    (phases with no time are left out), and ``<phase>_saved_seconds`` of :func:`saved`."""
     out = {}
-    for name in PHASES:
+    for name in (*PHASES, *SAVED):
         spent = (after.get(name, Clock()) - before.get(name, Clock())).wall
         if spent > 0:
             out[f"{name}_seconds"] = spent
@@ -95,6 +100,18 @@ def phase(name: str) -> Iterator[None]:
         if totals is None:
             totals = _state.totals = {}
         totals[name] = totals.get(name, Clock()) + (now() - start)
+
+
+def saved(name: str, seconds: float) -> None:
+    """Record that a reused result spared ``seconds`` of phase ``name`` (the seconds its
+    computation took when it ran): this thread's ``<name>_saved`` clock."""
+    key = f"{name}_saved"
+    if key not in SAVED:
+        raise ValueError(f"unknown saved phase {key!r}; one of {', '.join(SAVED)}")
+    totals = getattr(_state, "totals", None)
+    if totals is None:
+        totals = _state.totals = {}
+    totals[key] = totals.get(key, Clock()) + Clock(max(0.0, float(seconds)), 0.0)
 
 
 def timed(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:

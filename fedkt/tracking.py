@@ -542,17 +542,20 @@ def time_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
     """Where a run's time went: ``wall`` (:func:`run_wall_time`), the seconds of each
     phase of :mod:`fedkt.timing` summed over every participant's rows (``<phase>_seconds``),
     and ``other``: the wall time no phase covers (0 when the phases add up to more, as
-    clients working in parallel on other machines can).  None without a wall time."""
-    from fedkt.timing import PHASES
+    clients working in parallel on other machines can); ``saved``: the seconds reused
+    results spared (``<phase>_saved_seconds``, :mod:`fedkt.reuse`; not in the wall time).
+    None without a wall time."""
+    from fedkt.timing import PHASES, SAVED
 
     wall = run_wall_time(rows)
     if wall is None:
         return None
     out = {"wall": wall}
-    for name in PHASES:
+    for name in (*PHASES, *SAVED):
         out[name] = sum(float(r[f"{name}_seconds"]) for r in rows
                         if _is_number(r.get(f"{name}_seconds")))
     out["other"] = max(0.0, wall - sum(out[name] for name in PHASES))
+    out["saved"] = sum(out.pop(name) for name in SAVED)
     return out
 
 
@@ -566,19 +569,20 @@ def mean_breakdown(runs: Sequence[dict[str, float] | None]) -> dict[str, float] 
 
 def breakdown_table(named: Sequence[tuple[str, dict[str, float] | None]]) -> str:
     """A markdown table of :func:`time_breakdown` results: seconds and share of the wall
-    time per phase, one line per name."""
+    time per phase, one line per name, and the seconds reused results spared."""
     from fedkt.timing import PHASES
 
     cols = [*PHASES, "other"]
-    header = ["", "wall (s)", *(f"{c} (s, %)" for c in cols)]
+    header = ["", "wall (s)", *(f"{c} (s, %)" for c in cols), "spared by reuse (s)"]
     lines = []
     for name, spent in named:
         if spent is None:
-            lines.append([name, "-", *("-" for _ in cols)])
+            lines.append([name, "-", *("-" for _ in cols), "-"])
             continue
         wall = spent["wall"] or 1.0
         lines.append([name, f"{spent['wall']:.1f}",
-                      *(f"{spent[c]:.1f} ({100 * spent[c] / wall:.0f}%)" for c in cols)])
+                      *(f"{spent[c]:.1f} ({100 * spent[c] / wall:.0f}%)" for c in cols),
+                      f"{spent.get('saved', 0.0):.1f}"])
     return format_table(header, lines, markdown=True)
 
 

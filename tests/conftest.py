@@ -48,3 +48,21 @@ def make_config(tmp_path):
         return small_config(tmp_path / name, *overrides, method=method)
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_reuse_store(tmp_path_factory):
+    """Stored evaluations and knowledge (fedkt.reuse) of this session only: never those of
+    an earlier session (other code, or a scorer a test patched) from the shared cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDKT_REUSE_CACHE", str(tmp_path_factory.mktemp("reuse")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def reuse_store(tmp_path_factory, monkeypatch) -> Path:
+    """Each test starts from an empty reuse store (``$FEDKT_REUSE_CACHE``), so what one
+    test computes never stands in for what another computes."""
+    path = tmp_path_factory.mktemp("reuse")
+    monkeypatch.setenv("FEDKT_REUSE_CACHE", str(path))
+    return path

@@ -123,15 +123,26 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
 @timed("knowledge")
 def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
                      temperature: float = 1.0) -> Tensor:
-    """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient)."""
+    """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient);
+    with ``eval.reuse``, those of the same model, texts and settings computed before."""
+    from fedkt import reuse
     from fedkt.eval.lm import score_choices
 
     views = _views(cfg, records, lm.tokenizer)
-    with torch.no_grad(), autocast(cfg, lm.model):
+
+    def compute() -> dict[str, Tensor]:
         scores = score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
                                [v[1] for v in views], batch_size=cfg.eval.batch_size,
                                max_length=cfg.data.max_length)
-    return (torch.tensor(scores, dtype=torch.float64) / temperature).softmax(-1).float()
+        p = (torch.tensor(scores, dtype=torch.float64) / temperature).softmax(-1).float()
+        return {"posteriors": p}
+
+    with torch.no_grad(), autocast(cfg, lm.model):
+        got = reuse.tensors(cfg.eval.reuse, "choices", lm.model, lm.tokenizer,
+                            {"views": views, "batch_size": cfg.eval.batch_size,
+                             "max_length": cfg.data.max_length, "temperature": temperature},
+                            compute)
+    return got["posteriors"]
 
 
 def entropy(p: Tensor) -> Tensor:

@@ -44,7 +44,7 @@ from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's 
     TransportError,
 )
 from fedkt.runtime.replies import check_reply, error_text
-from fedkt.timing import Clock, clocks, eval_clock, now, phase, phase_seconds
+from fedkt.timing import SAVED, Clock, clocks, eval_clock, now, phase, phase_seconds
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -95,11 +95,13 @@ class Traffic:
 def client_view(cfg: RunConfig) -> RunConfig:
     """The config clients receive: without the server's output folder, transport settings
     and experiment trackers, so requests are byte-identical whichever runtime, folder and
-    trackers a run uses."""
+    trackers a run uses; ``eval.reuse`` travels as the envelope's fixed-width ``reuse``
+    flag instead, so requests are the same size with it on or off."""
     runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device,
                             client_devices=cfg.runtime.client_devices)
     return cfg.model_copy(update={"output_dir": ".", "runtime": runtime,
-                                  "tracking": TrackingConfig()})
+                                  "tracking": TrackingConfig(),
+                                  "eval": cfg.eval.model_copy(update={"reuse": True})})
 
 
 def sample_clients(cfg: RunConfig, rnd: int) -> list[int]:
@@ -151,7 +153,8 @@ class RuntimeClients:
             if cid in self.traffic.excluded:
                 continue
             envelope = {"handler": handler, "round": self.rnd, "step": self.step,
-                        "cid": cid, "evaluate": evaluate, "config": self._config_yaml, **extra}
+                        "cid": cid, "evaluate": evaluate, "config": self._config_yaml,
+                        "reuse": int(self.cfg.eval.reuse), **extra}
             with phase("comm"):
                 requests[cid] = dumps({**payload, ENVELOPE: envelope})
         self.step += 1
@@ -370,8 +373,14 @@ def _fixed(seconds: float) -> str:
 
 def _phase_timings(before: dict[str, Clock]) -> dict[str, str]:
     """The handler's seconds per phase (``train/<phase>_seconds``: its row of the round), at
-    a fixed width."""
-    return {f"train/{k}": _fixed(v) for k, v in phase_seconds(before, clocks()).items()}
+    a fixed width.  ``<phase>_saved_seconds`` (what reused results spared, :mod:`fedkt.reuse`)
+    is there whenever its phase is, 0 if nothing was reused: a reply's size must not say
+    whether a result was reused."""
+    spent = phase_seconds(before, clocks())
+    for name in SAVED:
+        if f"{name.removesuffix('_saved')}_seconds" in spent:
+            spent.setdefault(f"{name}_seconds", 0.0)
+    return {f"train/{k}": _fixed(v) for k, v in spent.items()}
 
 
 def _timings(reply: Payload) -> dict[str, str]:
@@ -440,6 +449,7 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
         if cid is not None and env["cid"] != cid:
             raise PayloadError(f"request for client {env['cid']} delivered to client {cid}")
         cfg = _config_from_yaml(env["config"])
+        cfg.eval.reuse = bool(env.get("reuse", 1))  # eval.reuse (client_view)
         if allow_remote_code is None:
             allow_remote_code = truthy(os.environ.get(ALLOW_REMOTE_CODE_ENV, ""))
         risky = [] if allow_remote_code else remote_code_keys(cfg)

@@ -220,14 +220,15 @@ def train_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: lis
 def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: list[dict]
                      ) -> dict[str, float]:
     """Accuracy, P/R/F1 of ``eval.positive_label``, macro-F1 and loss on ``records``."""
+    from fedkt import reuse
     from fedkt.eval.lm import evaluate_text_classifier
 
+    settings = {"batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
+                "positive_label": cfg.eval.positive_label, "class_groups": cfg.eval.class_groups}
     with autocast(cfg, model):
-        return evaluate_text_classifier(model, tokenizer, records,
-                                        batch_size=cfg.eval.batch_size,
-                                        max_length=cfg.data.max_length,
-                                        positive_label=cfg.eval.positive_label,
-                                        class_groups=cfg.eval.class_groups)
+        return reuse.evaluation(
+            cfg.eval.reuse, model, tokenizer, {"records": records, **settings},
+            lambda: evaluate_text_classifier(model, tokenizer, records, **settings))
 
 
 def feature_spread(model: nn.Module, tokenizer: Any, texts: list[str], max_length: int) -> float:

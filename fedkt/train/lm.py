@@ -204,19 +204,25 @@ def train_lm(
 
 
 def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]:
-    """Evaluate a model on records of the run's task (accuracy, F1 or Rouge-L, loss)."""
+    """Evaluate a model on records of the run's task (accuracy, F1 or Rouge-L, loss); with
+    ``eval.reuse``, a stored evaluation of the same model, records and settings is reused
+    (:mod:`fedkt.reuse`)."""
+    from fedkt import reuse
     from fedkt.data.formatting import chat_format
     from fedkt.eval.lm import evaluate_causal_lm
 
     fd = _federated_data(cfg)
     chat = chat_format(cfg.data.chat_template, lm.tokenizer)
+    settings = {"task": fd.task, "label_names": fd.label_names,
+                "batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
+                "max_new_tokens": cfg.eval.max_new_tokens,
+                "positive_label": cfg.eval.positive_label, "template": fd.template,
+                "class_groups": cfg.eval.class_groups}
+    key = {"records": records, **settings, "chat_template": cfg.data.chat_template}
     with autocast(cfg, lm.model):
-        return evaluate_causal_lm(lm.model, lm.tokenizer, records, fd.task, fd.label_names,
-                                  batch_size=cfg.eval.batch_size,
-                                  max_length=cfg.data.max_length,
-                                  max_new_tokens=cfg.eval.max_new_tokens,
-                                  positive_label=cfg.eval.positive_label, template=fd.template,
-                                  class_groups=cfg.eval.class_groups, chat=chat)
+        return reuse.evaluation(
+            cfg.eval.reuse, lm.model, lm.tokenizer, key,
+            lambda: evaluate_causal_lm(lm.model, lm.tokenizer, records, chat=chat, **settings))
 
 
 def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:

@@ -159,14 +159,26 @@ def train_vision(
 
 
 @timed_evaluation
-@torch.no_grad()
 def evaluate_vision(model: nn.Module, inputs: Tensor, labels: Tensor,
                     batch_size: int = 256, ids: Sequence[str] | None = None,
-                    precision: str = "auto") -> dict[str, float]:
+                    precision: str = "auto", reuse: bool = False) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``model`` on ``inputs`` (eval mode).
 
     The per-example predictions (``ids``: the records' ids, else positions) go to
-    :func:`fedkt.eval.predictions.emit`."""
+    :func:`fedkt.eval.predictions.emit`.  ``reuse`` (``eval.reuse``): a stored evaluation
+    of the same model, inputs and settings is reused (:mod:`fedkt.reuse`)."""
+    from fedkt import reuse as reused
+
+    return reused.evaluation(
+        reuse, model, None, {"inputs": inputs, "labels": labels, "batch_size": batch_size,
+                             "ids": None if ids is None else list(ids),
+                             "precision": precision},
+        lambda: _evaluate_vision(model, inputs, labels, batch_size, ids, precision))
+
+
+@torch.no_grad()
+def _evaluate_vision(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
+                     ids: Sequence[str] | None, precision: str) -> dict[str, float]:
     logits = predict_logits(model, inputs, batch_size, precision)
     labels = labels.to(logits.device)
     predictions.emit({"id": list(ids) if ids is not None else list(range(len(labels))),

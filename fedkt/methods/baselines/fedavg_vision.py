@@ -91,7 +91,8 @@ class FedAvgVisionServer(Server[FedAvgVisionConfig]):
     def evaluate(self, rnd: int) -> dict[str, float]:
         _part(self.model, self.method.trainable).load_state_dict(self.theta)
         return evaluate_vision(self.model, self.test_images, self.test_labels,
-                               ids=self.test_ids, precision=self.cfg.training.precision)
+                               ids=self.test_ids, precision=self.cfg.training.precision,
+                               reuse=self.cfg.eval.reuse)
 
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self.theta)
@@ -124,7 +125,8 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
         stats = train_vision(model, (images, labels), **train_kw)
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
     metrics.update(ctx.test_metrics(lambda: evaluate_vision(
-        model, *image_tensors(fd.test), ids=[r["id"] for r in fd.test], precision=t.precision)))
+        model, *image_tensors(fd.test), ids=[r["id"] for r in fd.test], precision=t.precision,
+        reuse=ctx.cfg.eval.reuse)))
     upload = ctx.privatize(_part(model, mode).state_dict(), theta)
     return Payload(trainable=upload, num_examples=stats["num_examples"],
                    train_loss=stats["loss"], metrics=metrics)

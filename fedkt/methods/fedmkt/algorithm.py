@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedkt import reuse
 from fedkt.alignment import choices
 from fedkt.alignment.knowledge import (
     PublicSet,
@@ -300,9 +301,17 @@ def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogit
     m: FedMKTConfig = cfg.method
     if m.knowledge == "choices":
         return choices.choice_knowledge(cfg, lm, run_public(cfg), temperature=m.temperature)
-    with autocast(cfg, lm.model):
-        return knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
-                             reduction=m.selection_loss)
+    def compute() -> dict[str, Tensor]:
+        s = knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
+                          reduction=m.selection_loss)
+        return {**s.to_tensors(), "vocab_size": torch.tensor([s.vocab_size])}
+
+    with autocast(cfg, lm.model):  # a model, public set and settings seen before: reused
+        got = reuse.tensors(cfg.eval.reuse, "topk", lm.model, lm.tokenizer,
+                            {"public": public.seqs, "pad_id": public.pad_id, "k": m.top_k,
+                             "batch_size": cfg.eval.batch_size,
+                             "reduction": m.selection_loss}, compute)
+    return TopKLogits.from_tensors(got, int(got["vocab_size"][0]))
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:

@@ -47,6 +47,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from fedkt import reuse
 from fedkt.aggregation import fedavg
 from fedkt.data.images import DataSpec, data_spec, image_tensors
 from fedkt.errors import ConfigError
@@ -237,10 +238,18 @@ class KoalaServer(Server[KoalaConfig]):
         """Proxy-set logits of the teacher: the small model, or (``teacher: untrained``)
         the same never-trained small model every round."""
         if self.method.teacher != "untrained":
-            return predict_logits(self.small[key], self.proxy_images, precision=self.precision)
-        mcfg = self.cfg.clients.model_for(0 if key == "global" else int(key))
-        fresh = build_model(mcfg, self.spec, derive_seed(self.cfg.seed, "untrained-teacher", key))
-        return predict_logits(fresh.to(self.device), self.proxy_images, precision=self.precision)
+            model = self.small[key]
+        else:
+            mcfg = self.cfg.clients.model_for(0 if key == "global" else int(key))
+            model = build_model(mcfg, self.spec,
+                                derive_seed(self.cfg.seed, "untrained-teacher", key))
+            model = model.to(self.device)
+        # A teacher whose weights did not change (the untrained one) is not run again.
+        return reuse.tensors(
+            self.cfg.eval.reuse, "logits", model, None,
+            {"inputs": self.proxy_images, "precision": self.precision},
+            lambda: {"logits": predict_logits(model, self.proxy_images,
+                                              precision=self.precision)})["logits"]
 
     @timed("distill")
     def forward_distill(self, rnd: int, key: str, large_probs: Tensor) -> dict[str, float]:
@@ -264,7 +273,8 @@ class KoalaServer(Server[KoalaConfig]):
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         scores = evaluate_vision(self.head, self.test_features, self.test_labels,
-                                 ids=self.test_ids, precision=self.precision)
+                                 ids=self.test_ids, precision=self.precision,
+                                 reuse=self.cfg.eval.reuse)
         return {**scores, **self.sizes}
 
     # ------------------------------------------------------------------ state
@@ -332,6 +342,7 @@ def client_update(ctx: ClientContext, msg: Payload) -> Payload:
         test = ctx.data().test
         images, labels = image_tensors(test)
         return evaluate_vision(model, images, labels, ids=[r["id"] for r in test],
-                               precision=ctx.cfg.training.precision)
+                               precision=ctx.cfg.training.precision,
+                               reuse=ctx.cfg.eval.reuse)
 
     return Payload(metrics=ctx.test_metrics(scores))

@@ -1,0 +1,405 @@
+"""Compute nothing twice: evaluations and knowledge keyed by what decides them, and reused.
+
+An evaluation (its metrics and per-example predictions) and a model's knowledge on a
+fixed public set (FedMKT's top-K logits, choice posteriors, KOALA's teacher logits) are
+functions of a few inputs.  Each is stored in fedkt's cache under a key (SHA-256) of all
+of them, and a repeated key reads the stored result instead of running the model:
+
+* the model (:func:`model_digest`): its class and module tree (``repr``), its Hugging
+  Face and PEFT configs, and every parameter and buffer (name, dtype, shape, device type
+  and bytes).  Trainable tensors are hashed on every call; frozen ones (a base model) once
+  per process and again whenever torch records an in-place change to them (their version
+  counter), so a frozen 135M-parameter base costs its hashing once;
+* the tokenizer (:func:`tokenizer_digest`): its vocabulary and merges, special tokens,
+  chat template and settings;
+* the inputs: test records (ids and every field), or a public set's token ids, or an
+  input tensor's bytes;
+* the settings: task, labels, template, batch size, maximum length, tokens to generate,
+  positive label, class groups, chat format; for knowledge K, the loss reduction, the
+  temperature;
+* the precision (the autocast dtype in force, if any) and the device;
+* the code (:func:`code_digest`): every fedkt source file, the versions of torch,
+  transformers and peft, and the CPU's instruction set (torch's CPU capability).
+
+Entries live under ``$FEDKT_REUSE_CACHE`` (default ``$FEDKT_CACHE/reuse``): ``eval/`` one
+gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set.
+They are written through :func:`fedkt.cache.cache_entry` (one builder per key, the others
+wait and read; published by one rename), so ``fedkt suite run --jobs N``, several suites
+and a killed run are safe.  Deleting the folder is always safe.
+
+A reused result takes the place of the computation: the rows and prediction files are
+those the computation gives (``eval.reuse: false`` recomputes, rows then equal but for
+timings), and the seconds it took when it was computed are reported as
+``eval_saved_seconds`` / ``knowledge_saved_seconds`` (:func:`fedkt.timing.saved`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import functools
+import gzip
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedkt.cache import CACHE_ERRORS, cache_dir, cache_entry
+from fedkt.eval import predictions
+from fedkt.timing import now, phase, saved
+
+__all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats", "store",
+           "tensor_digest", "tensors", "tokenizer_digest"]
+
+# The folder of reuse entries (default: fedkt's cache folder's reuse/).
+ENV = "FEDKT_REUSE_CACHE"
+_VERSION = 1  # of the entries' format and of what the keys cover
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+
+
+def store(kind: str) -> Path:
+    """The folder of ``kind``'s entries (``eval``, ``knowledge``)."""
+    root = os.environ.get(ENV)
+    path = Path(root).expanduser() / kind if root else cache_dir("reuse", kind)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# --------------------------------------------------------------------------- counters
+
+_STATS = {"computed": 0, "reused": 0}
+
+
+def stats() -> dict[str, int]:
+    """How many results this process computed and reused (a copy; for tests and logs)."""
+    with _lock:
+        return dict(_STATS)
+
+
+def _count(name: str) -> None:
+    with _lock:
+        _STATS[name] += 1
+
+
+# --------------------------------------------------------------------------- digests
+
+# id(tensor) -> (weak reference, version, data pointer, digest) of frozen tensors
+_MEMO: dict[int, tuple[weakref.ref, int, int, str]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    with _lock:
+        if key in _MEMO and _MEMO[key][0] is ref:
+            del _MEMO[key]
+
+
+def _bytes_digest(t: torch.Tensor) -> str:
+    flat = t.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous().reshape(-1)
+    h = hashlib.sha256()
+    if flat.numel():
+        if flat.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        elif flat.is_quantized:
+            flat = flat.int_repr()
+        h.update(memoryview(flat.resolve_conj().resolve_neg().view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+def tensor_digest(t: torch.Tensor, memo: bool = False) -> str:
+    """SHA-256 of a tensor's bytes, with its dtype and shape.  ``memo``: remember it while
+    the tensor lives and torch records no in-place change to it (its version counter)."""
+    head = f"{t.dtype}|{tuple(t.shape)}|"
+    if not memo:
+        return hashlib.sha256((head + _bytes_digest(t)).encode()).hexdigest()
+    try:
+        key, version, ptr = id(t), t._version, t.data_ptr()
+    except RuntimeError:  # an inference tensor keeps no version counter: hash it every time
+        return tensor_digest(t, memo=False)
+    with _lock:
+        found = _MEMO.get(key)
+    if found is not None and found[0]() is t and found[1:3] == (version, ptr):
+        return found[3]
+    value = hashlib.sha256((head + _bytes_digest(t)).encode()).hexdigest()
+    ref = weakref.ref(t, lambda r, key=key: _forget(key, r))
+    with _lock:
+        _MEMO[key] = (ref, version, ptr, value)
+    return value
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` as JSON-able data whose text does not depend on set or dict order."""
+    if isinstance(value, torch.Tensor):
+        return {"tensor": tensor_digest(value, memo=not value.requires_grad)}
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, set | frozenset):
+        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, default=str))
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value)
+    if hasattr(value, "model_dump"):  # pydantic
+        return _canonical(value.model_dump(mode="json"))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__qualname__,
+                **_canonical({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})}
+    if isinstance(value, Path | torch.dtype | torch.device):
+        return str(value)
+    if hasattr(value, "tolist"):  # numpy
+        return _canonical(value.tolist())
+    raise TypeError(f"fedkt.reuse: cannot key a {type(value).__qualname__} (pass the "
+                    "settings that decide it instead)")
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of ``value``'s canonical JSON (mappings sorted; tensors by their bytes)."""
+    text = json.dumps(_canonical(value), sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _configs(model: torch.nn.Module) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    config = getattr(model, "config", None)
+    if hasattr(config, "to_dict"):
+        out["config"] = config.to_dict()
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, Mapping):
+        out["peft"] = {name: c.to_dict() if hasattr(c, "to_dict") else c
+                       for name, c in peft.items()}
+        out["active"] = getattr(model, "active_adapters", None) or getattr(
+            model, "active_adapter", None)
+    return out
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    """What decides a model's outputs: class, module tree, configs, parameters, buffers."""
+    h = hashlib.sha256()
+    h.update(f"{type(model).__module__}.{type(model).__qualname__}\n".encode())
+    h.update(repr(model).encode())
+    h.update(digest(_configs(model)).encode())
+    for kind, named in (("p", model.named_parameters()), ("b", model.named_buffers())):
+        for name, t in named:
+            if t is None:
+                continue
+            memo = not t.requires_grad
+            h.update(f"{kind}|{name}|{t.device.type}|{tensor_digest(t, memo)}\n".encode())
+    return h.hexdigest()
+
+
+_TOKENIZERS: dict[int, tuple[weakref.ref, int, str]] = {}
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """What decides a tokenizer's ids: its vocabulary and merges (hashed once per process),
+    special and added tokens, chat template and settings."""
+    if tokenizer is None:
+        return ""
+    size = len(tokenizer)
+    found = _TOKENIZERS.get(id(tokenizer))
+    if found is not None and found[0]() is tokenizer and found[1] == size:
+        vocab = found[2]
+    else:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        text = backend.to_str() if backend is not None else json.dumps(
+            tokenizer.get_vocab(), sort_keys=True)
+        vocab = hashlib.sha256(text.encode()).hexdigest()
+        with contextlib.suppress(TypeError):  # not weak-referenceable: no memo
+            _TOKENIZERS[id(tokenizer)] = (weakref.ref(tokenizer), size, vocab)
+    return digest({"type": type(tokenizer).__qualname__, "vocab": vocab, "size": size,
+                   "repr": repr(tokenizer),
+                   "chat_template": getattr(tokenizer, "chat_template", None),
+                   "padding_side": getattr(tokenizer, "padding_side", None),
+                   "truncation_side": getattr(tokenizer, "truncation_side", None)})
+
+
+@functools.cache
+def code_digest() -> str:
+    """fedkt's source files, the versions of torch, transformers and peft, and the CPU's
+    instruction set: a result computed by other code or kernels is never reused."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    versions = [torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    for package in ("transformers", "peft"):
+        try:
+            versions.append(__import__(package).__version__)
+        except ImportError:
+            versions.append("-")
+    h.update("|".join(versions).encode())
+    return h.hexdigest()
+
+
+def _device(model: torch.nn.Module | None) -> torch.device:
+    param = next(model.parameters(), None) if model is not None else None
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _precision(device: torch.device) -> dict[str, Any]:
+    """The device and the autocast dtype in force on it (None: none)."""
+    kind = device.type
+    on = torch.is_autocast_enabled(kind)
+    name = str(torch.cuda.get_device_name(device)) if kind == "cuda" else kind
+    return {"device": name, "autocast": str(torch.get_autocast_dtype(kind)) if on else None}
+
+
+def _key(kind: str, model: torch.nn.Module | None, tokenizer: Any, parts: Mapping[str, Any]
+         ) -> str:
+    return digest({"format": _VERSION, "kind": kind, "code": code_digest(),
+                   "model": model_digest(model) if model is not None else None,
+                   "tokenizer": tokenizer_digest(tokenizer),
+                   **_precision(_device(model)), "parts": parts})
+
+
+# --------------------------------------------------------------------------- evaluations
+
+
+def _plain(value: Any) -> Any:
+    """numpy and torch scalars and arrays as Python numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__qualname__} is not JSON serialisable")
+
+
+class Unstorable(OSError):
+    """A result that cannot be stored (it is then used, not stored)."""
+
+
+def _write_json(path: Path, data: Any) -> None:
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_plain)
+    except (TypeError, ValueError) as exc:
+        raise Unstorable(f"not storable as JSON: {exc}") from None
+    path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        data = json.loads(gzip.decompress(path.read_bytes()).decode())
+    except (EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a reuse entry ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise ValueError(f"{path}: not a reuse entry")
+    return data
+
+
+def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
+               parts: Mapping[str, Any], compute: Callable[[], dict[str, float]]
+               ) -> dict[str, float]:
+    """``compute()`` (an evaluation: metrics, and per-example tables it emits), or the
+    stored result of the same key: ``model`` and ``tokenizer`` (digested), ``parts`` (the
+    test items and the scorer's settings), precision and code (the module docstring).
+    Either way the tables are emitted to the caller's :func:`~fedkt.eval.predictions.
+    capture` as the computation emits them.  ``enabled`` False: just ``compute()``."""
+    if not enabled:
+        return compute()
+    here = predictions.current_scope()
+    found: list[Any] = []
+
+    def usable(p: Path) -> bool:
+        if not p.exists():
+            return False
+        try:
+            found.append(_read_json(p))
+        except CACHE_ERRORS as exc:
+            _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
+            return False
+        return True
+
+    with phase("eval"):  # hashing and reading count as evaluation
+        try:
+            path = store("eval") / f"{_key('eval', model, tokenizer, parts)}.json.gz"
+            with cache_entry(path, usable) as build:
+                if build is not None:
+                    start = now()
+                    with predictions.capture() as tables:
+                        metrics = compute()
+                    found.append({"metrics": metrics, "seconds": (now() - start).wall,
+                                  "tables": {("" if name == here else name):
+                                             {"columns": t.columns, "meta": t.meta}
+                                             for name, t in tables.items()}})
+                    _count("computed")
+                    _write_json(build.tmp, found[-1])
+                else:
+                    saved("eval", float(found[-1].get("seconds", 0.0)))
+                    _count("reused")
+        except OSError as exc:  # an unwritable cache never stops an evaluation
+            _log.warning("eval.reuse: the reuse store failed (%s); evaluating without it", exc)
+            if not found:
+                return compute()
+        data = found[-1]
+        for name, table in data["tables"].items():
+            with predictions.scope(name or here):
+                predictions.emit(table["columns"], **table["meta"])
+        return dict(data["metrics"])
+
+
+# --------------------------------------------------------------------------- knowledge
+
+
+def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: Any,
+            parts: Mapping[str, Any], compute: Callable[[], dict[str, torch.Tensor]]
+            ) -> dict[str, torch.Tensor]:
+    """``compute()`` (named CPU tensors: a model's knowledge on a fixed set), or the stored
+    tensors of the same key (``kind``, ``model``, ``tokenizer``, ``parts``, precision and
+    code).  Reused, its original seconds count as ``knowledge_saved_seconds``."""
+    if not enabled:
+        return compute()
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file, save_file
+
+    found: list[tuple[dict[str, torch.Tensor], float]] = []
+
+    def usable(p: Path) -> bool:
+        if not p.exists():
+            return False
+        try:
+            with safe_open(str(p), "pt") as fh:
+                seconds = float((fh.metadata() or {}).get("seconds", 0.0))
+            found.append((load_file(str(p)), seconds))
+        except (*CACHE_ERRORS, SafetensorError) as exc:
+            _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
+            return False
+        return True
+
+    out: dict[str, torch.Tensor] | None = None
+    with phase("knowledge"):
+        try:
+            path = store("knowledge") / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
+            with cache_entry(path, usable) as build:
+                if build is not None:
+                    start = now()
+                    out = compute()
+                    seconds = (now() - start).wall
+                    _count("computed")
+                    save_file({k: v.detach().cpu().contiguous() for k, v in out.items()},
+                              str(build.tmp), metadata={"seconds": repr(seconds)})
+        except OSError as exc:  # an unwritable cache never stops the computation
+            _log.warning("eval.reuse: the reuse store failed (%s); computing without it", exc)
+            return out if out is not None else compute()
+        if out is not None:
+            return out
+        values, seconds = found[-1]
+        saved("knowledge", seconds)
+        _count("reused")
+        return values
+
