@@ -330,7 +330,7 @@ def plan_layout(
     if max_length < 1 or batch_size < 1:
         raise ValueError("max_length and batch_size must be at least 1")
     rows = [(i, c) for i, pairs in enumerate(encoded) for c in range(len(pairs))]
-    eligible = [] if layout == "pairs" else [
+    eligible = [
         i for i, pairs in enumerate(encoded)
         if pairs and all(len(ctx) + len(cont) <= max_length + 1 for ctx, cont in pairs)]
     # Whole-sequence cost of every row, from the batches they would form.
@@ -363,7 +363,7 @@ def plan_layout(
             whole = sum(pair_cost[(e, c)] for e in chunk for c in range(len(encoded[e])))
             cost["shared"] += own
             cost["pairs"] += whole
-            if layout == "shared" or own <= whole:
+            if layout == "shared" or (layout == "auto" and own <= whole):
                 shared.append(chunk)
             cost["chosen"] += own if shared and shared[-1] is chunk else whole
             chunk = []
