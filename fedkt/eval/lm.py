@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -128,17 +129,26 @@ def _encode_pair(
     continuation; the continuation's tokens are those of ``context +
     continuation`` beyond the context's own token count.
     """
+    return _encode_example(tokenizer, context, [continuation], prefix)[0]
+
+
+def _encode_example(
+    tokenizer: Any, context: str, continuations: Sequence[str], prefix: list[int]
+) -> list[tuple[list[int], list[int]]]:
+    """:func:`_encode_pair` of each continuation of one context (the context encoded once;
+    every pair holds the same context list)."""
     stripped = context.rstrip()
-    if stripped != context:
-        continuation = context[len(stripped) :] + continuation
-        context = stripped
-    whole = _encode(tokenizer, context + continuation)
-    ctx = _encode(tokenizer, context)
-    cont = whole[len(ctx) :]
-    if not cont and continuation:
-        cont = _encode(tokenizer, continuation)
-    ctx = prefix + ctx
-    return (ctx or _start_token(tokenizer)), cont
+    moved = context[len(stripped) :]
+    plain = _encode(tokenizer, stripped)
+    ctx = (prefix + plain) or _start_token(tokenizer)
+    out = []
+    for continuation in continuations:
+        text = moved + continuation
+        cont = _encode(tokenizer, stripped + text)[len(plain) :]
+        if not cont and text:
+            cont = _encode(tokenizer, text)
+        out.append((ctx, cont))
+    return out
 
 
 def encode_scored(tokenizer: Any, context: str, continuation: str, max_length: int,
@@ -148,7 +158,10 @@ def encode_scored(tokenizer: Any, context: str, continuation: str, max_length: i
     ``prefix``: the tokenizer's special prefix (computed when None)."""
     if prefix is None:
         prefix = _special_prefix(tokenizer)
-    ctx, cont = _encode_pair(tokenizer, context, continuation, prefix)
+    return _scored_seq(*_encode_pair(tokenizer, context, continuation, prefix), max_length)
+
+
+def _scored_seq(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int], int]:
     seq = (ctx + cont)[-(max_length + 1) :]
     return seq, min(len(cont), len(seq) - 1)
 
@@ -173,15 +186,32 @@ def _score_pairs(
     prefix = _special_prefix(tokenizer)
     encoded = [encode_scored(tokenizer, context, continuation, max_length, prefix)
                for context, continuation in pairs]
-    # Longest first: the first batch is the largest, so memory errors come early.
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))
+    return _score_sequences(model, encoded, batch_size=batch_size, pad_id=_pad_id(tokenizer),
+                            done=done)
+
+
+def _pair_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Batches of row indices, longest first (the first batch is the largest, so memory
+    errors come early; rows of a batch have similar lengths, so little is padding)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def _score_sequences(
+    model: torch.nn.Module,
+    encoded: Sequence[tuple[list[int], int]],
+    *,
+    batch_size: int,
+    pad_id: int,
+    done: Callable[[Sequence[int]], None] | None = None,
+) -> list[tuple[float, int]]:
+    """Score ``(token ids, continuation tokens at the end)`` rows as whole sequences, batched
+    by length with right padding (the layout lm-evaluation-harness uses)."""
     results: list[tuple[float, int]] = [(0.0, 0)] * len(encoded)
     device = _device(model)
-    pad_id = _pad_id(tokenizer)
     keeps_logits = takes_logits_to_keep(model)
     with _inference(model):
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in _pair_batches([len(seq) for seq, _ in encoded], batch_size):
             # Right padding keeps each row's positions 0..n-1, so no position ids are needed
             # and causal attention never sees the padding of a row's own tokens.
             ids, mask = _pad([encoded[i][0][:-1] for i in idx], pad_id, "right")
@@ -218,17 +248,127 @@ def score_choices(
     *,
     batch_size: int = 8,
     max_length: int = 1024,
+    layout: str = "auto",
 ) -> list[list[float]]:
     """Log-likelihood of each continuation given its context (sum over its tokens).
 
-    All (context, continuation) pairs are batched together, longest first,
-    with right padding and an attention mask.  Works for any causal LM whose
-    forward takes ``input_ids`` and ``attention_mask`` and returns ``logits``,
-    including peft-wrapped (LoRA, prefix or prompt tuning) models.
+    Works for any causal LM whose forward takes ``input_ids`` and ``attention_mask``
+    and returns ``logits``, including peft-wrapped (LoRA, prefix or prompt tuning)
+    models.  ``layout``: how the pairs are batched (:data:`LAYOUTS`; the same numbers
+    within float rounding): ``auto`` picks per batch whichever computes fewer token
+    positions.
     """
     scored = _score_grouped(model, tokenizer, contexts, continuations_per_example,
-                            batch_size=batch_size, max_length=max_length)
+                            batch_size=batch_size, max_length=max_length, layout=layout)
     return [[score for score, _ in row] for row in scored]
+
+
+# How the scorer lays out an example's (context, choice) pairs:
+# * "shared": one forward of the context, its key/value cache copied to every choice,
+#   then one forward of the choices' tokens (contexts of one length per batch);
+# * "pairs": each context + choice as one sequence, batched by length (lm-eval's way);
+# * "auto": per batch of shared examples, the one with the lower estimated cost.
+LAYOUTS = ("auto", "shared", "pairs")
+
+
+@dataclass
+class LayoutPlan:
+    """Which examples are scored with a shared context, in which chunks, and the rest.
+
+    ``shared``: chunks of example indices (one context length per chunk); ``pairs``:
+    ``(example, choice)`` rows scored as whole sequences; ``cost``: the estimated cost
+    (token positions through the model, the output layer's positions weighted by its
+    share of the work) of the examples that could take either layout, all ``shared``,
+    all ``pairs``, and as ``chosen``.
+    """
+
+    shared: list[list[int]]
+    pairs: list[tuple[int, int]]
+    cost: dict[str, float]
+
+
+def _head_share(model: torch.nn.Module) -> float:
+    """The output layer's work per position relative to the rest of the model's: its
+    weights over the other weights that run per position (embeddings aside)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        head = base.get_output_embeddings()
+        embed = base.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return 0.0
+    if head is None or getattr(head, "weight", None) is None:
+        return 0.0
+    total = sum(p.numel() for p in base.parameters())
+    skip = {id(head.weight)} | ({id(embed.weight)} if getattr(embed, "weight", None)
+                                is not None else set())
+    body = total - sum(p.numel() for p in base.parameters() if id(p) in skip)
+    return head.weight.numel() / max(1, body)
+
+
+def plan_layout(
+    encoded: Sequence[Sequence[tuple[list[int], list[int]]]],
+    *,
+    batch_size: int,
+    max_length: int,
+    layout: str = "auto",
+    head: float = 0.0,
+    logits_to_keep: bool = True,
+) -> LayoutPlan:
+    """Choose per batch between a shared context and whole sequences (:data:`LAYOUTS`).
+
+    ``encoded``: each example's ``(context ids, choice ids)`` pairs.  Examples whose
+    pairs fit ``max_length`` are chunked for the shared layout (equal context lengths,
+    about ``batch_size`` choice rows a chunk, choices of similar lengths together).  A
+    chunk's cost is the positions it computes: its contexts, then every choice row
+    padded to the chunk's longest choice.  The same rows as whole sequences cost each
+    row's batch width (the rows batched by length as :func:`_score_sequences` batches
+    them: padding included).  ``head`` weights the positions that also run the output
+    layer (:func:`_head_share`).  ``auto`` keeps a chunk shared when it costs less.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if max_length < 1 or batch_size < 1:
+        raise ValueError("max_length and batch_size must be at least 1")
+    rows = [(i, c) for i, pairs in enumerate(encoded) for c in range(len(pairs))]
+    eligible = [
+        i for i, pairs in enumerate(encoded)
+        if pairs and all(len(ctx) + len(cont) <= max_length + 1 for ctx, cont in pairs)]
+    # Whole-sequence cost of every row, from the batches they would form.
+    seqs = {r: _scored_seq(*encoded[r[0]][r[1]], max_length) for r in rows}
+    lengths = [len(seqs[r][0]) - 1 for r in rows]
+    pair_cost: dict[tuple[int, int], float] = {}
+    for batch in _pair_batches(lengths, batch_size):
+        width = max(lengths[k] for k in batch)
+        keep = (width - min(lengths[k] - seqs[rows[k]][1] for k in batch)
+                if logits_to_keep else width)
+        for k in batch:
+            pair_cost[rows[k]] = width + head * keep
+    by_length: dict[int, list[int]] = {}
+    for i in eligible:
+        by_length.setdefault(len(encoded[i][0][0]), []).append(i)
+    shared: list[list[int]] = []
+    cost = {"shared": 0.0, "pairs": 0.0, "chosen": 0.0}
+    for length, group in by_length.items():
+        group.sort(key=lambda i: -max(len(cont) for _, cont in encoded[i]))
+        chunk: list[int] = []
+        for n, i in enumerate(group):  # chunks of about batch_size (example, choice) rows
+            chunk.append(i)
+            size = sum(len(encoded[e]) for e in chunk)
+            if n + 1 < len(group) and size + len(encoded[group[n + 1]]) <= batch_size:
+                continue
+            width = max(len(cont) for e in chunk for _, cont in encoded[e]) - 1
+            positions = len(chunk) * length + size * max(0, width)
+            own = positions + head * (len(chunk) * (1 if logits_to_keep else length)
+                                      + size * max(0, width))
+            whole = sum(pair_cost[(e, c)] for e in chunk for c in range(len(encoded[e])))
+            cost["shared"] += own
+            cost["pairs"] += whole
+            if layout == "shared" or (layout == "auto" and own <= whole):
+                shared.append(chunk)
+            cost["chosen"] += own if shared and shared[-1] is chunk else whole
+            chunk = []
+    taken = {i for chunk in shared for i in chunk}
+    return LayoutPlan(shared, [r for r in rows if r[0] not in taken], cost)
 
 
 def _score_grouped(
@@ -239,39 +379,52 @@ def _score_grouped(
     *,
     batch_size: int,
     max_length: int,
+    layout: str = "auto",
 ) -> list[list[tuple[float, int]]]:
-    """:func:`_score_pairs` of every (context, continuation), grouped per example."""
+    """``(log-likelihood, tokens)`` of every (context, continuation), grouped per example,
+    in the layout :func:`plan_layout` chooses (a soft-prompt model: whole sequences)."""
     if len(contexts) != len(continuations_per_example):
         raise ValueError(
             f"{len(contexts)} contexts but {len(continuations_per_example)} lists of continuations"
         )
-    out: list[list[tuple[float, int]] | None] = [None] * len(contexts)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    prefix = _special_prefix(tokenizer)
+    encoded = [_encode_example(tokenizer, context, conts, prefix)
+               for context, conts in zip(contexts, continuations_per_example, strict=True)]
+    plan = plan_layout(encoded, batch_size=batch_size, max_length=max_length,
+                       layout=layout if _shares_context(model) else "pairs",
+                       head=_head_share(model), logits_to_keep=takes_logits_to_keep(model))
+    out: list[list[tuple[float, int]]] = [[(0.0, 0)] * len(pairs) for pairs in encoded]
+    device = _device(model)
+    pad_id = _pad_id(tokenizer)
     with progress.bar(len(contexts), "eval") as shown:
-        if _shares_context(model):
-            out = _score_shared(model, tokenizer, contexts, continuations_per_example,
-                                batch_size=batch_size, max_length=max_length,
-                                done=shown.update)
-        rest = [i for i, row in enumerate(out) if row is None]
-        pairs = [(contexts[i], cont) for i in rest for cont in continuations_per_example[i]]
-        owner = [i for i in rest for _ in continuations_per_example[i]]
-        left = {i: len(continuations_per_example[i]) for i in rest}
-        shown.update(sum(1 for i in rest if not left[i]))
+        shown.update(sum(1 for pairs in encoded if not pairs))
+        if plan.shared:
+            keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+            with _inference(model):
+                for chunk in plan.shared:
+                    _score_chunk(model, [(i, encoded[i][0][0], [c for _, c in encoded[i]])
+                                         for i in chunk], out, device, pad_id, keep)
+                    shown.update(len(chunk))
+        left: dict[int, int] = {}
+        for i, _ in plan.pairs:
+            left[i] = left.get(i, 0) + 1
 
         def scored(batch: Sequence[int]) -> None:  # an example is done with its last choice
             finished = 0
             for p in batch:
-                left[owner[p]] -= 1
-                finished += left[owner[p]] == 0
+                owner = plan.pairs[p][0]
+                left[owner] -= 1
+                finished += left[owner] == 0
             shown.update(finished)
 
-        flat = _score_pairs(model, tokenizer, pairs, batch_size=batch_size,
-                            max_length=max_length, done=scored)
-    pos = 0
-    for i in rest:
-        n = len(continuations_per_example[i])
-        out[i] = flat[pos : pos + n]
-        pos += n
-    return [row or [] for row in out]
+        flat = _score_sequences(model, [_scored_seq(*encoded[i][c], max_length)
+                                        for i, c in plan.pairs],
+                                batch_size=batch_size, pad_id=pad_id, done=scored)
+    for (i, c), value in zip(plan.pairs, flat, strict=True):
+        out[i][c] = value
+    return out
 
 
 def _shares_context(model: torch.nn.Module) -> bool:
@@ -281,54 +434,8 @@ def _shares_context(model: torch.nn.Module) -> bool:
     return not getattr(peft_config, "is_prompt_learning", False)
 
 
-def _score_shared(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    contexts: Sequence[str],
-    continuations_per_example: Sequence[Sequence[str]],
-    *,
-    batch_size: int,
-    max_length: int,
-    done: Callable[[int], Any] | None = None,
-) -> list[list[tuple[float, int]] | None]:
-    """Score each example's choices from one forward of its context (its key/value cache
-    is copied to every choice): the same numbers as :func:`_score_pairs`, a fraction of
-    the work when contexts are long next to the choices.  Examples whose context tokens
-    depend on the choice, or that need truncation, are left ``None`` for the caller.
-    ``done`` is called with the number of examples each chunk scored (progress).
-    """
-    prefix = _special_prefix(tokenizer)
-    out: list[list[tuple[float, int]] | None] = [None] * len(contexts)
-    by_length: dict[int, list[tuple[int, list[int], list[list[int]]]]] = {}
-    for i, (context, conts) in enumerate(zip(contexts, continuations_per_example, strict=True)):
-        encoded = [_encode_pair(tokenizer, context, c, prefix) for c in conts]
-        if not encoded or any(ctx != encoded[0][0] or len(ctx) + len(cont) > max_length + 1
-                              for ctx, cont in encoded):
-            continue
-        by_length.setdefault(len(encoded[0][0]), []).append(
-            (i, encoded[0][0], [cont for _, cont in encoded]))
-    device = _device(model)
-    pad_id = _pad_id(tokenizer)
-    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-    with _inference(model):
-        for group in by_length.values():
-            chunk: list[tuple[int, list[int], list[list[int]]]] = []
-            for item in group:  # chunks of about batch_size (example, choice) rows
-                if chunk and sum(len(c[2]) for c in chunk) + len(item[2]) > batch_size:
-                    _score_chunk(model, chunk, out, device, pad_id, keep)
-                    if done is not None:
-                        done(len(chunk))
-                    chunk = []
-                chunk.append(item)
-            if chunk:
-                _score_chunk(model, chunk, out, device, pad_id, keep)
-                if done is not None:
-                    done(len(chunk))
-    return out
-
-
 def _score_chunk(model: torch.nn.Module, chunk: list[tuple[int, list[int], list[list[int]]]],
-                 out: list[list[tuple[float, int]] | None], device: torch.device, pad_id: int,
+                 out: list[list[tuple[float, int]]], device: torch.device, pad_id: int,
                  keep: dict[str, int]) -> None:
     """One context forward (equal lengths, no padding), then every choice's tokens after
     the copied cache; the context's last logits score each choice's first token."""
