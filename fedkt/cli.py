@@ -264,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", default=None,
                    help="a shipped config's name (`fedkt configs list`; default: the demo) "
                         "or the path of a YAML run config")
-    p.add_argument("--runtime", choices=["local", "flower-sim", "flower"],
-                   help="transport (overrides runtime.name)")
+    p.add_argument("--runtime", metavar="NAME",
+                   help="transport (overrides runtime.name): a registered runtime, e.g. local, "
+                        "flower-sim or flower; a config naming another lists them")
     p.add_argument("--rounds", type=int, help="overrides rounds")
     p.add_argument("--seed", type=int, help="overrides seed")
     p.add_argument("--output-dir", help="run folder (overrides output_dir)")
