@@ -38,7 +38,7 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
         assert "unknown method 'toy'" in str(exc)
     toy = importlib.import_module("toy_method")  # registers it, as a plugin import would
     assert get_method("toy") is toy.METHOD and "toy" in available()
-    assert registry.plugin_module("toy") == "toy_method.algorithm"  # fresh processes import it
+    assert registry.plugin_module("toy") == "toy_method"  # fresh processes import it
     assert get_method("fedavg") is not toy.METHOD
     # The copy carries its declaration (uploads, tiny config): it conforms like any method ...
     got = without_timings(check_method("toy", tmp_path / "conformance").run.rows)
