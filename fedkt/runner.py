@@ -427,13 +427,3 @@ def _record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
 def run(cfg: RunConfig, *, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
     """Run a job on the runtime its config names (:mod:`fedkt.runtime.registry`)."""
     return get_runtime(cfg.runtime.name)(cfg, run_job, resume=resume, quiet=quiet)
-
-
-def final_metrics(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Last test metrics of each participant (for comparing runs)."""
-    out: dict[str, dict[str, float]] = {}
-    for row in rows:
-        if row.get("split") == "test":
-            out[row["participant"]] = {k: v for k, v in row.items()
-                                       if k not in ("round", "participant", "split")}
-    return json.loads(json.dumps(out))
