@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,12 +294,8 @@ def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
     (after its rows are logged), so a crash in between runs the round again."""
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (SERVER_STATE + ".tmp")
-    try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
-        os.replace(tmp, folder / SERVER_STATE)
-    finally:
-        tmp.unlink(missing_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    atomic_write(folder / SERVER_STATE, lambda tmp: save_file(tensors, str(tmp)))
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
     return {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
 
