@@ -378,8 +378,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from fedkt.config import ConfigError
     from fedkt.payload import PayloadError
+    from fedkt.plugins import PLUGINS_ENV, import_plugins
     from fedkt.runtime.base import RoundError, TransportError
 
+    try:  # methods, runtimes, readers registered outside fedkt, before a config is read
+        import_plugins()
+    except (ImportError, AttributeError) as exc:
+        print(f"fedkt: error: {PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)!r}: {exc}",
+              file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except TransportError as exc:

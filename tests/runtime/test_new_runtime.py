@@ -1,13 +1,17 @@
 """Adding a runtime: ``register_runtime(name, start, settings=Model)`` outside fedkt, and a
 config that names it is validated (its section by its model) and runs on it through the
-CLI, with the local runtime's results; before it is registered, the name is refused with
-the registered runtimes listed."""
+``fedkt`` command (which imports the plugin named in ``FEDKT_PLUGINS``), with the local
+runtime's results; before it is registered, the name is refused with the registered
+runtimes listed."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -17,7 +21,7 @@ from fedkt.config import ConfigError, load_config
 from fedkt.runner import run
 from fedkt.runtime import registry
 from fedkt.tracking import METRICS_FILE, read_rows, without_timings
-from tests.conftest import small_config
+from tests.conftest import ROOT, small_config
 
 BYTES = ("bytes_sent", "bytes_received")
 
@@ -64,7 +68,12 @@ def test_a_runtime_registered_outside_fedkt_validates_its_section_and_runs_a_job
     path.write_text(cfg.to_yaml())
     assert load_config(path) == cfg
 
-    assert main(["run", str(path), "-q"]) == 0, capsys.readouterr().err
+    # The command in a fresh process, which registers the runtime from FEDKT_PLUGINS.
+    env = {**os.environ, "FEDKT_PLUGINS": "tests.plugin_runtime",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "fedkt.cli", "run", str(path), "-q"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
     got = read_rows(cfg.run_dir / METRICS_FILE)
     want = run(local, quiet=True)
     strip = [[{k: v for k, v in r.items() if k not in BYTES} for r in without_timings(rows)]
@@ -79,3 +88,13 @@ def test_a_runtime_registered_outside_fedkt_validates_its_section_and_runs_a_job
     assert all(b > 0 for e in exchanges for b in e["request_bytes"])
     assert yaml.safe_load((cfg.run_dir / "config.yaml").read_text())["runtime"]["journal"] \
         == {"log": str(log), "reverse": True}
+
+
+def test_a_plugin_that_does_not_import_is_named(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(small_config(tmp_path / "run", "rounds=1").to_yaml())
+    monkeypatch.setenv("FEDKT_PLUGINS", "tests.no_such_plugin")
+    assert main(["run", str(path)]) == 2
+    assert "fedkt: error: FEDKT_PLUGINS='tests.no_such_plugin': No module named " \
+        "'tests.no_such_plugin'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
