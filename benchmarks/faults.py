@@ -37,10 +37,10 @@ from safetensors.torch import load_file
 
 from fedkt.config import RunConfig, apply_overrides, parse_config
 from fedkt.faults import CRASH, KINDS, MALFORMED, FaultyTransport, persistent_plan, transient_plan
-from fedkt.runner import SERVER_STATE, client_state_root, final_metrics, run_job
+from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
-from fedkt.tracking import RunRecorder, format_table
+from fedkt.tracking import RunRecorder, format_table, without_timings
 
 # Which injected fault an exclusion reason points to.
 REASONS = {
@@ -79,6 +79,12 @@ def exclusions(rows: list[dict]) -> dict[tuple[int, int], str]:
     """(round, cid) -> exclusion reason, from a run's metrics rows."""
     return {(r["round"], int(r["participant"].split("_")[1])): r["excluded"]
             for r in rows if r.get("excluded") and r["participant"].startswith("client_")}
+
+
+def final_test_rows(rows: list[dict]) -> dict[str, dict]:
+    """Each participant's last test row, timings and its round aside."""
+    return {r["participant"]: {k: v for k, v in r.items() if k not in ("round", "split")}
+            for r in without_timings(rows) if r.get("split") == "test"}
 
 
 def final_state(cfg: RunConfig) -> dict[str, torch.Tensor]:
@@ -169,7 +175,7 @@ def persistent(args: argparse.Namespace, root: Path) -> None:
     same_keys = a.keys() == b.keys()
     diff = max(((a[k].double() - b[k].double()).abs().max().item() for k in a), default=0.0) \
         if same_keys else float("nan")
-    got, want = final_metrics(rows), final_metrics(ref_rows)
+    got, want = final_test_rows(rows), final_test_rows(ref_rows)
     metrics_equal = {k: got.get(k) for k in want} == want
     print(f"final server adapter vs participants={healthy} run: "
           f"identical={same_keys and all(torch.equal(a[k], b[k]) for k in a)}, "

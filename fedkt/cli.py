@@ -264,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", default=None,
                    help="a shipped config's name (`fedkt configs list`; default: the demo) "
                         "or the path of a YAML run config")
-    p.add_argument("--runtime", choices=["local", "flower-sim", "flower"],
-                   help="transport (overrides runtime.name)")
+    p.add_argument("--runtime", metavar="NAME",
+                   help="transport (overrides runtime.name): a registered runtime, e.g. local, "
+                        "flower-sim or flower; a config naming another lists them")
     p.add_argument("--rounds", type=int, help="overrides rounds")
     p.add_argument("--seed", type=int, help="overrides seed")
     p.add_argument("--output-dir", help="run folder (overrides output_dir)")
@@ -377,8 +378,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from fedkt.config import ConfigError
     from fedkt.payload import PayloadError
+    from fedkt.plugins import PLUGINS_ENV, import_plugins
     from fedkt.runtime.base import RoundError, TransportError
 
+    try:  # methods, runtimes, readers registered outside fedkt, before a config is read
+        import_plugins()
+    except (ImportError, AttributeError) as exc:
+        print(f"fedkt: error: {PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)!r}: {exc}",
+              file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except TransportError as exc:

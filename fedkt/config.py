@@ -9,6 +9,7 @@ the method registers (see :mod:`fedkt.methods`).
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import warnings
 from pathlib import Path
@@ -22,12 +23,16 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from fedkt.errors import ConfigError
 from fedkt.methods.registry import available, get_method, method_config_class
+from fedkt.runtime.settings import FlowerSettings as FlowerSettings  # re-exported: the
+from fedkt.runtime.settings import FlowerSimSettings as FlowerSimSettings  # built-in sections
 from fedkt.templates import HARD_MAX_WIDTH, check_template
 
 
@@ -413,29 +418,10 @@ class ClientsConfig(_Strict):
         return self.models[0] if len(self.models) == 1 else self.models[cid]
 
 
-class FlowerSimSettings(_Strict):
-    """``flower-sim``: resources per simulated client (a Ray actor each)."""
-
-    client_cpus: float = Field(1.0, gt=0)
-    client_gpus: float = Field(0.0, ge=0)
-
-
-class FlowerSettings(_Strict):
-    """``flower`` (deployment): how ``fedkt run`` reaches the SuperLink."""
-
-    # The SuperLink's control address used by ``fedkt run``.
-    superlink: str = "127.0.0.1:9093"
-    federation: str | None = None
-    # Plain HTTP to the SuperLink; false: TLS (see docs/deployment.md).
-    insecure: bool = True
-    # With insecure=false: CA certificate (PEM) that signed the SuperLink's
-    # certificate, e.g. ca.crt of `fedkt deploy certs` (None: the system's CAs).
-    root_certificates: str | None = None
-
-
-# Each transport's own settings: section -> its model.
-_RUNTIME_SECTIONS: dict[str, type[BaseModel]] = {"flower_sim": FlowerSimSettings,
-                                                 "flower": FlowerSettings}
+# The built-in runtimes' sections (runtime.flower_sim, runtime.flower) are their settings
+# models, registered with their runtimes (fedkt.runtime.registry); the flat keys of before
+# the sections (runtime.client_cpus, ...) move into these.
+_MOVED_SECTIONS = ("flower_sim", "flower")
 
 
 class ReplyLimits(_Strict):
@@ -454,13 +440,17 @@ class ReplyLimits(_Strict):
 
 
 class RuntimeConfig(_Strict):
-    """Transport: ``local`` (in-process), ``flower-sim`` or ``flower`` (deployment).
+    """Transport: ``name`` is a registered runtime (``local``, ``flower-sim``, ``flower``,
+    or one :func:`~fedkt.runtime.registry.register_runtime` adds).
 
-    ``timeout``, ``torch_threads`` and ``device`` apply to every transport; a
-    transport's own settings are in its section (``flower_sim``, ``flower``).
+    ``timeout``, ``torch_threads`` and ``device`` apply to every transport; a runtime's own
+    settings are its section, ``runtime.<name with - as _>`` (``flower_sim``, ``flower``),
+    validated by the model it registered.  A config's ``runtime`` is an instance of
+    :func:`runtime_config_class`: this class with those sections as fields.
     """
 
-    name: Literal["local", "flower-sim", "flower"] = "local"
+    # The runtime that runs the job (fedkt.runtime.registry).
+    name: str = "local"
     # Seconds to wait for a client's reply before excluding it.
     timeout: float = Field(3600.0, gt=0)
     # torch intra-op threads for client and server work (None: one per physical core, or
@@ -470,10 +460,23 @@ class RuntimeConfig(_Strict):
     # local runtime: client k runs on client_devices[k % len] (round-robin over GPUs, e.g.
     # [cuda:1, cuda:2]); None: runtime.device. A client model's own `device` wins.
     client_devices: list[str] | None = Field(None, min_length=1)
-    flower_sim: FlowerSimSettings = Field(default_factory=FlowerSimSettings)
-    flower: FlowerSettings = Field(default_factory=FlowerSettings)
     # What a client's reply may hold at most (server side).
     limits: ReplyLimits = Field(default_factory=ReplyLimits)
+    # The runtimes' sections this class holds: section -> runtime name.
+    sections: ClassVar[dict[str, str]] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from fedkt.runtime.registry import available_runtimes, unknown_runtime
+
+        if value not in available_runtimes():
+            raise ValueError(unknown_runtime(value))
+        return value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by value: a class made by :func:`runtime_config_class` has no import path."""
+        return _runtime_from_dump, (self.model_dump(), type(self) is RuntimeConfig)
 
     @field_validator("device")
     @classmethod
@@ -503,8 +506,12 @@ class RuntimeConfig(_Strict):
         each moves into its section, with a FutureWarning naming the new key."""
         if not isinstance(values, dict):
             return values
+        from fedkt.runtime.registry import runtime_sections
+
+        models = {section: model for section, (_, model) in runtime_sections().items()
+                  if section in _MOVED_SECTIONS and section in cls.model_fields}
         moved = {key: section for key in values if key not in cls.model_fields
-                 for section, model in _RUNTIME_SECTIONS.items() if key in model.model_fields}
+                 for section, model in models.items() if key in model.model_fields}
         if not moved:
             return values
         values = dict(values)
@@ -523,6 +530,40 @@ class RuntimeConfig(_Strict):
             warnings.warn(f"runtime.{key} is now {new}", FutureWarning, stacklevel=1)
             values[section] = {**given, key: values.pop(key)}
         return values
+
+
+@functools.cache
+def _runtime_class(sections: tuple[tuple[str, str, type[BaseModel]], ...]
+                   ) -> type[RuntimeConfig]:
+    if not sections:
+        return RuntimeConfig
+    taken = [s for s, _, _ in sections if s in RuntimeConfig.model_fields]
+    if taken:
+        raise ConfigError(f"runtime.{taken[0]}: a runtime's settings section may not be named "
+                          "as a key every runtime has; rename the runtime")
+    cls = create_model(
+        "RuntimeConfig", __base__=RuntimeConfig, __module__=__name__,
+        **{section: (model, Field(default_factory=model)) for section, _, model in sections})
+    cls.sections = {section: name for section, name, _ in sections}
+    return cls
+
+
+def runtime_config_class(values: dict[str, Any] | None = None) -> type[RuntimeConfig]:
+    """:class:`RuntimeConfig` with the sections of the runtimes registered now: every
+    built-in runtime's, and that of the runtime ``values`` names or whose section it gives
+    (so a config that does not use a plugin runtime never carries its section)."""
+    from fedkt.runtime.registry import BUILT_IN, runtime_sections
+
+    values = values or {}
+    wanted = {section for section, (name, _) in runtime_sections().items()
+              if name in BUILT_IN or name == values.get("name") or section in values}
+    return _runtime_class(tuple((section, name, model) for section, (name, model)
+                                in runtime_sections().items() if section in wanted))
+
+
+def _runtime_from_dump(data: dict[str, Any], plain: bool) -> RuntimeConfig:
+    cls = RuntimeConfig if plain else runtime_config_class(data)
+    return cls.model_validate(data)
 
 
 class SecureAggregationConfig(_Strict):
@@ -743,7 +784,9 @@ class RunConfig(_Strict):
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
     data: DataConfig
     training: TrainingConfig = Field(default_factory=TrainingConfig)
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    # The transport (runtime.name) and its settings; validated as runtime_config_class.
+    runtime: SerializeAsAny[RuntimeConfig] = Field(
+        default_factory=lambda: runtime_config_class()())
     eval: EvalConfig = Field(default_factory=EvalConfig)
     secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
     differential_privacy: DifferentialPrivacyConfig = Field(
@@ -759,6 +802,18 @@ class RunConfig(_Strict):
             values = dict(values)
             values["method"] = _validate_method(values["method"])
         return values
+
+    @field_validator("runtime", mode="wrap")
+    @classmethod
+    def _runtime_sections(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Validate ``runtime`` with the sections of the registered runtimes it uses."""
+        if isinstance(value, dict):
+            runtime = runtime_config_class(value)
+            own = [s for s, name in runtime.sections.items() if name == value.get("name")]
+            if own and own[0] not in value:  # its required settings are named if missing
+                value = {**value, own[0]: {}}
+            return runtime.model_validate(value)
+        return handler(value)
 
     @model_validator(mode="after")
     def _precision_fits_device(self) -> RunConfig:
@@ -1010,8 +1065,14 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         nested = [a for a in typing.get_args(ann) or (ann,)
                   if isinstance(a, type) and issubclass(a, BaseModel)]
         if nested and name != "method":
-            rows += _rows(nested[0], f"{key}.")
+            # runtime: with the built-in runtimes' sections (a plugin's are its own docs)
+            sub = runtime_config_class() if nested[0] is RuntimeConfig else nested[0]
+            rows += _rows(sub, f"{key}.")
             continue
+        if key == "runtime.name":
+            from fedkt.runtime.registry import BUILT_IN
+
+            ann = Literal[BUILT_IN]  # or a runtime a plugin registers
         if info.is_required():
             default = "required"
         elif info.default_factory is not None:
@@ -1042,8 +1103,11 @@ Lists of models are indexed: `--set clients.models.0.name=tiny-gpt2`.
 Speed settings (`training.precision`, `runtime.torch_threads`, bf16 on CPUs and GPUs):
 [performance](performance.md).
 
-`runtime`: `timeout`, `torch_threads` and `device` apply to every transport; each
-transport's own settings are a section (`runtime.flower_sim.*`, `runtime.flower.*`). The
+`runtime`: `runtime.name` is a registered runtime: the built-in ones below, or one a
+plugin adds with `fedkt.runtime.registry.register_runtime` (docs/architecture.md,
+runtimes). `timeout`, `torch_threads` and `device` apply to every transport; each
+runtime's own settings are a section named after it (`runtime.flower_sim.*`,
+`runtime.flower.*`), validated by the model the runtime registers. The
 flat keys of earlier versions (`runtime.client_cpus`, `runtime.superlink`, ...) still
 work: they move into their section with a `FutureWarning` naming the new key; giving
 both the old and the new key is an error. Renamed method keys load the same way

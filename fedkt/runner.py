@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,12 +294,8 @@ def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
     (after its rows are logged), so a crash in between runs the round again."""
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (SERVER_STATE + ".tmp")
-    try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
-        os.replace(tmp, folder / SERVER_STATE)
-    finally:
-        tmp.unlink(missing_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    atomic_write(folder / SERVER_STATE, lambda tmp: save_file(tensors, str(tmp)))
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
     return {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
 
@@ -427,13 +422,3 @@ def _record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
 def run(cfg: RunConfig, *, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
     """Run a job on the runtime its config names (:mod:`fedkt.runtime.registry`)."""
     return get_runtime(cfg.runtime.name)(cfg, run_job, resume=resume, quiet=quiet)
-
-
-def final_metrics(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Last test metrics of each participant (for comparing runs)."""
-    out: dict[str, dict[str, float]] = {}
-    for row in rows:
-        if row.get("split") == "test":
-            out[row["participant"]] = {k: v for k, v in row.items()
-                                       if k not in ("round", "participant", "split")}
-    return json.loads(json.dumps(out))

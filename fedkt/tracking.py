@@ -601,14 +601,38 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
+def atomic_write(path: Path, data: str | bytes | Callable[[Path], object], *,
+                 mode: int | None = None, durable: bool = True) -> None:
+    """Write ``path`` via a temporary file beside it and ``os.replace``: a reader sees the
+    old file or the whole new one, never a part; a failed write leaves no temporary file.
+
+    ``data``: text (UTF-8), bytes, or a function that writes the file at the path it is
+    given (``lambda tmp: save_file(tensors, str(tmp))``).  ``mode``: the new file's
+    permissions (``0o600``: a private key; text and bytes have them from the file's
+    creation on, less the umask); None: the default.
+    ``durable``: fsync before the rename, so that the new file survives a power loss too.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        if callable(data):
+            data(tmp)
+            if mode is not None:  # the writer may create the file its own way
+                os.chmod(tmp, mode)
+            if durable:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        else:
+            raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                         0o666 if mode is None else mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(raw)
+                fh.flush()
+                if durable:
+                    os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -42,6 +42,15 @@ def small_config(run_dir: Path, *overrides: str, method: str = "fedavg") -> RunC
     return parse_config(apply_overrides(data, list(overrides)), "test config")
 
 
+def final_test_rows(rows: list[dict]) -> dict[str, dict]:
+    """Each participant's last test row (timings and its round aside), from run_job's rows
+    (as metrics.jsonl holds them): for comparing two runs' final numbers."""
+    from fedkt.tracking import without_timings
+
+    return {r["participant"]: {k: v for k, v in r.items() if k not in ("round", "split")}
+            for r in without_timings(rows) if r.get("split") == "test"}
+
+
 @pytest.fixture
 def make_config(tmp_path):
     def make(*overrides: str, method: str = "fedavg", name: str = "run") -> RunConfig:

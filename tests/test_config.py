@@ -20,7 +20,8 @@ def test_defaults_follow_the_papers():
 
 @pytest.mark.parametrize("patch, key, hint", [
     ({"rounds": 0}, "rounds", "greater than or equal to 1"),
-    ({"runtime": {"name": "ray"}}, "runtime.name", "'local', 'flower-sim' or 'flower'"),
+    ({"runtime": {"name": "ray"}}, "runtime.name",
+     "unknown runtime 'ray'; registered: flower, flower-sim, local"),
     ({"training": {"lr": -1}}, "training.lr", "greater than 0"),
     ({"trainig": {}}, "trainig", "unknown key"),
     ({"method": {"name": "fedavg", "weigthed": True}}, "method.weigthed", "unknown key"),

@@ -10,10 +10,11 @@ from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
 from fedkt.faults import FaultyTransport, persistent_plan
-from fedkt.runner import SERVER_STATE, client_state_root, final_metrics, run_job
+from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
+from tests.conftest import final_test_rows
 
 
 def _faulty(cfg, faulty):
@@ -42,7 +43,7 @@ def test_persistent_faults_equal_participants_only_run(make_config):
     # ... and not merely the initial adapter: training moved it.
     assert any(not torch.equal(a[k], v) for k, v in load_file(
         str(RunRecorder(cfg.run_dir, resume=True).checkpoint_dir(1) / SERVER_STATE)).items())
-    got, want = final_metrics(rows), final_metrics(clean)
+    got, want = final_test_rows(rows), final_test_rows(clean)
     assert set(want) == {"server", "client_0", "client_3"}
     assert {k: got[k] for k in want} == want
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedkt.tracking import RunRecorder, main_metric, metric_keys, run_wall_time
+from fedkt.tracking import RunRecorder, atomic_write, main_metric, metric_keys, run_wall_time
 
 
 def _log_run(rec: RunRecorder, rounds: int = 3) -> None:
@@ -144,6 +144,43 @@ def test_checkpoints_latest_and_prune(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert rec.last_complete_round() == 4
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_atomic_write_of_text_bytes_and_a_writer_function(tmp_path, monkeypatch):
+    """The one temp-file-then-rename write: text, bytes (with the file's mode from its
+    creation on: a private key), or a function writing the temporary path
+    (safetensors); a failure leaves the old file and no temporary file."""
+    import os
+    import stat
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    atomic_write(tmp_path / "a.txt", "é\n")
+    assert (tmp_path / "a.txt").read_bytes() == "é\n".encode()
+    key = tmp_path / "node.key"
+    atomic_write(key, b"secret", mode=0o600)
+    assert key.read_bytes() == b"secret" and stat.S_IMODE(key.stat().st_mode) == 0o600
+    state = {"w": torch.arange(3.0)}
+    path = tmp_path / "s.safetensors"
+    atomic_write(path, lambda tmp: save_file(state, str(tmp)), mode=0o640, durable=False)
+    assert torch.equal(load_file(str(path))["w"], state["w"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+    def fail(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, fail)
+    monkeypatch.setattr("fedkt.tracking.os.replace", lambda src, dst: (_ for _ in ()).throw(
+        OSError("read-only")))
+    with pytest.raises(OSError, match="read-only"):
+        atomic_write(tmp_path / "a.txt", "new")
+    monkeypatch.undo()
+    assert torch.equal(load_file(str(path))["w"], state["w"])
+    assert (tmp_path / "a.txt").read_text(encoding="utf-8") == "é\n"
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "node.key", "s.safetensors"]
 
 
 def test_corrupt_latest_is_reported(tmp_path):

@@ -93,17 +93,6 @@ class TopKLogits:
                     else losses.detach().to(torch.float32)),
         )
 
-    def to_tensors(self) -> dict[str, torch.Tensor]:
-        """The tensors to put in a payload (``vocab_size`` travels separately)."""
-        return {name: getattr(self, name) for name in _DTYPES}
-
-    @classmethod
-    def from_tensors(cls, d: dict[str, torch.Tensor], vocab_size: int) -> TopKLogits:
-        missing = [name for name in _DTYPES if name not in d]
-        if missing:
-            raise ValueError(f"top-K payload lacks field(s) {missing}")
-        return cls(vocab_size=int(vocab_size), **{name: d[name] for name in _DTYPES})
-
     def validate(self, vocab_size: int, k: int, source: str) -> TopKLogits:
         """Check shapes, dtypes, K, ids and values; ``ValueError`` names source and field."""
 

@@ -21,6 +21,8 @@ from fedkt.data.records import (
     clear_cache,
     list_builtin,
     load_dataset_records,
+    register_reader,
+    registered_suffixes,
 )
 from fedkt.data.splits import FederatedData, client_splits, make_splits, partition
 
@@ -43,6 +45,8 @@ __all__ = [
     "mc_view",
     "pad_token_id",
     "partition",
+    "register_reader",
+    "registered_suffixes",
     "special_prefix",
     "tokenize_pairs",
 ]

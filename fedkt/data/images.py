@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import TensorDataset
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -79,9 +78,6 @@ class ImageData(NamedTuple):
     images: Tensor
     labels: Tensor
     class_names: list[str]
-
-    def to_dataset(self) -> TensorDataset:
-        return TensorDataset(self.images, self.labels)
 
     @property
     def num_classes(self) -> int:

@@ -26,7 +26,8 @@ import csv
 import functools
 import json
 import math
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -275,11 +276,53 @@ def _read_csv(path: Path) -> _Rows:
             raise DataError(f"{path} line {reader.line_num + 1}: not valid CSV ({exc})") from None
 
 
+# suffix (".jsonl") -> reader; built-ins below, more with register_reader.
 _READERS: dict[str, Callable[[Path], _Rows]] = {
     ".jsonl": _read_jsonl,
     ".json": _read_json,
     ".csv": _read_csv,
 }
+
+
+Reader = Callable[[Path], Iterable[dict[str, Any]]]
+
+
+def register_reader(suffix: str, fn: Reader) -> Reader:
+    """Make ``fn`` read local data files ending in ``suffix`` (``".parquet"``).
+
+    ``fn(path)`` returns or yields the file's rows, each a dict of its fields (mapped to
+    fedkt's with ``data.dataset.fields`` as any source's); a folder given as
+    ``data.dataset.path`` finds ``<split><suffix>`` too.  A row that is not a dict fails
+    the load, naming the file and the record.  Registering a suffix again replaces its
+    reader.  A Flower client loads its data itself: import the module that registers the
+    reader there too (``FEDKT_PLUGINS``).
+    """
+    if not (isinstance(suffix, str) and re.fullmatch(r"\.[A-Za-z0-9_-]+", suffix)):
+        raise ValueError(f"register_reader: suffix {suffix!r} must be a file suffix such as "
+                         "'.parquet' (a dot, then letters, digits, '_' or '-')")
+    if not callable(fn):
+        raise TypeError(f"register_reader({suffix!r}): fn must be a function of the file's "
+                        f"path, got {type(fn).__name__}")
+
+    def read(path: Path) -> _Rows:
+        for n, row in enumerate(fn(path), start=1):
+            where = f"{path} record {n}"
+            yield where, _check_row(where, row)
+
+    _READERS[suffix.lower()] = read
+    clear_cache()  # a dataset read before may read differently now
+    return fn
+
+
+def registered_suffixes() -> list[str]:
+    """The file suffixes a local data file may have (``.jsonl``, ``.json``, ``.csv``, and
+    those :func:`register_reader` added)."""
+    return list(_READERS)
+
+
+def _suffixes(split: str | None = None) -> str:
+    names = [f"'{split}{s}'" if split else s for s in _READERS]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def _read_path(path: Path, split: str) -> tuple[_Rows, Any]:
@@ -297,12 +340,13 @@ def _read_path(path: Path, split: str) -> tuple[_Rows, Any]:
                 break
         else:
             raise DataError(
-                f"{path} is a folder without a '{split}.jsonl', '{split}.json' or '{split}.csv' "
-                "file and is not a `datasets` save_to_disk folder"
+                f"{path} is a folder without a {_suffixes(split)} file and is not a "
+                "`datasets` save_to_disk folder"
             )
     suffix = path.suffix.lower()
     if suffix not in _READERS:
-        raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .csv")
+        raise DataError(f"{path}: unsupported file type {suffix!r}; use {_suffixes()} "
+                        "(register_reader adds a reader)")
     return _READERS[suffix](path), features
 
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from fedkt.tracking import atomic_write
 
 if TYPE_CHECKING:
     from fedkt.config import RunConfig
@@ -207,9 +208,7 @@ def save_results(run_dir: Path, participant: str, out: dict[str, Any], **meta: A
               **{k: out.get(k) for k in ("results", "versions", "n-shot", "n-samples",
                                          "higher_is_better", "configs")}}
     path = folder / f"{participant}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(record, indent=2, default=_json_default) + "\n")
     return path
 
 

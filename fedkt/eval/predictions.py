@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedkt.tracking import PREDICTIONS_DIR
+from fedkt.tracking import PREDICTIONS_DIR, atomic_write
 
 __all__ = [
     "PREDICTIONS_DIR",
@@ -217,13 +216,7 @@ def write_predictions(run_dir: Path | str, rnd: int, participant: str,
     for scope_name, table in tables.items():
         blob = table if isinstance(table, bytes) else table.to_bytes()
         path = folder / _file_name(participant, scope_name)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(blob)
-            os.replace(tmp, path)
-        except BaseException:  # disk full, read-only: leave no temporary file behind
-            tmp.unlink(missing_ok=True)
-            raise
+        atomic_write(path, blob, durable=False)
         written.append(path)
     return written
 

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from fedkt.config import MethodConfig, RunConfig
 from fedkt.methods.holdings import Holdings, Version, version_field
 from fedkt.payload import Payload, PayloadError
+from fedkt.tracking import atomic_write
 
 log = logging.getLogger("fedkt.methods")
 
@@ -136,9 +137,8 @@ class ClientContext:
         """Keep tensors on this client's disk for later rounds."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self.state_dir / f"{name}.r{self.rnd:05d}s{self.step:03d}.safetensors"
-        tmp = path.with_suffix(".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
-        tmp.replace(path)
+        flat = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        atomic_write(path, lambda tmp: save_file(flat, str(tmp)), durable=False)
         self._prune(name)
         return path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,10 +29,17 @@ _REGISTERED_BY: dict[str, str] = {}  # name -> the module whose import registere
 _PACKAGE = Path(__file__).resolve().parent
 
 
-def register(method: Method) -> Method:
-    """Make a method available under ``method.name``."""
+def register(method: Method, *, module: str | None = None) -> Method:
+    """Make a method available under ``method.name``.
+
+    ``module``: what a fresh process (a Flower client) imports to have it registered too;
+    by default the module that called ``register`` (not the server's, which may be one
+    of fedkt's: a plugin variant of ``FedMKTServer``).
+    """
+    if module is None:
+        module = sys._getframe(1).f_globals.get("__name__", "__main__")
     _REGISTRY[method.name] = method
-    _REGISTERED_BY[method.name] = method.server.__module__
+    _REGISTERED_BY[method.name] = module
     return method
 
 

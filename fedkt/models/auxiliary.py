@@ -270,15 +270,6 @@ def build_auxiliary(config: dict[str, Any], state: dict[str, torch.Tensor], spec
     return model
 
 
-def _real_layers(model: nn.Module) -> nn.ModuleList:
-    base = unwrap(model)
-    path = layer_list_path(base)
-    parent_path, _, attr = path.rpartition(".")
-    parent = _get(base, parent_path) if parent_path else base
-    shared = getattr(parent, SHARED, None)
-    return shared if isinstance(shared, nn.ModuleList) else getattr(parent, attr)
-
-
 def aux_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The auxiliary model's weights under :func:`cut_state` names (CPU copies)."""
     base = unwrap(model)

@@ -17,7 +17,6 @@ Used by :mod:`fedkt.runtime.flower_sim` (in-process apps) and by
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
@@ -30,6 +29,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedkt.plugins import PLUGINS_ENV, import_plugins
 from fedkt.runtime.base import ALLOW_REMOTE_CODE_KEY, handle_request, truthy
 from fedkt.runtime.envelope import ERROR, TransportError
 from fedkt.runtime.secagg import secure_fit
@@ -42,7 +42,6 @@ RECORD = "fedkt"  # record (and array) name carrying the bytes
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 STATE_DIR = "state-dir"
-PLUGINS_ENV = "FEDKT_PLUGINS"
 
 # Keys of the Flower run config the ServerApp reads (see flower_app/pyproject.toml).
 CFG_YAML = "fedkt-config"
@@ -60,23 +59,6 @@ class FlowerTransportError(TransportError):
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def import_plugins(modules: Iterable[str] | str | None = None) -> None:
-    """Import modules that register extra methods: ``"pkg.mod"`` or ``"pkg.mod:function"``.
-
-    Items are comma-separated (or a list); with ``:function`` that function is
-    called after the import (e.g. to register a method).  The ``FEDKT_PLUGINS``
-    environment variable is always honoured as well.
-    """
-    if isinstance(modules, str):
-        modules = modules.split(",")
-    names = [*(modules or []), *os.environ.get(PLUGINS_ENV, "").split(",")]
-    for spec in dict.fromkeys(n.strip() for n in names if n.strip()):
-        module_name, _, func = spec.partition(":")
-        module = importlib.import_module(module_name)
-        if func:
-            getattr(module, func)()
 
 
 def method_plugins(method_name: str) -> list[str]:

@@ -23,17 +23,25 @@ def make_topk(n: int = 3, length: int = 5, k: int = 4, vocab: int = 50,
 
 
 def test_bytes_per_entry_and_roundtrip():
+    """Through the one wire format, :func:`fedkt.alignment.knowledge.pack_topk`: only real
+    positions travel, 6 bytes an entry."""
+    from fedkt.alignment.knowledge import pack_topk, packed_entries, unpack_topk
+    from fedkt.payload import PayloadError
+
     t = make_topk()
     assert t.bytes_per_entry == 6
     assert t.values.dtype == torch.float16 and t.indices.dtype == torch.int32
-    d = t.to_tensors()
+    d = pack_topk(t)
     assert set(d) == {"sample_ids", "values", "indices", "lengths", "losses"}
-    back = TopKLogits.from_tensors(d, vocab_size=50).validate(50, 4, "client 0")
+    entries = int(t.lengths.sum())
+    assert packed_entries(d) == (entries * 4, entries * 4 * t.bytes_per_entry)
+    back = unpack_topk(d, 50, 4, "client 0")
     for name in d:
-        assert torch.equal(getattr(back, name), d[name])
-    assert back.nbytes == sum(v.numel() * v.element_size() for v in d.values())
-    with pytest.raises(ValueError, match="lacks"):
-        TopKLogits.from_tensors({"values": d["values"]}, vocab_size=50)
+        assert torch.equal(getattr(back, name), getattr(t, name)[:, : back.values.shape[1]]
+                           if name in ("values", "indices") else getattr(t, name))
+    assert back.nbytes == t.nbytes
+    with pytest.raises(PayloadError, match="lacks"):
+        unpack_topk({"values": d["values"]}, 50, 4, "client 0")
 
 
 def test_from_logits_keeps_the_largest():

@@ -8,6 +8,7 @@ payload inspection clean, resume exact: ``tests/methods/test_conformance.py``).
 
 from __future__ import annotations
 
+import ast
 import importlib
 import shutil
 from pathlib import Path
@@ -38,7 +39,7 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
         assert "unknown method 'toy'" in str(exc)
     toy = importlib.import_module("toy_method")  # registers it, as a plugin import would
     assert get_method("toy") is toy.METHOD and "toy" in available()
-    assert registry.plugin_module("toy") == "toy_method.algorithm"  # fresh processes import it
+    assert registry.plugin_module("toy") == "toy_method"  # fresh processes import it
     assert get_method("fedavg") is not toy.METHOD
     # The copy carries its declaration (uploads, tiny config): it conforms like any method ...
     got = without_timings(check_method("toy", tmp_path / "conformance").run.rows)
@@ -53,3 +54,34 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
             assert (w["bytes_sent"] - g["bytes_sent"]) % 3 == 0 and \
                 0 < w["bytes_sent"] - g["bytes_sent"] < 100
             assert g["bytes_received"] == w["bytes_received"]
+
+
+def test_the_template_is_fully_typed():
+    """``fedkt/methods/fedavg/``, the folder a newcomer copies: every function's parameters
+    (but ``self``/``cls``) and its return are annotated, and every attribute a server sets
+    is declared, typed, on its class."""
+    functions, missing = 0, []
+    for path in sorted((ROOT / "fedkt" / "methods" / "fedavg").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions += 1
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs,
+                          *filter(None, [a.vararg, a.kwarg])]
+                missing += [f"{path.name}:{node.lineno} {node.name}({p.arg})" for p in params
+                            if p.annotation is None and p.arg not in ("self", "cls")]
+                if node.returns is None:
+                    missing.append(f"{path.name}:{node.lineno} {node.name} -> ?")
+            if isinstance(node, ast.ClassDef):
+                declared = {n.target.id for n in node.body
+                            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+                for fn in node.body:
+                    if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+                        continue
+                    missing += [f"{path.name}:{t.lineno} {node.name}.{t.attr} (undeclared)"
+                                for t in ast.walk(fn) if isinstance(t, ast.Attribute)
+                                and isinstance(t.ctx, ast.Store)
+                                and isinstance(t.value, ast.Name) and t.value.id == "self"
+                                and t.attr not in declared]
+    assert functions >= 8 and not missing, missing

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from fedkt.runner import client_state_root, final_metrics, run_job
+from fedkt.runner import client_state_root, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
+from tests.conftest import final_test_rows
 from tests.fault_injection import client_faults
 
 
@@ -57,7 +58,7 @@ def test_same_seed_same_numbers_other_seed_differs(make_config):
     b = _run(make_config(name="b"), quiet=True)
     c = _run(make_config("seed=1", name="c"), quiet=True)
     assert _numbers(a) == _numbers(b)
-    assert final_metrics(a)["server"]["loss"] != final_metrics(c)["server"]["loss"]
+    assert final_test_rows(a)["server"]["loss"] != final_test_rows(c)["server"]["loss"]
 
 
 @pytest.mark.slow  # tests/test_cli.py runs the same failure and resume through the CLI

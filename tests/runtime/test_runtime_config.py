@@ -8,7 +8,14 @@ import warnings
 import pytest
 import yaml
 
-from fedkt.config import ConfigError, FlowerSettings, FlowerSimSettings, RuntimeConfig, load_config
+from fedkt.config import (
+    ConfigError,
+    FlowerSettings,
+    FlowerSimSettings,
+    RuntimeConfig,
+    load_config,
+    runtime_config_class,
+)
 from fedkt.payload import Payload
 from fedkt.runtime.base import RuntimeClients, client_view, envelope_config
 from fedkt.runtime.local import LocalTransport
@@ -19,8 +26,9 @@ MOVED = {"client_cpus": ("flower_sim", 2.0), "client_gpus": ("flower_sim", 0.5),
          "insecure": ("flower", False), "root_certificates": ("flower", "ca.crt")}
 
 
-def test_sections_hold_each_transports_settings_with_unchanged_defaults():
-    rt = RuntimeConfig()
+def test_sections_hold_each_transports_settings_with_unchanged_defaults(make_config):
+    rt = runtime_config_class()()
+    assert make_config().runtime == rt.model_copy(update={"torch_threads": 1})
     assert (rt.name, rt.timeout, rt.torch_threads, rt.device) == ("local", 3600.0, None, "auto")
     assert rt.flower_sim == FlowerSimSettings(client_cpus=1.0, client_gpus=0.0)
     assert rt.flower == FlowerSettings(superlink="127.0.0.1:9093", federation=None,
@@ -146,4 +154,4 @@ def test_a_run_folder_written_before_the_sections_resumes_without_warnings(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = _run_config(tmp_path, [f"output_dir={tmp_path}"])
-    assert cfg.runtime == RuntimeConfig(torch_threads=1)
+    assert cfg.runtime == runtime_config_class()(torch_threads=1)

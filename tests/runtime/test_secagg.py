@@ -11,10 +11,11 @@ from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
 from fedkt.payload import loads
-from fedkt.runner import SERVER_STATE, final_metrics, run, run_job
+from fedkt.runner import SERVER_STATE, run, run_job
 from fedkt.runtime.base import RoundError, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.runtime.secagg import REST
+from tests.conftest import final_test_rows
 from tests.fault_injection import client_faults
 
 SECURE = ("secure_aggregation.enabled=true", "secure_aggregation.max_weight=64")
@@ -60,7 +61,7 @@ def test_secure_fedavg_equals_plain_and_the_server_sees_only_masked_vectors(make
     assert set(a) == set(b)
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     assert 0 < diff < ATOL  # the plain mean up to SecAgg+'s quantisation, not bit-equal
-    assert final_metrics(rows)["server"]["accuracy"] == final_metrics(rows_plain)["server"][
+    assert final_test_rows(rows)["server"]["accuracy"] == final_test_rows(rows_plain)["server"][
         "accuracy"]
 
     # What the server received: keys, encrypted shares, masked vectors, key shares; the

@@ -18,6 +18,8 @@ recovered from their neighbours' key shares.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 
 from fedkt.errors import ConfigError
@@ -27,26 +29,27 @@ from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, trai
 
 from .config import AdapterAveragingConfig, FedAvgConfig
 
-Adapter = dict[str, torch.Tensor]
+Adapter = dict[str, torch.Tensor]  # a PEFT adapter's weights by name
+A = TypeVar("A", bound=AdapterAveragingConfig)  # the config of a method that averages one
 
 
 # --------------------------------------------------------------------------- server side
 
 
-def average_client_adapters(server: Server, clients: Clients, adapter: Adapter
+def average_client_adapters(server: Server[A], clients: Clients, adapter: Adapter
                             ) -> tuple[Adapter, dict[str, float]]:
     """Broadcast ``adapter``, let every client train it, return the (weighted) average.
 
     With ``secure_aggregation`` on the runtime aggregates by SecAgg+ and the server
     never sees a client's adapter.
     """
-    cfg: AdapterAveragingConfig = server.method
     msg = Payload(adapter=adapter)
     replies, new = clients.aggregate("train", {cid: msg for cid in clients.ids},
-                                     field="adapter", like=adapter, weighted=cfg.weighted)
+                                     field="adapter", like=adapter,
+                                     weighted=server.method.weighted)
     loss = mean_number(replies, "train_loss", [c for c, r in replies.items()
                                                if r.get("num_examples")])
-    metrics = {"train/loss": loss} if loss is not None else {}
+    metrics: dict[str, float] = {"train/loss": loss} if loss is not None else {}
     return new, metrics
 
 
@@ -65,7 +68,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     lm.reset(received)
     stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), desc=f"{ctx.name} train")
     n = stats["num_examples"]
-    metrics = {"train/steps": stats["steps"], **client_test_metrics(ctx, lm)}
+    metrics: dict[str, float] = {"train/steps": stats["steps"], **client_test_metrics(ctx, lm)}
     if n:  # a client without data has no loss (NaN is not JSON); the server skips it
         metrics["train/loss"] = stats["loss"]
     return Payload(adapter=ctx.privatize(lm.trainable(), received), num_examples=n,
@@ -76,6 +79,11 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
 
 
 class FedAvgServer(Server[FedAvgConfig]):
+    """The server's side of FedAvg: it holds the global adapter theta."""
+
+    lm: LM  # the shared client model, which evaluates theta
+    adapter: Adapter  # theta
+
     def setup(self) -> None:
         models = {m.model_dump_json(exclude={"lr"}) for m in self.cfg.clients.models}
         if len(models) > 1:
@@ -83,7 +91,7 @@ class FedAvgServer(Server[FedAvgConfig]):
         self.lm = client_lm(self.cfg, 0)
         self.adapter = self.lm.trainable()
 
-    def round(self, rnd: int, clients) -> dict[str, float]:
+    def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         # 1. broadcast theta; 2. clients train locally; 3. (secure) weighted average
         self.adapter, metrics = average_client_adapters(self, clients, self.adapter)
         return metrics
@@ -94,8 +102,8 @@ class FedAvgServer(Server[FedAvgConfig]):
     def server_model(self) -> LM:
         return self.lm.reset(self.adapter)
 
-    def state_dict(self):
+    def state_dict(self) -> Adapter:
         return dict(self.adapter)
 
-    def load_state_dict(self, state) -> None:
+    def load_state_dict(self, state: Adapter) -> None:
         self.adapter = dict(state)

@@ -295,6 +295,9 @@ def _client_public(ctx: ClientContext, lm: LM) -> PublicSet:
     return PublicSet.build(ctx.cfg, lm.tokenizer, ctx.data().public)
 
 
+_TOPK_FIELDS = ("sample_ids", "values", "indices", "lengths", "losses")  # a reused S's tensors
+
+
 def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogits | Tensor:
     """A model's knowledge of D_p: its knowledge set S (the top-K logits along the gold
     answers, the paper) or, with ``knowledge: choices``, its [N, C] choice posteriors."""
@@ -304,14 +307,15 @@ def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogit
     def compute() -> dict[str, Tensor]:
         s = knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
                           reduction=m.selection_loss)
-        return {**s.to_tensors(), "vocab_size": torch.tensor([s.vocab_size])}
+        return {**{f: getattr(s, f) for f in _TOPK_FIELDS},
+                "vocab_size": torch.tensor([s.vocab_size])}
 
     with autocast(cfg, lm.model):  # a model, public set and settings seen before: reused
         got = reuse.tensors(cfg.eval.reuse, "topk", lm.model, lm.tokenizer,
                             {"public": public.seqs, "pad_id": public.pad_id, "k": m.top_k,
                              "batch_size": cfg.eval.batch_size,
                              "reduction": m.selection_loss}, compute)
-    return TopKLogits.from_tensors(got, int(got["vocab_size"][0]))
+    return TopKLogits(vocab_size=int(got["vocab_size"][0]), **{f: got[f] for f in _TOPK_FIELDS})
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:

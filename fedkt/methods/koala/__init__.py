@@ -18,13 +18,12 @@ from .losses import (
     forward_distillation_loss,
     hete_soft_labels,
     homo_soft_labels,
-    reverse_distillation_loss,
 )
 from .reductions import client_reductions
 
 __all__ = ["METHOD", "BridgingMatrix", "KoalaConfig", "KoalaServer", "client_reductions",
            "client_train", "client_update", "forward_distillation_loss", "hete_soft_labels",
-           "homo_soft_labels", "reverse_distillation_loss"]
+           "homo_soft_labels"]
 
 METHOD = register(Method(
     name="koala", config=KoalaConfig, server=KoalaServer,

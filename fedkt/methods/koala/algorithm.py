@@ -51,6 +51,7 @@ from fedkt import reuse
 from fedkt.aggregation import fedavg
 from fedkt.data.images import DataSpec, data_spec, image_tensors
 from fedkt.errors import ConfigError
+from fedkt.losses import kl_div_from_probs
 from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
 from fedkt.models.vision import build_model, head_module
 from fedkt.payload import Payload
@@ -72,7 +73,6 @@ from .losses import (
     hete_soft_labels,
     homo_soft_labels,
     koala_soft_labels,
-    reverse_distillation_loss,
 )
 from .reductions import client_reductions
 
@@ -225,7 +225,8 @@ class KoalaServer(Server[KoalaConfig]):
                 return b[1]
 
         def loss_fn(head: nn.Module, b: list[Tensor]) -> Tensor:
-            return reverse_distillation_loss(head(b[0]), target(b), m.temperature)
+            logits = head(b[0])
+            return kl_div_from_probs(target(b), logits, m.temperature)  # Eqs. 3, 11
 
         return train_vision(
             self.head, data, loss_fn=loss_fn, epochs=m.reverse_epochs, batch_size=batch,

@@ -5,9 +5,11 @@ client's logits refined, integrated by sample count, softened); Eqs. 3 and 11: r
 distillation into the large model's adapter; Eqs. 12-17: forward distillation into a
 small model, output KL plus the feature MSE through the bridging matrix W.
 
-KL direction everywhere: the target distribution (the teacher's) is the first
-argument, KL(P_teacher || P_student) = sum P_teacher (log P_teacher - log P_student),
-at temperature T on both sides and without a T^2 factor, as the equations are written.
+One KL for every distillation step (Eqs. 3, 11, 12, 15): ``fedkt.losses.kl_div_from_probs``,
+the target distribution (the teacher's soft labels) its first argument,
+KL(P_teacher || P_student) = sum P_teacher (log P_teacher - log P_student), at
+temperature T on the student's logits and without a T^2 factor, as the equations are
+written.
 """
 
 from __future__ import annotations
@@ -29,10 +31,8 @@ __all__ = [
     "homo_soft_labels",
     "koala_feature_loss",
     "koala_integrate_logits",
-    "koala_kd_loss",
     "koala_refine_logits",
     "koala_soft_labels",
-    "reverse_distillation_loss",
 ]
 
 
@@ -90,21 +90,6 @@ def koala_soft_labels(integrated_logits: Tensor, temperature: float = 1.0) -> Te
     """KOALA Eq. 10: soft labels ``softmax(z_tilde / T)``."""
     check_temperature(temperature)
     return F.softmax(upcast(integrated_logits) / temperature, dim=-1)
-
-
-def koala_kd_loss(
-    student_logits: Tensor,
-    soft_labels: Tensor,
-    temperature: float = 1.0,
-    mask: Tensor | None = None,
-) -> Tensor:
-    """KOALA distillation loss (Eqs. 2-3 and 11): ``KL(soft_labels || softmax(z_s / T))``.
-
-    The model being trained (the large model in reverse distillation, a small model
-    in forward distillation) is the second argument of the KL, the soft labels the
-    first, as in Hinton-style distillation.
-    """
-    return kl_div_from_probs(soft_labels, student_logits, temperature, mask)
 
 
 class BridgingMatrix(nn.Module):
@@ -170,12 +155,6 @@ def hete_soft_labels(logits: list[Tensor], counts: list[float], amplification: f
     return koala_soft_labels(integrated, temperature)  # Eq. 10
 
 
-def reverse_distillation_loss(large_logits: Tensor, soft_labels: Tensor,
-                              temperature: float) -> Tensor:
-    """Eqs. 3 and 11: KL(soft labels || softmax(F(x) / T)); the large model is fitted."""
-    return koala_kd_loss(large_logits, soft_labels, temperature)
-
-
 def forward_distillation_loss(
     small: nn.Module,
     bridge: BridgingMatrix,
@@ -197,6 +176,6 @@ def forward_distillation_loss(
     """
     feats, logits = features_and_logits(small, x, small_layers)
     size = feature_size if large_features.dim() == 4 else 1
-    kd = koala_kd_loss(logits, large_probs, temperature)
+    kd = kl_div_from_probs(large_probs, logits, temperature)  # Eqs. 12, 15
     feat = koala_feature_loss(pool_features(feats, size), large_features, bridge)
     return kd + feature_weight * feat, kd, feat

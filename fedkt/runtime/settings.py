@@ -1,0 +1,40 @@
+"""The built-in runtimes' own settings: each model is the config section
+``runtime.<name with '-' as '_'>`` of the runtime that registers it
+(:func:`fedkt.runtime.registry.register_runtime`); pydantic only, so validating a config
+never imports a transport."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["FlowerSettings", "FlowerSimSettings", "RuntimeSettings"]
+
+
+class RuntimeSettings(BaseModel):
+    """Base of a runtime's settings section: unknown keys and NaN/inf are refused."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
+                              allow_inf_nan=False)
+
+
+class FlowerSimSettings(RuntimeSettings):
+    """``flower-sim``: resources per simulated client (a Ray actor each)."""
+
+    # CPUs each simulated client (a Ray actor) reserves.
+    client_cpus: float = Field(1.0, gt=0)
+    # GPUs (or a fraction of one) each simulated client reserves.
+    client_gpus: float = Field(0.0, ge=0)
+
+
+class FlowerSettings(RuntimeSettings):
+    """``flower`` (deployment): how ``fedkt run`` reaches the SuperLink."""
+
+    # The SuperLink's control address used by ``fedkt run``.
+    superlink: str = "127.0.0.1:9093"
+    # The Flower federation the job runs on (None: the SuperLink's default).
+    federation: str | None = None
+    # Plain HTTP to the SuperLink; false: TLS (see docs/deployment.md).
+    insecure: bool = True
+    # With insecure=false: CA certificate (PEM) that signed the SuperLink's
+    # certificate, e.g. ca.crt of `fedkt deploy certs` (None: the system's CAs).
+    root_certificates: str | None = None

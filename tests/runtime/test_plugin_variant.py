@@ -1,0 +1,50 @@
+"""A plugin's variant of a fedkt method, registered outside fedkt with one of fedkt's
+server classes (``tests/plugin_method.py``), runs on ``flower-sim``: the registry records
+the module that called ``register`` (not the server class's module, which is fedkt's and
+does not register the variant), so each Flower worker imports the plugin again."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from fedkt.methods import registry
+from fedkt.runner import run
+from tests.conftest import small_config
+from tests.plugin_method import NAME
+
+MODULE = "tests.plugin_method"
+
+
+@pytest.fixture
+def variant(monkeypatch):
+    """The variant registered for this test only, by importing its module."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTERED_BY", dict(registry._REGISTERED_BY))
+    monkeypatch.delitem(sys.modules, MODULE, raising=False)
+    return importlib.import_module(MODULE)
+
+
+def test_register_records_the_calling_module(variant):
+    assert variant.METHOD.server.__module__ == "fedkt.methods.fedavg.algorithm"
+    assert registry.plugin_module(NAME) == MODULE
+    registry.register(variant.METHOD, module="elsewhere.plugin")  # or the one it names
+    assert registry.plugin_module(NAME) == "elsewhere.plugin"
+    assert registry.plugin_module("fedavg") is None  # built in: found without an import
+
+
+# Ray and a tiny Llama in each worker: 279 s wall on 2 cores shared with other jobs (load
+# 11), well over the default run's budget.
+@pytest.mark.slow
+def test_a_plugin_variant_of_a_fedkt_server_runs_on_flower_sim(tmp_path, variant):
+    from tests.runtime.test_flower_sim import assert_same_rows
+
+    sets = ("rounds=1", "eval.clients=false")
+    sim = run(small_config(tmp_path / "a" / "sim", *sets, "runtime.name=flower-sim",
+                           "runtime.timeout=300", method=NAME), quiet=True)
+    local = run(small_config(tmp_path / "a" / "loc", *sets, method=NAME), quiet=True)
+    assert not [r for r in sim if "excluded" in r]
+    assert_same_rows(sim, local)
+    assert [r["participant"] for r in sim if r["round"] == 1].count("server") >= 1
