@@ -29,7 +29,7 @@ import yaml
 
 from fedkt import progress
 from fedkt.aggregation import fedavg
-from fedkt.config import RunConfig, RuntimeConfig, TrackingConfig, parse_config
+from fedkt.config import RunConfig, TrackingConfig, parse_config, runtime_config_class
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
 from fedkt.methods import get_method
@@ -97,8 +97,10 @@ def client_view(cfg: RunConfig) -> RunConfig:
     and experiment trackers, so requests are byte-identical whichever runtime, folder and
     trackers a run uses; ``eval.reuse`` travels as the envelope's fixed-width ``reuse``
     flag instead, so requests are the same size with it on or off."""
-    runtime = RuntimeConfig(torch_threads=cfg.runtime.torch_threads, device=cfg.runtime.device,
-                            client_devices=cfg.runtime.client_devices)
+    # The class a loaded config's runtime has (the built-in runtimes' sections, defaults).
+    runtime = runtime_config_class()(torch_threads=cfg.runtime.torch_threads,
+                                     device=cfg.runtime.device,
+                                     client_devices=cfg.runtime.client_devices)
     return cfg.model_copy(update={"output_dir": ".", "runtime": runtime,
                                   "tracking": TrackingConfig(),
                                   "eval": cfg.eval.model_copy(update={"reuse": True})})
