@@ -13,18 +13,24 @@ import pytest
 from fedkt.methods import registry
 from fedkt.runner import run
 from tests.conftest import small_config
-from tests.plugin_method import NAME
 
 MODULE = "tests.plugin_method"
+# Its name, not imported: importing the module at collection would register the variant
+# for the whole session (and into docs/configuration.md's reference).
+NAME = "fedavg_plugin_variant"
 
 
 @pytest.fixture
-def variant(monkeypatch):
-    """The variant registered for this test only, by importing its module."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_REGISTERED_BY", dict(registry._REGISTERED_BY))
-    monkeypatch.delitem(sys.modules, MODULE, raising=False)
-    return importlib.import_module(MODULE)
+def variant():
+    """The variant registered for this test only, by importing its module; removed after
+    (only it: the built-in methods its import registers stay registered)."""
+    sys.modules.pop(MODULE, None)
+    module = importlib.import_module(MODULE)
+    assert module.NAME == NAME
+    yield module
+    registry._REGISTRY.pop(NAME, None)
+    registry._REGISTERED_BY.pop(NAME, None)
+    sys.modules.pop(MODULE, None)
 
 
 def test_register_records_the_calling_module(variant):

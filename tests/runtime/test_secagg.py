@@ -161,6 +161,9 @@ def test_secure_aggregation_is_refused_where_the_server_needs_each_upload(make_c
         make_config("secure_aggregation.enabled=true", "secure_aggregation.num_shares=2")
 
 
+# Four Ray workers with a dropout: the slowest default test (1-5 min on 2 cores); the same
+# protocol runs in-process above and flower-sim's parity with local in test_flower_sim.
+@pytest.mark.slow
 def test_flower_simulation_runs_the_same_protocol_with_the_same_numbers(make_config):
     over = ("clients.num_clients=4", "rounds=1", "clients.min_replies=3", *SECURE)
     local = make_config(*over, name="local")
