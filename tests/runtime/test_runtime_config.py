@@ -12,7 +12,6 @@ from fedkt.config import (
     ConfigError,
     FlowerSettings,
     FlowerSimSettings,
-    RuntimeConfig,
     load_config,
     runtime_config_class,
 )
@@ -102,7 +101,11 @@ def test_client_view_of_a_default_config_has_no_transport_sections(make_config):
     assert data["runtime"] == {"torch_threads": 1}  # set by the test config; nothing else
     view = client_view(make_config("runtime.name=flower", "runtime.flower.superlink=h:1",
                                    "runtime.flower_sim.client_cpus=3", "runtime.timeout=5"))
-    assert view.runtime == RuntimeConfig(torch_threads=1)
+    # The built-in sections at their defaults: what the server set for its transport
+    # does not travel (the class is the one a loaded config's runtime has).
+    assert view.runtime == runtime_config_class()(torch_threads=1)
+    assert view.runtime.flower.superlink != "h:1" and view.runtime.flower_sim.client_cpus != 3
+    assert view.runtime.timeout != 5
     assert envelope_config(view) == envelope_config(cfg)
 
 
