@@ -23,7 +23,7 @@ of them, and a repeated key reads the stored result instead of running the model
 
 Entries live under ``$FEDKT_REUSE_CACHE`` (default ``$FEDKT_CACHE/reuse``): ``eval/`` one
 gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set.
-They are written through :func:`fedkt.cache.cache_entry` (one builder per key, the others
+They are written through :func:`fedkt.cache.cached` (one builder per key, the others
 wait and read; published by one rename), so ``fedkt suite run --jobs N``, several suites
 and a killed run are safe.  Deleting the folder is always safe.
 
@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from fedkt.cache import CACHE_ERRORS, cache_dir, cache_entry
+from fedkt.cache import CACHE_ERRORS, cache_dir, cached
 from fedkt.eval import predictions
 from fedkt.timing import now, phase, saved
 
@@ -313,40 +313,34 @@ def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
     if not enabled:
         return compute()
     here = predictions.current_scope()
-    found: list[Any] = []
+    computed: dict[str, Any] | None = None
 
-    def usable(p: Path) -> bool:
-        if not p.exists():
-            return False
-        try:
-            found.append(_read_json(p))
-        except CACHE_ERRORS as exc:
-            _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
-            return False
-        return True
+    def build(tmp: Path) -> dict[str, Any]:
+        nonlocal computed
+        start = now()
+        with predictions.capture() as tables:
+            metrics = compute()
+        computed = {"metrics": metrics, "seconds": (now() - start).wall,
+                    "tables": {("" if name == here else name):
+                               {"columns": t.columns, "meta": t.meta}
+                               for name, t in tables.items()}}
+        _write_json(tmp, computed)
+        return computed
 
     with phase("eval"):  # hashing and reading count as evaluation
         try:
             path = store("eval") / f"{_key('eval', model, tokenizer, parts)}.json.gz"
-            with cache_entry(path, usable) as build:
-                if build is not None:
-                    start = now()
-                    with predictions.capture() as tables:
-                        metrics = compute()
-                    found.append({"metrics": metrics, "seconds": (now() - start).wall,
-                                  "tables": {("" if name == here else name):
-                                             {"columns": t.columns, "meta": t.meta}
-                                             for name, t in tables.items()}})
-                    _count("computed")
-                    _write_json(build.tmp, found[-1])
-                else:
-                    saved("eval", float(found[-1].get("seconds", 0.0)))
-                    _count("reused")
+            data = cached(path, build, _read_json)
         except OSError as exc:  # an unwritable cache never stops an evaluation
             _log.warning("eval.reuse: the reuse store failed (%s); evaluating without it", exc)
-            if not found:
+            if computed is None:
                 return compute()
-        data = found[-1]
+            data = computed
+        if data is computed:
+            _count("computed")
+        else:
+            saved("eval", float(data.get("seconds", 0.0)))
+            _count("reused")
         for name, table in data["tables"].items():
             with predictions.scope(name or here):
                 predictions.emit(table["columns"], **table["meta"])
@@ -367,39 +361,35 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file, save_file
 
-    found: list[tuple[dict[str, torch.Tensor], float]] = []
+    computed: dict[str, torch.Tensor] | None = None
 
-    def usable(p: Path) -> bool:
-        if not p.exists():
-            return False
-        try:
-            with safe_open(str(p), "pt") as fh:
-                seconds = float((fh.metadata() or {}).get("seconds", 0.0))
-            found.append((load_file(str(p)), seconds))
-        except (*CACHE_ERRORS, SafetensorError) as exc:
-            _log.info("recomputing an unusable reuse entry %s (%s)", p, exc)
-            return False
-        return True
+    def load(p: Path) -> tuple[dict[str, torch.Tensor], float]:
+        with safe_open(str(p), "pt") as fh:
+            seconds = float((fh.metadata() or {}).get("seconds", 0.0))
+        return load_file(str(p)), seconds
 
-    out: dict[str, torch.Tensor] | None = None
+    def build(tmp: Path) -> tuple[dict[str, torch.Tensor], float]:
+        nonlocal computed
+        start = now()
+        computed = compute()
+        seconds = (now() - start).wall
+        save_file({k: v.detach().cpu().contiguous() for k, v in computed.items()},
+                  str(tmp), metadata={"seconds": repr(seconds)})
+        return computed, seconds
+
     with phase("knowledge"):
         try:
             path = store("knowledge") / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
-            with cache_entry(path, usable) as build:
-                if build is not None:
-                    start = now()
-                    out = compute()
-                    seconds = (now() - start).wall
-                    _count("computed")
-                    save_file({k: v.detach().cpu().contiguous() for k, v in out.items()},
-                              str(build.tmp), metadata={"seconds": repr(seconds)})
+            values, seconds = cached(path, build, load, (*CACHE_ERRORS, SafetensorError))
         except OSError as exc:  # an unwritable cache never stops the computation
             _log.warning("eval.reuse: the reuse store failed (%s); computing without it", exc)
-            return out if out is not None else compute()
-        if out is not None:
-            return out
-        values, seconds = found[-1]
-        saved("knowledge", seconds)
-        _count("reused")
+            if computed is None:
+                return compute()
+            values = computed
+    if values is computed:
+        _count("computed")
         return values
+    saved("knowledge", seconds)
+    _count("reused")
+    return values
 
