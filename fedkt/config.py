@@ -18,7 +18,6 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     SerializeAsAny,
     ValidationError,
@@ -31,15 +30,14 @@ from pydantic import (
 
 from fedkt.errors import ConfigError
 from fedkt.methods.registry import available, get_method, method_config_class
+from fedkt.runtime.settings import STRICT
 from fedkt.runtime.settings import FlowerSettings as FlowerSettings  # re-exported: the
 from fedkt.runtime.settings import FlowerSimSettings as FlowerSimSettings  # built-in sections
 from fedkt.templates import HARD_MAX_WIDTH, check_template
 
 
 class _Strict(BaseModel):
-    # allow_inf_nan=False: a NaN or infinite number is never a meaningful setting.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
-                              allow_inf_nan=False)
+    model_config = STRICT  # unknown keys, NaN and inf are refused
 
 
 class LoraSettings(_Strict):

@@ -10,11 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["FlowerSettings", "FlowerSimSettings", "RuntimeSettings"]
 
 
+# Every config model's settings (fedkt.config's too): unknown keys are refused, and a NaN
+# or infinite number is never a meaningful setting.
+STRICT = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
+                    allow_inf_nan=False)
+
+
 class RuntimeSettings(BaseModel):
     """Base of a runtime's settings section: unknown keys and NaN/inf are refused."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
-                              allow_inf_nan=False)
+    model_config = STRICT
 
 
 class FlowerSimSettings(RuntimeSettings):
