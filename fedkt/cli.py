@@ -228,8 +228,8 @@ table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs li
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedkt.data.catalogue import list_builtin
     from fedkt.data.image_records import list_image_builtin
-    from fedkt.data.records import list_builtin
     from fedkt.methods import available, get_method
     from fedkt.models.offline import OFFLINE_ALIASES
     from fedkt.models.tiny import TINY_PRESETS
