@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 from fedkt.alignment import brute_force_mapping, normalize_vocab
-from fedkt.alignment.vocab import _MEMO, mined_mapping
+from fedkt.alignment.introspect import _MEMO
+from fedkt.alignment.mined import mined_mapping
 
 PAIRS = {
     "qwen-smol": ("qwen2.5-0.5b", "smollm2-135m"),

@@ -39,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedkt.config_catalog import resolve_config
     from fedkt.models.install import check_installed
     from fedkt.runner import run
-    from fedkt.tracking import LOCK_FILE, clear_run_dir, run_lock
+    from fedkt.tracking.folder import LOCK_FILE, clear_run_dir, run_lock
 
     config = resolve_config(args.config)  # a file, or a shipped config's name
     cfg = _load(config, args.set, {"runtime.name": args.runtime, "rounds": args.rounds,
@@ -96,7 +96,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from fedkt.methods import get_method
     from fedkt.runner import server_participants
-    from fedkt.tracking import SERVER_STATE, RunRecorder
+    from fedkt.tracking.folder import SERVER_STATE, RunRecorder
 
     run_dir = Path(args.run_dir)
     cfg = _run_config(run_dir, [*args.set, f"output_dir={json.dumps(str(run_dir))}"])
@@ -145,7 +145,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fedkt.evidence.compare import baseline_report, groups_report
     from fedkt.evidence.runs import group_runs, open_run
     from fedkt.report import harness_report, report
-    from fedkt.tracking import breakdown_table, time_breakdown
+    from fedkt.tracking.rows import time_breakdown
+    from fedkt.tracking.tables import breakdown_table
 
     runs = [open_run(p) for p in args.run_dirs]
     plain = [str(r.path) for r in runs]
@@ -227,8 +228,8 @@ table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs li
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedkt.data.catalogue import list_builtin
     from fedkt.data.image_records import list_image_builtin
-    from fedkt.data.records import list_builtin
     from fedkt.methods import available, get_method
     from fedkt.models.offline import OFFLINE_ALIASES
     from fedkt.models.tiny import TINY_PRESETS

@@ -72,7 +72,7 @@ def _run_config(run_dir: Path) -> Any:
 
 
 def _pick_round(run_dir: Path, rnd: int | None) -> int:
-    from fedkt.tracking import RunRecorder
+    from fedkt.tracking.folder import RunRecorder
 
     recorder = RunRecorder(run_dir, resume=True, repair=False)
     done = recorder.last_complete_round()
@@ -89,7 +89,7 @@ def _server(cfg: Any, run_dir: Path, rnd: int) -> Any:
     from safetensors.torch import load_file
 
     from fedkt.methods import get_method
-    from fedkt.tracking import SERVER_STATE, RunRecorder
+    from fedkt.tracking.folder import SERVER_STATE, RunRecorder
 
     server = get_method(cfg.method.name).server(cfg, run_dir)
     server.setup()

@@ -10,13 +10,9 @@ from typing import Any
 import yaml
 
 from fedkt.eval.harness import load_harness_results
-from fedkt.tracking import (
-    CONFIG_FILE,
-    METRICS_FILE,
+from fedkt.tracking.folder import CONFIG_FILE, METRICS_FILE
+from fedkt.tracking.rows import (
     best_round,
-    fmt_mb,
-    fmt_seconds,
-    format_table,
     is_eval,
     lower_is_better,
     main_metric,
@@ -24,6 +20,7 @@ from fedkt.tracking import (
     read_rows,
     run_wall_time,
 )
+from fedkt.tracking.tables import fmt_mb, fmt_seconds, format_table
 
 __all__ = ["RunInfo", "harness_report", "load_run", "report"]
 

@@ -35,7 +35,7 @@ from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
 from fedkt.timing import Clock, clocks, eval_clock, now, phase_seconds, timed
 from fedkt.trackers import Tracking, open_tracking
-from fedkt.tracking import (
+from fedkt.tracking.folder import (
     HOLDINGS,
     LATEST_FILE,
     SERVER_STATE,
@@ -143,41 +143,12 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             server_metrics.setdefault("train", {}).update(
                 round_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd, share))
         server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
-        if "server" in server_eval:
-            server_metrics.setdefault("test", {}).update(server_eval.pop("server"))
         sums = _write_checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
-        spent = _server_phases(phases, traffic.wait_phases)
-        wall = time.perf_counter() - t0
-        recorder.log({"round": rnd, "participant": "server", "split": "train",
-                      **server_metrics.get("train", {}),
-                      "bytes_sent": sum(traffic.sent.values()),
-                      "bytes_received": sum(traffic.received.values()),
-                      "clients_replied": len(clients.ids) - len(traffic.excluded),
-                      "wall_time": wall, "compute_time": max(0.0, compute.wall),
-                      "compute_cpu": max(0.0, compute.cpu), **spent})
-        if "test" in server_metrics:
-            recorder.log({"round": rnd, "participant": "server", "split": "test",
-                          **server_metrics["test"]})
-        for name, values in server_eval.items():  # other server-side models
-            recorder.log({"round": rnd, "participant": name, "split": "test", **values})
-        for cid in clients.ids:
-            if cid not in traffic.sent:
-                continue
-            per_split = _split_metrics(traffic.metrics.get(cid, {}))
-            row = {"round": rnd, "participant": f"client_{cid}", "split": "train",
-                   **per_split.pop("train", {}),
-                   "bytes_sent": traffic.received.get(cid, 0),
-                   "bytes_received": traffic.sent.get(cid, 0),
-                   "wall_time": traffic.seconds.get(cid, 0.0),
-                   "compute_time": traffic.compute[cid].wall,
-                   "compute_cpu": traffic.compute[cid].cpu}
-            if cid in traffic.excluded:
-                row["excluded"] = traffic.excluded[cid]
-            if traffic.eval_bytes.get(cid):
-                row["eval_bytes"] = traffic.eval_bytes[cid]
-            recorder.log(row)
-            for split, values in per_split.items():
-                recorder.log({"round": rnd, "participant": f"client_{cid}", "split": split, **values})
+        timing = {"wall_time": time.perf_counter() - t0, "compute_time": max(0.0, compute.wall),
+                  "compute_cpu": max(0.0, compute.cpu),
+                  **_server_phases(phases, traffic.wait_phases)}
+        recorder.log_rows(round_rows(rnd, server_metrics, server_eval, clients.ids, traffic,
+                                     timing))
         _write_client_predictions(cfg, recorder, rnd, traffic)
         _mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
@@ -193,6 +164,50 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
     if cfg.eval.compare_round0 and not quiet:
         print(_round0_comparison(cfg, run_dir), flush=True)
     return recorder.rows()
+
+
+def round_rows(rnd: int, server: dict[str, dict[str, float]],
+               evaluated: dict[str, dict[str, float]], cids: list[int], traffic: Any,
+               timing: dict[str, float]) -> list[dict[str, Any]]:
+    """The metrics rows of round ``rnd``, in the order they are logged.
+
+    ``server``: the server's metrics by split (its round's, with the privacy budget);
+    ``evaluated``: :func:`_server_evaluate`'s ``{participant: metrics}``; ``traffic``: the
+    round's :class:`~fedkt.runtime.base.Traffic`; ``timing``: the server's seconds (wall,
+    compute, per phase).  Rows: the server's train row (its train metrics, the round's
+    bytes, the clients whose replies were used, ``timing``), its test row (the round's
+    test metrics and its evaluation), a test row per other server-side model, then per
+    client that was asked: its train row (its train metrics, bytes from its side, its
+    seconds, ``excluded`` with the reason, ``eval_bytes``) and a row per other split."""
+    server_test = {**server.get("test", {}), **evaluated.get("server", {})}
+    rows: list[dict[str, Any]] = [{
+        "round": rnd, "participant": "server", "split": "train", **server.get("train", {}),
+        "bytes_sent": sum(traffic.sent.values()),
+        "bytes_received": sum(traffic.received.values()),
+        "clients_replied": len(cids) - len(traffic.excluded), **timing}]
+    if "test" in server or "server" in evaluated:
+        rows.append({"round": rnd, "participant": "server", "split": "test", **server_test})
+    rows += [{"round": rnd, "participant": name, "split": "test", **values}
+             for name, values in evaluated.items() if name != "server"]
+    for cid in cids:
+        if cid not in traffic.sent:
+            continue
+        per_split = _split_metrics(traffic.metrics.get(cid, {}))
+        row = {"round": rnd, "participant": f"client_{cid}", "split": "train",
+               **per_split.pop("train", {}),
+               "bytes_sent": traffic.received.get(cid, 0),
+               "bytes_received": traffic.sent.get(cid, 0),
+               "wall_time": traffic.seconds.get(cid, 0.0),
+               "compute_time": traffic.compute[cid].wall,
+               "compute_cpu": traffic.compute[cid].cpu}
+        if cid in traffic.excluded:
+            row["excluded"] = traffic.excluded[cid]
+        if traffic.eval_bytes.get(cid):
+            row["eval_bytes"] = traffic.eval_bytes[cid]
+        rows.append(row)
+        rows += [{"round": rnd, "participant": f"client_{cid}", "split": split, **values}
+                 for split, values in per_split.items()]
+    return rows
 
 
 def evaluates_round0(cfg: RunConfig) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedkt.config import RunConfig
-from fedkt.tracking import atomic_write
+from fedkt.tracking.folder import atomic_write
 
 __all__ = ["MLflowTracker", "TensorBoardTracker", "Tracking", "open_tracking", "scalars"]
 

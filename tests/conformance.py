@@ -11,7 +11,9 @@ transport that records the exact bytes every client sends back, and asserts:
    base-model weight by name or value (:mod:`tests.inspection`);
 3. resume is exact: a copy of the run folder as a crash in round 2 leaves it (round 2's
    metrics and client state written, no checkpoint) resumes to the same metrics rows and
-   the same final server state and holdings as the run that was not interrupted.
+   the same final server state and holdings as the run that was not interrupted;
+4. one meaning of ``loss`` on the server's train row (:func:`check_train_loss`): the mean
+   of the clients' training losses of that round.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -63,6 +66,7 @@ def check_method(name: str, root: Path) -> Conformance:
     transport = RecordingTransport(LocalTransport(default_state_root(cfg)))
     rows = run_job(cfg, transport, quiet=True)
     run = RecordedRun(cfg, rows, transport.calls)
+    check_train_loss(name, rows, trains_clients=bool(method.handlers))
 
     # 1-2. every reply within its declaration; nothing private or base leaves a client
     replies = run.replies()
@@ -90,6 +94,32 @@ def check_method(name: str, root: Path) -> Conformance:
     ha, hb = (json.loads((folder / HOLDINGS).read_text()) for folder in (straight, again))
     assert ha == hb, f"{name}: the resumed run's holdings differ"
     return Conformance(run, resumed)
+
+
+def check_train_loss(name: str, rows: list[dict], *, trains_clients: bool = True) -> None:
+    """The server row's ``loss`` on the train split is the mean of the training losses the
+    clients' rows of that round report (excluded clients aside), in every round after 0
+    where it has one; the server's own objective goes under a key of its own
+    (``server_loss``, ``reverse_kl``, ...).  A method without client handlers
+    (``trains_clients=False``: centralized) trains only the server's model, and its
+    ``loss`` is that model's."""
+    for rnd in sorted({r["round"] for r in rows if r["round"] > 0}):
+        mine = [r for r in rows if r["round"] == rnd and r["split"] == "train"]
+        server = [r for r in mine if r["participant"] == "server"]
+        assert len(server) == 1, f"{name}: round {rnd} has {len(server)} server train rows"
+        losses = [r["loss"] for r in mine if r["participant"].startswith("client_")
+                  and "loss" in r and "excluded" not in r]
+        if not trains_clients:
+            assert not losses, f"{name}: clients without handlers report a training loss"
+            continue
+        if "loss" not in server[0]:
+            continue
+        assert losses, (f"{name}: round {rnd}: the server row has a train loss "
+                        f"({server[0]['loss']}) but no client row has one")
+        assert server[0]["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-6), (
+            f"{name}: round {rnd}: the server row's train loss {server[0]['loss']} is not "
+            f"the clients' mean {sum(losses) / len(losses)} (their losses: {losses}); "
+            "the server's own objective goes under a key of its own")
 
 
 def resumed_copy(cfg: RunConfig, where: Path) -> RunConfig:

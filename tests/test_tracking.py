@@ -138,7 +138,7 @@ def test_checkpoints_latest_and_prune(tmp_path, monkeypatch):
         assert json.loads(Path(src).read_text())["round"] == 5  # fully written before the swap
         raise OSError("disk full")
 
-    monkeypatch.setattr("fedkt.tracking.os.replace", boom)
+    monkeypatch.setattr("fedkt.tracking.folder.os.replace", boom)
     with pytest.raises(OSError, match="disk full"):
         rec.mark_complete(5)
     monkeypatch.undo()
@@ -173,7 +173,7 @@ def test_atomic_write_of_text_bytes_and_a_writer_function(tmp_path, monkeypatch)
 
     with pytest.raises(OSError, match="disk full"):
         atomic_write(path, fail)
-    monkeypatch.setattr("fedkt.tracking.os.replace", lambda src, dst: (_ for _ in ()).throw(
+    monkeypatch.setattr("fedkt.tracking.folder.os.replace", lambda src, dst: (_ for _ in ()).throw(
         OSError("read-only")))
     with pytest.raises(OSError, match="read-only"):
         atomic_write(tmp_path / "a.txt", "new")

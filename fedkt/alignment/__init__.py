@@ -1,6 +1,9 @@
 """Cross-tokenizer alignment (FedMKT, Fan et al., Sec. 3.2 and Appendix B; FedCoLLM).
 
-* :mod:`~fedkt.alignment.vocab`: MinED vocabulary mapping (source id -> target id).
+* :mod:`~fedkt.alignment.vocab`: MinED vocabulary mapping (source id -> target id), from
+  :mod:`~fedkt.alignment.introspect` (how a tokenizer writes its vocabulary: scheme,
+  normalised strings, bytes, hash, special tokens) and :mod:`~fedkt.alignment.mined`
+  (the MinED engine: nearest string by edit distance).
 * :mod:`~fedkt.alignment.sequence`: token-position alignment of two tokenizations.
 * :mod:`~fedkt.alignment.bridge`: :class:`TokenBridge`, one model's ids and positions in
   another's (both maps, cached), and the KL between their distributions.
@@ -10,6 +13,17 @@
 """
 
 from fedkt.alignment.bridge import TokenBridge
+from fedkt.alignment.introspect import (
+    VocabScheme,
+    detect_scheme,
+    normalize_vocab,
+    role_ids,
+    space_marker,
+    special_ids,
+    token_bytes,
+    vocab_hash,
+)
+from fedkt.alignment.mined import brute_force_mapping, mined_mapping
 from fedkt.alignment.sequence import (
     Alignment,
     align_corpus,
@@ -18,21 +32,8 @@ from fedkt.alignment.sequence import (
     reference_dp_alignment,
 )
 from fedkt.alignment.topk import PAD_VALUE, TopKLogits, project_topk, sparse_kd_loss, sparse_kl
-from fedkt.alignment.vocab import (
-    VocabScheme,
-    brute_force_mapping,
-    cache_dir,
-    detect_scheme,
-    mined_mapping,
-    normalize_vocab,
-    role_ids,
-    space_marker,
-    special_ids,
-    special_token_mapping,
-    token_bytes,
-    vocab_hash,
-    vocab_mapping,
-)
+from fedkt.alignment.vocab import special_token_mapping, vocab_mapping
+from fedkt.cache import cache_dir
 
 __all__ = [
     "PAD_VALUE",

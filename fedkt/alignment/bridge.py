@@ -27,9 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedkt.alignment.introspect import vocab_hash
 from fedkt.alignment.sequence import Alignment, align_sequences
 from fedkt.alignment.topk import PAD_VALUE, sparse_kl
-from fedkt.alignment.vocab import cache_dir, vocab_hash, vocab_mapping
+from fedkt.alignment.vocab import vocab_mapping
+from fedkt.cache import cache_dir
 from fedkt.progress import counted
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from fedkt.alignment.vocab import _memo, token_bytes, vocab_hash
+from fedkt.alignment.introspect import token_bytes, tokenizer_memo, vocab_hash
 from fedkt.cache import cache_dir, cached
 from fedkt.progress import counted
 from fedkt.timing import timed
@@ -106,7 +106,7 @@ class _Layout:
 
 
 def _layout(tokenizer: Any) -> _Layout:
-    memo = _memo(tokenizer)
+    memo = tokenizer_memo(tokenizer)
     if "layout" not in memo:
         memo["layout"] = _Layout(tokenizer)
     return memo["layout"]

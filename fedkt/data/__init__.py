@@ -1,5 +1,7 @@
 """Data: built-in and user datasets, federated splits, prompts and LM batches."""
 
+from fedkt.data.catalogue import list_builtin
+from fedkt.data.dataset import DataError, Dataset
 from fedkt.data.formatting import (
     DEFAULT_TEMPLATES,
     choice_view,
@@ -14,16 +16,8 @@ from fedkt.data.lm_batches import (
     special_prefix,
     tokenize_pairs,
 )
-from fedkt.data.records import (
-    TASKS,
-    DataError,
-    Dataset,
-    clear_cache,
-    list_builtin,
-    load_dataset_records,
-    register_reader,
-    registered_suffixes,
-)
+from fedkt.data.readers import register_reader, registered_suffixes
+from fedkt.data.records import TASKS, clear_cache, load_dataset_records
 from fedkt.data.splits import FederatedData, client_splits, make_splits, partition
 
 __all__ = [

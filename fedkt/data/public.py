@@ -16,7 +16,8 @@ from typing import Any
 from fedkt.config import DatasetConfig
 from fedkt.data.dataset import DataError
 from fedkt.data.formatting import check_template
-from fedkt.data.records import load_dataset_records, read_source
+from fedkt.data.readers import read_source
+from fedkt.data.records import load_dataset_records
 
 __all__ = ["GOLD_FIELDS", "INPUT_FIELDS", "load_public_texts", "without_labels"]
 

@@ -13,8 +13,9 @@ import numpy as np
 
 from fedkt.config import DataConfig, PartitionConfig, SplitConfig
 from fedkt.data.classes import filter_classes, parse_class_spec
+from fedkt.data.dataset import DataError, Dataset
 from fedkt.data.public import load_public_texts, without_labels
-from fedkt.data.records import DataError, Dataset, load_dataset_records
+from fedkt.data.records import load_dataset_records
 
 # Purposes, so that each random draw has its own stream.
 _SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER, _BY_FIELD = 1, 2, 3, 4, 5, 6

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedkt.tracking import atomic_write
+from fedkt.tracking.folder import atomic_write
 
 if TYPE_CHECKING:
     from fedkt.config import RunConfig
@@ -158,7 +158,7 @@ def restore_server(cfg: RunConfig, run_dir: Path) -> tuple[Server, int]:
     from safetensors.torch import load_file
 
     from fedkt.methods import get_method
-    from fedkt.tracking import SERVER_STATE, RunRecorder
+    from fedkt.tracking.folder import SERVER_STATE, RunRecorder
 
     recorder = RunRecorder(run_dir, resume=True)
     done = recorder.last_complete_round()
@@ -236,7 +236,7 @@ def run_harness(
     if server is None:
         server, after_round = restore_server(cfg, run_dir)
     elif after_round is None:
-        from fedkt.tracking import RunRecorder
+        from fedkt.tracking.folder import RunRecorder
 
         after_round = RunRecorder(run_dir, resume=True).last_complete_round()
     if limit is not None and limit >= 1:

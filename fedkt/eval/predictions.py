@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedkt.tracking import PREDICTIONS_DIR, atomic_write
+from fedkt.tracking.folder import PREDICTIONS_DIR, atomic_write
 
 __all__ = [
     "PREDICTIONS_DIR",

@@ -15,7 +15,7 @@ from fedkt.evidence.runs import (
     open_run,
 )
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL, metric_names
-from fedkt.tracking import format_table
+from fedkt.tracking.tables import format_table
 
 __all__ = ["baseline_report", "groups_report", "round0_summary"]
 

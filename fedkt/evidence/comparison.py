@@ -33,7 +33,7 @@ from pydantic import Field
 from fedkt.config import _Strict
 from fedkt.evidence.runs import Group, Run, compare, members
 from fedkt.methods import get_method
-from fedkt.tracking import fmt_seconds, format_table
+from fedkt.tracking.tables import fmt_seconds, format_table
 
 __all__ = ["COLUMNS", "ComparisonConfig", "comparison_report"]
 

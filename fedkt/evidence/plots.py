@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from fedkt.evidence.runs import Group, members
-from fedkt.tracking import is_eval
+from fedkt.tracking.rows import is_eval
 
 __all__ = ["curves", "suite_plots"]
 

@@ -33,7 +33,7 @@ from fedkt.evidence.stats import (
     sample,
 )
 from fedkt.report import RunInfo, load_run
-from fedkt.tracking import is_eval
+from fedkt.tracking.rows import is_eval
 
 __all__ = ["Group", "Run", "compare", "fmt_mean_std", "group_runs", "open_run"]
 

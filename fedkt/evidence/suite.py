@@ -60,13 +60,9 @@ from fedkt.evidence.plots import suite_plots
 from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean_std, open_run
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.precision import physical_cores
-from fedkt.tracking import (
-    LATEST_FILE,
-    breakdown_table,
-    format_table,
-    mean_breakdown,
-    time_breakdown,
-)
+from fedkt.tracking.folder import LATEST_FILE
+from fedkt.tracking.rows import mean_breakdown, time_breakdown
+from fedkt.tracking.tables import breakdown_table, format_table
 
 __all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
 

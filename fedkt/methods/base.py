@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from fedkt.config import MethodConfig, RunConfig
 from fedkt.methods.holdings import Holdings, Version, version_field
 from fedkt.payload import Payload, PayloadError
-from fedkt.tracking import atomic_write
+from fedkt.tracking.folder import atomic_write
 
 log = logging.getLogger("fedkt.methods")
 

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedkt.tracking import atomic_write
+from fedkt.tracking.folder import atomic_write
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"

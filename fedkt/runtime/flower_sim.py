@@ -78,7 +78,8 @@ def backend_config(cfg: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
 
 def read_run_rows(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of a run folder's metrics file (none if it has none)."""
-    from fedkt.tracking import METRICS_FILE, read_rows
+    from fedkt.tracking.folder import METRICS_FILE
+    from fedkt.tracking.rows import read_rows
 
     path = Path(run_dir) / METRICS_FILE
     return read_rows(path) if path.exists() else []

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedkt.alignment import role_ids, special_ids, special_token_mapping, vocab_mapping
-from fedkt.alignment.vocab import ROLES
+from fedkt.alignment.introspect import ROLES
 from fedkt.config import ModelConfig
 
 TINY = ["tiny-gpt2", "tiny-opt", "tiny-llama", "tiny-bloom", "tiny-qwen2"]

@@ -14,6 +14,8 @@ from transformers import PreTrainedTokenizerFast
 from fedkt.alignment import (
     brute_force_mapping,
     detect_scheme,
+    introspect,
+    mined,
     mined_mapping,
     normalize_vocab,
     space_marker,
@@ -132,12 +134,12 @@ def test_long_tokens_take_the_bucket_path():
 
 def test_hash_collisions_are_caught(monkeypatch):
     """With a deliberately terrible hash every join is full of false pairs; still exact."""
-    original = V._Families._hash
+    original = mined._Families._hash
 
     def weak(codes, keep):
         return original(codes, keep) % np.uint64(5)
 
-    monkeypatch.setattr(V._Families, "_hash", staticmethod(weak))
+    monkeypatch.setattr(mined._Families, "_hash", staticmethod(weak))
     rng = random.Random(99)
     for _ in range(40):
         src, tgt = _random_case(rng)
@@ -151,21 +153,21 @@ def test_space_marker_byte_level():
     tok = byte_level_tokenizer()
     assert detect_scheme(tok).kind == "byte_level"
     assert space_marker(tok) == "Ġ"
-    assert V._scheme_from_probe(tok) == detect_scheme(tok)
+    assert introspect._scheme_from_probe(tok) == detect_scheme(tok)
 
 
 def test_space_marker_metaspace():
     tok = metaspace_tokenizer()
     assert detect_scheme(tok).kind == "metaspace"
     assert space_marker(tok) == "▁"
-    assert V._scheme_from_probe(tok) == detect_scheme(tok)
+    assert introspect._scheme_from_probe(tok) == detect_scheme(tok)
 
 
 def test_space_marker_wordpiece():
     tok = wordpiece_tokenizer()
     assert detect_scheme(tok).kind == "wordpiece"
     assert space_marker(tok) == "##"
-    assert V._scheme_from_probe(tok) == detect_scheme(tok)
+    assert introspect._scheme_from_probe(tok) == detect_scheme(tok)
 
 
 def test_marker_is_read_from_the_tokenizer_not_its_class():
@@ -249,7 +251,7 @@ def test_real_full_mapping_agrees_with_brute_force_on_a_sample():
     mapping = vocab_mapping(llama3, gpt2, cache=False)
     ll, g = normalize_vocab(llama3), normalize_vocab(gpt2)
     # Text tokens only, against GPT-2's text tokens (special tokens map by role).
-    skip_src, skip_tgt = V.special_ids(llama3), V.special_ids(gpt2)
+    skip_src, skip_tgt = introspect.special_ids(llama3), introspect.special_ids(gpt2)
     text = np.array([i for i in range(len(ll)) if i not in skip_src])
     idx = np.random.default_rng(1).choice(text, 60, replace=False)
     keep = np.array([j for j in range(len(g)) if j not in skip_tgt])

@@ -10,7 +10,8 @@ import pytest
 
 from fedkt.config import DatasetConfig
 from fedkt.data import DataError, load_dataset_records, register_reader, registered_suffixes
-from fedkt.data import records as R
+from fedkt.data import readers as R
+from fedkt.data.records import clear_cache
 
 ROWS = [("play some jazz", "1"), ("what's the weather", "0"), ("add milk to my list", "2")]
 
@@ -24,7 +25,7 @@ def tsv(monkeypatch, tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("utterance\tintent\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS))
     yield plugin, path
-    R.clear_cache()
+    clear_cache()
 
 
 def config(path) -> DatasetConfig:

@@ -38,3 +38,26 @@ def test_a_reply_beyond_its_declaration_is_caught(tmp_path):
     assert got and "outside the declaration" in got[0]
     assert "finite number" in undeclared(uploads, "train", {"num_examples": True})[0]
     assert undeclared(uploads, "evaluate", {}) == ["handler 'evaluate' has no declaration"]
+
+
+def test_the_train_loss_check_catches_a_server_objective():
+    """The server row's train ``loss`` must be the clients' mean: the old FedMKT/KOALA row
+    (the server's own objective under ``loss``) fails, an excluded client is left out, a
+    method without client handlers (centralized) keeps its model's own loss."""
+    from tests.conformance import check_train_loss
+
+    def rows(server_loss: float) -> list[dict]:
+        return [{"round": 0, "participant": "server", "split": "test", "loss": 9.0},
+                {"round": 1, "participant": "server", "split": "train", "loss": server_loss},
+                {"round": 1, "participant": "client_0", "split": "train", "loss": 1.0},
+                {"round": 1, "participant": "client_1", "split": "train", "loss": 3.0},
+                {"round": 1, "participant": "client_2", "split": "train", "loss": 7.0,
+                 "excluded": "TimeoutError: no reply within 1 s"}]
+
+    check_train_loss("ok", rows(2.0))
+    with pytest.raises(AssertionError, match="not the clients' mean"):
+        check_train_loss("own objective", rows(0.5))
+    alone = [{"round": 1, "participant": "server", "split": "train", "loss": 0.5}]
+    check_train_loss("centralized", alone, trains_clients=False)
+    with pytest.raises(AssertionError, match="no client row has one"):
+        check_train_loss("no clients", alone)

@@ -302,6 +302,10 @@ def test_fedmkt_hetero_rounds_transfer_both_ways(make_config):
     vocabs = {c: r["vocab_size"] for c, r in up.items()}
     assert vocabs[0] != vocabs[1]
     assert metrics["train/topk_bytes_per_entry"] == 6.0
+    # the server row's loss is the clients' mean; the LLM's own objective (L2) has its key
+    assert metrics["train/loss"] == pytest.approx(
+        sum(r["train_loss"] for r in up.values()) / len(up))
+    assert metrics["train/server_loss"] > 0 and metrics["train/server_loss"] != metrics["train/loss"]
     assert metrics["train/topk_entries"] == sum(
         r["topk"]["values"].numel() for r in up.values())
     assert 0.0 <= metrics["train/kd_from_clients"] <= 1.0
@@ -429,9 +433,12 @@ def test_resume_after_a_round_gives_the_same_numbers(make_config):
                       quiet=True)
 
     def last(rs):
-        return {(r["participant"], r["split"]): r.get("loss") for r in rs if r["round"] == 2}
+        # the server's train row: the clients' mean loss and the LLM's own (L2)
+        return {(r["participant"], r["split"]): (r.get("loss"), r.get("server_loss"))
+                for r in rs if r["round"] == 2}
 
     assert last(resumed) == last(rows) and len(last(rows)) == 6
+    assert last(rows)[("server", "train")][1] is not None
 
 
 def test_one_to_one_keeps_the_five_part_split(make_config):

@@ -76,10 +76,10 @@ class FedAvgVisionServer(Server[FedAvgVisionConfig]):
         base = self.model.state_dict() if mode == "head" else None
         asked = list(clients.ids)
         msgs = {cid: Payload(trainable=self.theta) for cid in asked}
-        if base is not None:  # 1. the frozen model, to the clients that do not hold it
+        if base is not None:  # step 1: the frozen model, to the clients lacking it
             for cid, msg in msgs.items():
                 self.holdings.offer(msg, cid, BASE, 0, base)
-        # 2. clients train theta; 3. the (secure) weighted average
+        # step 2: clients train theta; step 3: the (secure) weighted average
         replies, self.theta = clients.aggregate("train", msgs, field="trainable",
                                                 like=self.theta, weighted=self.method.weighted)
         if base is not None:

@@ -1,7 +1,8 @@
 """FedAvg of PEFT adapters on one shared client model (McMahan et al., 2017).
 
-The baseline every paper compares against, and fedkt's default demo.  Clients
-share one small model; each round:
+The baseline every paper compares against, and fedkt's default demo.  The paper's
+Algorithm 1 (FederatedAveraging) has no numbered lines: steps are cited by number
+only.  Clients share one small model; each round:
 
 1. the server sends the global adapter theta to every client;
 2. client k trains theta_k on its private data (task loss) for the local epochs;

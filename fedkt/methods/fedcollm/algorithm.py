@@ -5,27 +5,33 @@ Framework for Large and Small Language Models", arXiv:2411.11707, Algorithm 1.
 
 Clients share one small model g (the SLM) with a LoRA adapter theta; the server holds a
 large model f (the LLM) with its own LoRA adapter omega and the auxiliary set D_a (the
-``public`` split).  Every round:
+``public`` split).  Steps are cited as "step N (Alg. 1 l. L)", by the numbered lines of
+the paper's Algorithm 1.  Every round:
 
-1. the server sends the global adapter theta to the clients;
-2. client k trains theta_k on its private data with the task loss (Eq. 3);
-3. the server averages theta = (1/K) sum_k theta_k (Algorithm 1 line 13; ``weighted:
+1. (Alg. 1 l. 11) the server sends the global adapter theta to the clients;
+2. (Alg. 1 l. 12, 22-34) client k trains theta_k on its private data with the task loss
+   (Eq. 3);
+3. (Alg. 1 l. 13) the server averages theta = (1/K) sum_k theta_k (``weighted:
    true`` weights by example counts instead; with ``secure_aggregation.enabled`` it only
    learns the sum, by SecAgg+);
-4. on D_a the LLM and the global SLM co-tune by mutual distillation (Eqs. 4-6)::
+4. (Alg. 1 l. 14-20) on D_a the LLM and the global SLM co-tune by mutual distillation (Eqs. 4-6)::
 
        L^f = L_FT^f(omega) + lambda * L_KD^f,   L_KD^f = KL(g || f)   (LLM adapter omega)
        L^g = L_FT^g(theta) + lambda * L_KD^g,   L_KD^g = KL(f || g)   (SLM adapter theta)
        L_2 = L^f + L^g                                                 (Eq. 6)
 
-   (lambda is ``method.kd_weight``.)  Each adapter descends its own loss (Algorithm 1
-   lines 16-17): omega by grad L^f and theta by grad L^g, with the other model's output a
+   (lambda is ``method.kd_weight``.)  Each adapter descends its own loss (Alg. 1
+   l. 16-17): omega by grad L^f and theta by grad L^g, with the other model's output a
    fixed (detached) target in each KD term, KL(target || student) as in FATE-LLM.
    ``cotune_gradients: joint`` instead back-propagates L^f + L^g with nothing detached,
    so each adapter also learns from the other's KD term (a symmetric KL at about twice
    the weight).  Two AdamW optimisers step
    omega and theta, each with its own learning rate (``llm_lr``, ``slm_lr``);
-5. the distilled theta goes back to the clients in the next round.
+5. the distilled theta goes back to the clients in the next round (its step 1).
+
+The server row's ``train/loss`` is the clients' mean task loss of step 2 (the convention
+of every method, docs/architecture.md); the co-tuning objectives are ``cotune_llm`` and
+``cotune_slm``.
 
 Steps 1-3 are FedAvg (:func:`fedkt.methods.fedavg.average_client_adapters`); step 4 is
 :mod:`.cotune`.  When f and g share a tokenizer (the paper's setting) the KL terms
@@ -88,12 +94,14 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         sent = self.theta
-        # 1-3. broadcast theta; clients train theta_k (Eq. 3); (secure) FedAvg into theta
+        # steps 1-3 (Alg. 1 l. 11-13): broadcast theta; clients train theta_k (Eq. 3);
+        # (secure) FedAvg into theta
         self.theta, metrics = average_client_adapters(self, clients, self.theta)
         averaged = self.theta
         if self.data().server:  # an extension: the LLM also learns the server's own data
             metrics.update(self.learn_own_data(rnd))
-        # 4. co-tune LLM (omega) and global SLM (theta) on D_a (Eqs. 4-6)
+        # step 4 (Alg. 1 l. 14-20): co-tune LLM (omega) and global SLM (theta) on D_a
+        # (Eqs. 4-6)
         llm, slm = self.llm.reset(self.omega), self.slm.reset(self.theta)
         if self.method.knowledge == "choices":  # an extension: KL over the task's choices
             stats = cotune_choices(self.cfg, llm, slm, self.data().public,
@@ -106,7 +114,7 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         stats["theta_shift_local"] = update_norm({k: averaged[k] - sent[k] for k in sent})
         stats["theta_shift_cotune"] = update_norm({k: self.theta[k] - averaged[k]
                                                    for k in self.theta})
-        # 5. theta goes back to the clients at the start of the next round
+        # step 5: theta goes back to the clients at the start of the next round
         return {**metrics, **{f"train/{k}": v for k, v in stats.items()}}
 
     def learn_own_data(self, rnd: int) -> dict[str, float]:

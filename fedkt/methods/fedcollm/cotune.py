@@ -23,7 +23,7 @@ from torch import Tensor
 
 from fedkt.alignment.bridge import TokenBridge
 from fedkt.alignment.choices import choice_knowledge, distill_choices, shuffled
-from fedkt.alignment.vocab import vocab_hash
+from fedkt.alignment.introspect import vocab_hash
 from fedkt.data.lm_batches import IGNORE_INDEX
 from fedkt.losses import kl_div
 from fedkt.methods.base import derive_seed

@@ -5,18 +5,19 @@ Nature Communications 13, 2032 (2022), Eqs. 1-9 and Algorithm 1. Reference code:
 wuch15/FedKD (``model_bert.py``, ``run.py``).
 
 Every client keeps a large local *teacher* (the model it uses for inference; it never
-leaves the client) and a copy of a small *student* shared by all clients.  A round:
+leaves the client) and a copy of a small *student* shared by all clients.  Steps are cited
+as "step N (Alg. 1 l. L)", by the numbered lines of the paper's Algorithm 1.  A round:
 
-1. on each local batch, teacher and student learn from the labels (Eqs. 1-2) and from
+1. (Alg. 1 l. 6-7, 25-31) on each local batch, teacher and student learn from the labels (Eqs. 1-2) and from
    each other: adaptive KL both ways (Eqs. 3-4) and an adaptive hidden loss between
    teacher states and ``W_h`` times the student's, plus their attention maps (Eq. 5),
    all divided by the sum of the two task losses; totals Eqs. 6-7
    (:mod:`~fedkt.methods.fedkd.losses`);
-2. the client factorises its student update ``new - received`` parameter by parameter
+2. (Alg. 1 l. 8-10) the client factorises its student update ``new - received`` parameter by parameter
    with SVD, keeping the fewest singular values whose energy exceeds ``T`` (Eq. 8), and
    uploads the factors; ``T`` rises linearly from ``T_start`` to ``T_end`` over the
    rounds (Eq. 9);
-3. the server reconstructs the updates, averages them (FedAvg, example-weighted),
+3. (Alg. 1 l. 11-22) the server reconstructs the updates, averages them (FedAvg, example-weighted),
    factorises the aggregate with the same ``T`` and sends it back ("sync"); clients and
    server add its reconstruction to their copy of the global student.
 
@@ -90,14 +91,16 @@ class FedKDServer(Server[FedKDConfig]):
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         T = round_threshold(self.method, rnd, self.cfg.rounds)  # Eq. 9
-        # 1-2. clients: mutual distillation (Eqs. 1-7), student update up, factorised (Eq. 8)
+        # steps 1-2 (Alg. 1 l. 6-10): clients: mutual distillation (Eqs. 1-7), student update
+        # up, factorised (Eq. 8)
         replies, update, metrics = aggregate_updates(
             clients, self.holdings, "train", self.global_state, self.version, T,
             self.method.weighted)
-        # 3. the server applies the aggregate, factorised with the same T ...
+        # step 3 (Alg. 1 l. 11-19): the server applies the aggregate, factorised with the
+        # same T ...
         self.global_state = apply_update(self.global_state, from_payload(update))
         self.version = rnd
-        # ... and every client applies it to its copy ("sync")
+        # ... and every client applies it to its copy ("sync"; Alg. 1 l. 20-22)
         sync_clients(clients, self.holdings, update, self.version)
         return metrics
 
@@ -122,7 +125,7 @@ class FedKDServer(Server[FedKDConfig]):
 
 def train_fedkd(cfg: Any, models: FedKDModels, records: list[dict], *, seed: int
                 ) -> dict[str, float]:
-    """Step 1, local mutual distillation: one optimiser step of Eqs. 6-7 per batch.
+    """Step 1 (Alg. 1 l. 6-7, 25-31), local mutual distillation: one optimiser step of Eqs. 6-7 per batch.
 
     The teacher and ``W_h`` learn at ``teacher_lr``, the student at ``student_lr``;
     their gradients are clipped separately (``training.max_grad_norm``).
@@ -167,10 +170,10 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     initial = trainable_state(models.student)  # version 0: built from the seed everywhere
     received = ctx.received(msg, GLOBAL, start=initial, like=initial)
     load_trainable(models.student, received)
-    stats = train_fedkd(cfg, models, ctx.private, seed=ctx.seed("train"))  # step 1
+    stats = train_fedkd(cfg, models, ctx.private, seed=ctx.seed("train"))  # step 1 (Alg. 1 l. 6-7)
     update = {k: v - received[k] for k, v in trainable_state(models.student).items()}
     T = msg.number("T", source="server", low=0.0) if m.compress else None
-    encoded, ratio, seconds = upload_update(ctx, update, T)  # step 2 (Eq. 8)
+    encoded, ratio, seconds = upload_update(ctx, update, T)  # step 2 (Alg. 1 l. 8-10; Eq. 8)
     ctx.save_state("teacher", trainable_state(models.teacher))
     ctx.save_state("projections", models.projections.state_dict())
     metrics: dict[str, float] = {f"train/{k}": v for k, v in stats.items()

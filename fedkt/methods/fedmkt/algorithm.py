@@ -2,31 +2,39 @@
 
 Fan, Ma, Kang, Gu, Song, Fan, Chen, Yang, "FedMKT: Federated Mutual Knowledge Transfer
 for Large and Small Language Models", COLING 2025 (arXiv:2406.02224), Algorithms 1-2,
-Appendix A (the steps of a round) and B (token alignment).
+Appendix A (the steps of a round) and B (token alignment).  Steps are cited as
+"step N (Alg. 1 l. L)", by the numbered lines of the paper's Algorithm 1 (and Algorithm 2,
+DualMinCE).
 
 The server holds an LLM with a LoRA adapter; client k holds its own SLM (any
 architecture and tokenizer) with a LoRA adapter that never leaves it.  Both sides
 know the public set D_p (``data.split``: the ``public`` part).  One round:
 
-1. client k trains its LoRA on its private data with the task loss (Eq. 4);
-2. it computes its knowledge set S_k on D_p: per-sample loss and the top-K logits of
+1. (Alg. 1 l. 26-28) client k trains its LoRA on its private data with the task loss
+   (Eq. 4);
+2. (Alg. 1 l. 29-31) it computes its knowledge set S_k on D_p: per-sample loss and the top-K logits of
    every position (:class:`~fedkt.alignment.TopKLogits`, 6 bytes an entry), and uploads
    it (no text: samples are named by their index in D_p);
-3. the server maps each S_k into the LLM's token space: positions through the sequence
+3. (Alg. 1 l. 12) the server maps each S_k into the LLM's token space: positions through the sequence
    alignment of the two tokenizations of each public sample (computed once per
    tokenizer pair, cached in memory and on disk), ids through the MinED vocabulary
    mapping (:mod:`fedkt.alignment`);
-4. DualMinCE (Algorithm 2, :func:`dual_min_ce`): per public sample the client logits
+4. (Alg. 1 l. 13; Alg. 2 l. 6-11) DualMinCE (:func:`dual_min_ce`): per public sample the client logits
    with the smallest loss are used only if that loss is below the LLM's own loss on
    the sample; otherwise the sample gets no distillation (it is not in S~), or, with
    ``fallback_to_own: true`` (FATE-LLM's "greater" strategy), the LLM's own top-K;
    a position without an aligned teacher position gets a one-hot target on the
    ground-truth token (Appendix B 3(d); ``unaligned``);
-5. the server trains its LoRA on D_p with L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9;
+5. (Alg. 1 l. 15-18) the server trains its LoRA on D_p with L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9;
    lambda is ``method.ft_weight``);
-6. the server computes S_0 on D_p with its new adapter and sends it to every client;
-7. client k maps S_0 into its own token space, applies DualMinCE against its own
+6. (Alg. 1 l. 19-20) the server computes S_0 on D_p with its new adapter and sends it to
+   every client;
+7. (Alg. 1 l. 35-41) client k maps S_0 into its own token space, applies DualMinCE against its own
    loss (its S_k of step 2) and trains on L3 = lambda L_FT + (1 - lambda) L_KD (Eqs. 6, 8, 10).
+
+The server row's ``train/loss`` is the clients' mean task loss of step 1 (the
+convention of every method, docs/architecture.md); the server's own objective L2 of
+step 5 is ``train/server_loss``.
 
 ``L_KD`` is the cross-entropy of the student against the softmax of the selected top-K
 logits (:func:`~fedkt.alignment.sparse_kd_loss`, no dense [B, L, V] target).
@@ -136,37 +144,38 @@ class FedMKTServer(Server[FedMKTConfig]):
         return self._client_sides[key]
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
+        """One round of Algorithm 1 (server side); the extensions are in the helpers it
+        calls (:meth:`learn_own_data`, :meth:`client_update2`, :meth:`s0_message`)."""
         m: FedMKTConfig = self.method
-        # 1-2. clients train on private data (Eq. 4) and share S_k (not in LLM2SLM)
+        # steps 1-2 (Alg. 1 l. 11, 24-31): clients train on private data (Eq. 4), share S_k
         msg = Payload(share=m.llm_training)
         replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
-        metrics: dict[str, float] = {}
-        loss = mean_number(replies, "train_loss")
-        if loss is not None:
-            metrics["train/client_loss"] = loss
-        if self.data().server:  # an extension: the LLM also learns the server's own data
-            metrics.update(self.learn_own_data(rnd))
-            self.s0, self.s0_version = None, rnd
-        if m.llm_training:
-            metrics.update(self.learn_from_clients(rnd, replies, clients))
-            self.s0, self.s0_version = None, rnd
-        # 6. S_0 of the (new) adapter goes to every client that lacks this version
+        metrics = _mean_reported(replies, "train_loss", "train/loss")  # the clients' mean
+        metrics.update(self.learn_own_data(rnd))  # an extension: needs the server's own data
+        # steps 3-5 (Alg. 1 l. 12-18): align each S_k, DualMinCE, train the LLM on L2
+        metrics.update(self.learn_from_clients(rnd, replies, clients))
+        # step 6 (Alg. 1 l. 19): S_0 of the (new) adapter goes to every client lacking it
         fields, s0 = self.s0_message()
         msgs = {cid: self.holdings.offer(Payload(fields), cid, S0, self.s0_version, s0)
                 for cid in replies}
-        # 7. clients align S_0, DualMinCE against their own loss, train on L3
-        if m.post_fedavg and msgs:  # ... and FedAvg their adapters (homogeneous SLMs), which
-            # every client then adopts and evaluates (an extension: the paper does not average)
-            got, self.global_adapter = clients.aggregate(
-                "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
-            clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
-        else:
-            got = clients.call("distill", msgs)
+        # step 7 (Alg. 1 l. 20, 33-41): clients align S_0, DualMinCE against their own
+        # loss, train on L3
+        got = self.client_update2(msgs, clients)
         self.holdings.confirm(msgs, got, S0, self.s0_version)
-        kd = mean_number(got, "kd_loss")
-        if kd is not None:
-            metrics["train/client_kd_loss"] = kd
+        metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
         return metrics
+
+    def client_update2(self, msgs: dict[int, Payload], clients: Clients) -> dict[int, Payload]:
+        """Step 7 (Alg. 1 l. 20, ClientUpdate2): the clients' ``distill`` call; the replies
+        that arrived.  ``post_fedavg`` (an extension, FATE-LLM's option for homogeneous
+        SLMs; the paper does not average) FedAvgs their adapters after it, which every
+        client then adopts and evaluates."""
+        if not (self.method.post_fedavg and msgs):
+            return clients.call("distill", msgs)
+        got, self.global_adapter = clients.aggregate(
+            "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
+        clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
+        return got
 
     def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
@@ -181,19 +190,27 @@ class FedMKTServer(Server[FedMKTConfig]):
 
     def learn_own_data(self, rnd: int) -> dict[str, float]:
         """An extension (``data.split.server_size``): the LLM trains on the server's own
-        labelled data with the task loss, as a client does on its private data (Eq. 4)."""
+        labelled data with the task loss, as a client does on its private data (Eq. 4).
+        Nothing without such data."""
+        if not self.data().server:
+            return {}
         stats = train_lm(self.cfg, self.llm.reset(self.adapter), self.data().server,
                          seed=self.seed(rnd, "own"), lr=self.cfg.server.lr, desc="server train")
         self.adapter = self.llm.trainable()
+        self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
         return {"train/server_own_loss": stats["loss"]}
 
     def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
                            ) -> dict[str, float]:
-        """Steps 3-5: validate and align each S_k, DualMinCE, train the LLM on L2.
+        """Steps 3-5 (Alg. 1 l. 12-18): validate and align each S_k, DualMinCE, train the
+        LLM on L2; its objective is the row's ``server_loss``.  LLM2SLM (``llm_training:
+        false``, the paper's baseline) skips them: the LLM only teaches.
 
         A client whose S_k fails validation is excluded from the round (with the reason).
         """
         m: FedMKTConfig = self.method
+        if not m.llm_training:
+            return {}
         if m.knowledge == "choices":
             return self.learn_from_clients_choices(rnd, replies, clients)
         own = self.own_knowledge()
@@ -206,7 +223,7 @@ class FedMKTServer(Server[FedMKTConfig]):
                 raise PayloadError(f"{source}: field 'k' is {reply.get('k')!r}, "
                                    f"expected {m.top_k}")
             topk = unpack_topk(packed, vocab_size(tok), m.top_k, source)  # on receipt
-            # 3. SLM -> LLM tokens
+            # step 3 (Alg. 1 l. 12): SLM -> LLM tokens
             return to_receiver(topk, tok, pub, self.llm.tokenizer, self.public, source), packed
 
         checked = clients.validate(dict(sorted(replies.items())), receive, "train_and_share")
@@ -216,7 +233,8 @@ class FedMKTServer(Server[FedMKTConfig]):
         for _, packed in checked.values():
             e, b = packed_entries(packed)
             entries, tensor_bytes = entries + e, tensor_bytes + b
-        # 4. DualMinCE (Algorithm 2); 5. L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9)
+        # step 4 (Alg. 1 l. 13; Alg. 2 l. 6-11): DualMinCE; step 5 (Alg. 1 l. 15-18):
+        # L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9)
         selection = dual_min_ce(own.losses, other_losses(others, own))
         targets = build_targets(own, others, self.public, selection,
                                 fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
@@ -224,7 +242,8 @@ class FedMKTServer(Server[FedMKTConfig]):
                         epochs=m.server_kd_epochs, lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"),
                         desc="server kd")
         self.adapter = self.llm.trainable()
-        out = {"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
+        self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
+        out = {"train/server_loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
                "train/kd_from_clients": targets.fraction_from_others(),
                "train/kd_one_hot": stats["kd_one_hot"],
                **{f"train/{k}": stats[k] for k in DIAGNOSTICS},
@@ -249,7 +268,8 @@ class FedMKTServer(Server[FedMKTConfig]):
                               list(checked.values()), epochs=m.server_kd_epochs,
                               lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"), desc="server kd")
         self.adapter = self.llm.trainable()
-        return _finite({"train/loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
+        self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
+        return _finite({"train/server_loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
                         "train/kd_from_clients": stats["kd_taken"], "train/kd_steps": stats["steps"],
                         "train/rejected_clients": len(replies) - len(checked)})
 
@@ -318,6 +338,13 @@ def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogit
     return TopKLogits(vocab_size=int(got["vocab_size"][0]), **{f: got[f] for f in _TOPK_FIELDS})
 
 
+def _mean_reported(replies: dict[int, Payload], field: str, key: str) -> dict[str, float]:
+    """``{key: the replies' mean of field}`` (:func:`mean_number`), or nothing when no
+    reply reported it."""
+    mean = mean_number(replies, field)
+    return {} if mean is None else {key: mean}
+
+
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
     """Metrics without NaN (a loss over no step: nothing was distilled)."""
     return {k: v for k, v in metrics.items() if math.isfinite(v)}
@@ -349,7 +376,8 @@ def learn_choices(cfg: RunConfig, lm: LM, public: list[dict], own: Tensor,
 
 
 def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
-    """Steps 1-2: train the LoRA on private data (Eq. 4), compute S_k, upload it if asked."""
+    """Steps 1-2 (Alg. 1 l. 24-31): train the LoRA on private data (Eq. 4), compute S_k,
+    upload it if asked."""
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
     lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
@@ -380,7 +408,8 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
 
 
 def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
-    """Step 7: align S_0 to this client's tokens, DualMinCE, train on L3 (Eqs. 6, 8, 10)."""
+    """Step 7 (Alg. 1 l. 33-41): align S_0 to this client's tokens, DualMinCE, train on L3
+    (Eqs. 6, 8, 10)."""
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
     lm.reset(ctx.load_state("adapter"))
@@ -397,7 +426,7 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     s0 = unpack_topk(packed, vocab_size(server_tok), m.top_k, "server")  # validated on receipt
     server_public = PublicSet.build(ctx.cfg, server_tok, ctx.data().public)
     aligned = to_receiver(s0, server_tok, server_public, lm.tokenizer, public, "server")
-    selection = dual_min_ce(own.losses, other_losses([aligned], own))  # Algorithm 2
+    selection = dual_min_ce(own.losses, other_losses([aligned], own))  # Alg. 2 l. 6-11
     targets = build_targets(own, [aligned], public, selection,
                             fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
     stats = distill(ctx.cfg, lm, ctx.data().public, targets, epochs=m.client_kd_epochs,

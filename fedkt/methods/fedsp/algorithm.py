@@ -1,7 +1,8 @@
 """FedSP: tunable soft prompts are the messengers (Dong et al., EMNLP Findings 2023).
 
 Dong, Xie, Ding, Shen, Li, "Tunable Soft Prompts are Messengers in Federated
-Learning", Findings of EMNLP 2023, Sec. 3.
+Learning", Findings of EMNLP 2023, Sec. 3.  The paper has no algorithm box: steps are
+cited as "step N (Sec. 3.2, <its paragraph>)" (docs/architecture.md).
 
 The server owns a global LLM and never shares it.  Clients train an *auxiliary
 model* (:mod:`fedkt.models.auxiliary`): N of the LLM's layers (bottom, middle or
@@ -11,20 +12,21 @@ carries its own prefix (peft prefix tuning, ``training.prefix_tokens`` = 40 virt
 tokens), so the same soft prompts ``P`` (``[40, L * 2 * kv_dim]``) plug into both
 models.
 
-Before round 1 the server distils the LLM into the auxiliary model, no prompts
-attached (Eq. 2)::
+Step 0 (Sec. 3.2, Initialization): before round 1 the server distils the LLM into the
+auxiliary model, no prompts attached (Eq. 2)::
 
     min over (aux weights, W_S) of  MSE( H_LLM(x), W_S H_aux(x) )    on the server's data
 
 and sends it to every client once (only the chosen layers, embeddings, final norm and
 head travel; clients keep it on their disk).  Then every round:
 
-1. the server sends the current prompts P;
-2. client k (i) freezes P and trains its auxiliary model on its data with the task
+1. (Sec. 3.2, first paragraph) the server sends the current prompts P;
+2. (Sec. 3.2, Alternative Local Training) client k (i) freezes P and trains its auxiliary model on its data with the task
    loss (*global model alignment*: the prompts carry the global model's knowledge and
    the auxiliary model learns to work with them), then (ii) freezes the auxiliary
    model and trains P on its data (*local knowledge capturing*); it uploads P_k only;
-3. the server aggregates ``P = sum_k n_k P_k / sum_k n_k`` (Eq. 1), plugs P into the
+3. (Sec. 3.2, first paragraph; Eq. 1) the server aggregates
+   ``P = sum_k n_k P_k / sum_k n_k``, plugs P into the
    LLM and optimises it further on its own data (``server_prompt_steps``);
 4. P goes out again.  Evaluation is of the LLM with the final prompts.
 
@@ -302,20 +304,23 @@ class FedSPServer(Server[PromptMessengerConfig]):
         return {f"train/{k}": v for k, v in metrics.items()}
 
     def federated_round(self, rnd: int, clients: Clients) -> dict[str, float]:
-        """Steps 1-3: ship the auxiliary model if needed, send P, aggregate the P_k."""
+        """Steps 0-3 (Sec. 3.2): ship the auxiliary model if needed, send P, aggregate the
+        P_k."""
         m = self.method
         metrics: dict[str, float] = {}
         aux_id = ""
         if self.spec is not None:
             if m.distill and not self.kd_done:
-                metrics.update(self.distill(rnd))  # Eq. 2, once, no prompts attached
+                metrics.update(self.distill(rnd))  # step 0 (Eq. 2), once, no prompts
             if self.holdings.lacking(clients.ids, AUX, self.aux_id):
                 self.ship(clients)  # the auxiliary model, to the clients that lack it
             aux_id = self.aux_id
-        # 1. send P; 2. clients: (i) align the aux model, (ii) train P on local data
+        # step 1: send P; step 2 (Sec. 3.2, Alternative Local Training): clients (i) align
+        # the aux model, (ii) train P on local data
         sent = self.client_prompts()
         msg = Payload(prompts=sent, aux_id=aux_id)
-        # 3. P = sum_k n_k P_k / sum_k n_k (Eq. 1; by SecAgg+ when secure aggregation is on)
+        # step 3 (Eq. 1): P = sum_k n_k P_k / sum_k n_k (by SecAgg+ when secure aggregation
+        # is on)
         replies, avg = clients.aggregate("train", {cid: msg for cid in clients.ids},
                                          field="prompts", like=sent, weighted=m.weighted)
         counts = {c: r.number("num_examples", source=f"client {c}", low=0)

@@ -3,24 +3,31 @@
 Chen et al., "Federated Knowledge Transfer Fine-tuning Large Server Model with
 Resource-Constrained IoT Clients" (KOALA, arXiv:2407.05268), Algorithm 1.  Clients only
 run small models; the server holds the large model and an unlabelled proxy set and does
-all the distillation.  Each round:
+all the distillation.  Steps are cited as "step N (Alg. 1 l. L)", by the numbered
+lines of the paper's Algorithm 1 (its lines 5 and 8 hold a whole homo resp. hete round
+of the server).  Each round:
 
-1. every client trains its small model on its private labelled images (CE) and uploads
+1. (Alg. 1 l. 3) every client trains its small model on its private labelled images (CE) and uploads
    it with its sample count n_k;
 2. soft labels on the proxy set (:mod:`~fedkt.methods.koala.losses`):
-   * ``homo`` (same small model everywhere): the uploaded models are averaged into the
+   * ``homo`` (Alg. 1 l. 4-6; same small model everywhere): the uploaded models are averaged into the
      global small model omega (weights n_k), soft labels softmax(f(x, omega)/T) (Eq. 2);
-   * ``hete`` (different small models): each output z_k is refined,
+   * ``hete`` (Alg. 1 l. 7-9; different small models): each output z_k is refined,
      z_hat = A (z - z_min) / (z_bar - z_min) (Eq. 8), integrated with weights n_k
      (Eq. 9), soft labels softmax(z_tilde / T) (Eq. 10);
-3. reverse distillation (small -> large): only the large model's adapter (its
+3. (Alg. 1 l. 5, 8) reverse distillation (small -> large): only the large model's adapter (its
    classifier head) trains, on KL(soft labels || softmax(F(x)/T)) (Eqs. 3, 11);
-4. forward distillation (large -> small), unless ``forward_distillation: false``: the
+4. (Alg. 1 l. 5, 8) forward distillation (large -> small), unless ``forward_distillation: false``: the
    global small model (homo) or every client's small model (hete) trains on
    KL(softmax(F(x)/T) || softmax(f(x)/T)) + lambda MSE(f_g(x) W, F_h(x)), the large
    model's first-h-block features against the small model's first-g-block features
    through a learnable bridging matrix W (Eqs. 12-14 homo, 15-17 hete);
-5. the updated small models go back to their clients.
+5. the updated small models go back to their clients (the models the next round's
+   step 1 starts from; the box has no line for it).
+
+The server row's ``train/loss`` is the clients' mean CE of step 1 (the convention of
+every method, docs/architecture.md); the server's own objective, the reverse KL of
+step 3, is ``train/reverse_kl``.
 
 The large model's backbone stays frozen (the paper tunes only the adapter of a
 pretrained model); :class:`fedkt.train.pretrain.VisionPretrain` names the
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -150,8 +158,11 @@ class KoalaServer(Server[KoalaConfig]):
     # ------------------------------------------------------------------ round
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
+        """One round of Algorithm 1; the extensions are in the helpers it calls
+        (:meth:`forward`, :meth:`reverse_targets`, :meth:`teacher_logits`)."""
         m = self.method
-        # 1. local training on private data (a client lacking its small model gets it first)
+        # step 1 (Alg. 1 l. 3): clients train their small models on private data (CE) and
+        # upload them with n_k (a client lacking its small model gets it first)
         asked = list(clients.ids)
         replies = clients.call("train", {cid: self.offer(cid) for cid in asked})
         self.confirm(asked, replies)
@@ -160,13 +171,13 @@ class KoalaServer(Server[KoalaConfig]):
             r.number("num_examples", source=f"client {c}", low=0)), "train")
         states = {c: state for c, (state, _) in checked.items()}
         counts = {c: n for c, (_, n) in checked.items()}
-        # 2. soft labels on the unlabelled proxy set
-        if m.mode == "homo":
+        # step 2: soft labels on the unlabelled proxy set
+        if m.mode == "homo":  # Alg. 1 l. 4-6: omega = sum n_i omega_i / n, Eq. 2
             self.small["global"].load_state_dict(fedavg(list(states.values()),
                                                         list(counts.values())))
             updated = ["global"]
             soft = homo_soft_labels(self.teacher_logits("global"), m.temperature)  # Eq. 2
-        else:
+        else:  # Alg. 1 l. 7-9: refined (Eq. 8), integrated (Eq. 9), soft labels (Eq. 10)
             for c, state in states.items():
                 self.small[str(c)].load_state_dict(state)
             updated = [str(c) for c in states]
@@ -175,29 +186,56 @@ class KoalaServer(Server[KoalaConfig]):
                                     m.amplification, m.temperature)  # Eqs. 8-10
         for key in updated:
             self.versions[key] = rnd
-        if m.mode == "hete" and not m.forward_distillation:
-            # each client keeps its upload, which is now the server's copy of its model
-            self.holdings.confirm(states, states, MODEL, rnd)
-        # 3. reverse distillation: only the large model's adapter (head) learns
+        # step 3 (Alg. 1 l. 5, 8): reverse distillation, only the large model's adapter
+        # (head) learns (Eqs. 3, 11)
         rev = self.reverse_distill(rnd, soft)
-        metrics = {"train/loss": rev["loss"], "train/reverse_kl": rev["loss"],
-                   "train/client_loss": mean_number(replies, "train_loss", checked) or 0.0}
-        # 4. forward distillation into the small model(s)
-        if m.forward_distillation:
-            large_probs = koala_soft_labels(
-                predict_logits(self.head, self.proxy_features, precision=self.precision),
-                m.temperature)
-            fwd = [self.forward_distill(rnd, k, large_probs) for k in updated]
-            metrics["train/forward_loss"] = sum(f["loss"] for f in fwd) / len(fwd)
-        # 5. the updated small models go back to their clients (each evaluates its own)
+        metrics = {"train/loss": mean_number(replies, "train_loss", checked) or 0.0,
+                   "train/reverse_kl": rev["loss"]}
+        # step 4 (Alg. 1 l. 5, 8): forward distillation into the small model(s)
+        metrics.update(self.forward(rnd, updated, states))
+        # step 5: the updated small models go back to their clients (each evaluates its own)
         back = list(clients.ids) if m.mode == "homo" else list(states)
         got = clients.call("update", {cid: self.offer(cid) for cid in back})
         self.confirm(back, got)
         return metrics
 
+    def forward(self, rnd: int, updated: list[str], states: dict[int, dict[str, Tensor]]
+                ) -> dict[str, float]:
+        """Step 4 (Alg. 1 l. 5, 8; Eqs. 12-17): forward distillation into each updated small
+        model; its mean loss.  ``forward_distillation: false`` (an ablation, not in the
+        paper) skips it; in ``hete`` each client then keeps its upload, which is the
+        server's copy of its model this round (no need to send it back)."""
+        m = self.method
+        if not m.forward_distillation:
+            if m.mode == "hete":
+                self.holdings.confirm(states, states, MODEL, rnd)
+            return {}
+        large_probs = koala_soft_labels(
+            predict_logits(self.head, self.proxy_features, precision=self.precision),
+            m.temperature)
+        fwd = [self.forward_distill(rnd, k, large_probs) for k in updated]
+        return {"train/forward_loss": sum(f["loss"] for f in fwd) / len(fwd)}
+
     @timed("distill")
     def reverse_distill(self, rnd: int, soft: Tensor) -> dict[str, float]:
-        """Eqs. 3, 11: the head learns the soft labels of the proxy images.
+        """Step 3 (Eqs. 3, 11): the head learns the soft labels of the proxy images (or a
+        control's targets, :meth:`reverse_targets`)."""
+        m = self.method
+        data, target = self.reverse_targets(rnd, soft)
+
+        def loss_fn(head: nn.Module, b: list[Tensor]) -> Tensor:
+            logits = head(b[0])
+            return kl_div_from_probs(target(b), logits, m.temperature)  # Eqs. 3, 11
+
+        return train_vision(
+            self.head, data, loss_fn=loss_fn, epochs=m.reverse_epochs,
+            batch_size=m.distill_batch_size, lr=m.reverse_lr, weight_decay=m.weight_decay,
+            betas=(0.9, 0.999), seed=self.seed(rnd, "reverse"), precision=self.precision)
+
+    def reverse_targets(self, rnd: int, soft: Tensor
+                        ) -> tuple[tuple[Tensor, Tensor], Callable[[list[Tensor]], Tensor]]:
+        """Reverse distillation's data (proxy features, and what a batch carries) and the
+        target of a batch: the soft labels (KOALA), or a control's.
 
         ``teacher: shuffled`` (Fig. 2's "random selection") pairs image i with the soft
         label of image perm[i]: the same rows, so the same marginal and confidence, and
@@ -212,26 +250,14 @@ class KoalaServer(Server[KoalaConfig]):
                 n, 1 if m.shuffle_every == "round" else math.ceil(m.reverse_epochs),
                 self.seed(rnd, "shuffle-teacher"), soft.device)
             per_epoch, steps = math.ceil(n / batch), itertools.count()
-            data = (self.proxy_features, torch.arange(n, device=soft.device))
 
-            def target(b: list[Tensor]) -> Tensor:  # this pass's permutation of the labels
+            def shuffled(b: list[Tensor]) -> Tensor:  # this pass's permutation of the labels
                 return soft[perms[min(next(steps) // per_epoch, len(perms) - 1)][b[1]]]
-        else:
-            if m.teacher == "marginal":  # the average over permutations: one row for all
-                soft = soft.mean(0, keepdim=True).expand_as(soft).contiguous()
-            data = (self.proxy_features, soft)
 
-            def target(b: list[Tensor]) -> Tensor:
-                return b[1]
-
-        def loss_fn(head: nn.Module, b: list[Tensor]) -> Tensor:
-            logits = head(b[0])
-            return kl_div_from_probs(target(b), logits, m.temperature)  # Eqs. 3, 11
-
-        return train_vision(
-            self.head, data, loss_fn=loss_fn, epochs=m.reverse_epochs, batch_size=batch,
-            lr=m.reverse_lr, weight_decay=m.weight_decay, betas=(0.9, 0.999),
-            seed=self.seed(rnd, "reverse"), precision=self.precision)
+            return (self.proxy_features, torch.arange(n, device=soft.device)), shuffled
+        if m.teacher == "marginal":  # the average over permutations: one row for all
+            soft = soft.mean(0, keepdim=True).expand_as(soft).contiguous()
+        return (self.proxy_features, soft), lambda b: b[1]
 
     @timed("knowledge")
     @torch.no_grad()
@@ -320,7 +346,8 @@ def _small_model(ctx: ClientContext, msg: Payload) -> nn.Module:
 
 
 def client_train(ctx: ClientContext, msg: Payload) -> Payload:
-    """Step 1: train the small model on private labelled images (CE), upload it."""
+    """Step 1 (Alg. 1 l. 3): train the small model on private labelled images (CE), upload
+    it."""
     m, t = ctx.method, ctx.cfg.training
     model = _small_model(ctx, msg)
     images, labels = image_tensors(ctx.private)

@@ -1,0 +1,150 @@
+"""The built-in datasets: their catalogue (vendored files, fields, splits, label names).
+
+``data.dataset.name`` picks one (``intent_recognition``, ``tweeteval_hate:test``, ...);
+:func:`list_builtin` lists them with their splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedkt.data.dataset import DataError
+
+__all__ = ["VENDORED", "Builtin", "list_builtin", "read_label_file", "resolve_builtin"]
+
+VENDORED = Path(__file__).resolve().parent / "vendored"
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """One built-in dataset: where its files are and how its fields map to fedkt's."""
+
+    description: str
+    task: str
+    folder: str
+    splits: tuple[str, ...]  # first one is the default
+    fields: dict[str, str]
+    label_names: tuple[str, ...] | None = None
+    label_file: str | None = None  # tab-separated "id<TAB>name" lines
+    split_fields: dict[str, dict[str, str]] = field(default_factory=dict)
+    convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    template: str | None = None
+
+
+_INTENTS = (
+    "add_to_playlist",
+    "book_restaurant",
+    "get_weather",
+    "play_music",
+    "search_screening_event",
+    "search_creative_work",
+    "rate_book",
+)
+
+
+def _intent_row(row: dict[str, Any]) -> dict[str, Any]:
+    """BIG-bench intent_recognition row -> classification row over the 7 intents."""
+    if list(row.get("choices", [])) != list(_INTENTS):
+        raise DataError(f"unexpected intent choices {row.get('choices')!r}")
+    text = str(row.get("input", ""))
+    text = text.removeprefix("Utterance:").strip()
+    return {"text": text, "label": row.get("label")}
+
+
+_BUILTINS: dict[str, Builtin] = {
+    "dialogsum": Builtin(
+        description="DialogSum dialogue summarisation (generation, Rouge-L); "
+        "1,500 of 12,460 train and 200 of 500 test dialogues (test has 3 references)",
+        task="generation",
+        folder="dialogsum",
+        splits=("train", "test"),
+        fields={"prompt": "dialogue", "target": "summary"},
+        split_fields={
+            "test": {
+                "prompt": "dialogue",
+                "target": "summary1",
+                "references": "summary1,summary2,summary3",
+            }
+        },
+        template="Dialogue:\n{prompt}\nSummary:",
+    ),
+    "social_iqa": Builtin(
+        description="Social IQa commonsense multiple choice (BIG-bench), all 1,954 questions",
+        task="multiple_choice",
+        folder="bigbench/social_iqa",
+        splits=("all",),
+        fields={"prompt": "input", "choices": "choices", "label": "label"},
+    ),
+    "intent_recognition": Builtin(
+        description="SNIPS utterance intent (BIG-bench), 7 classes, all 693 utterances",
+        task="classification",
+        folder="bigbench/intent_recognition",
+        splits=("all",),
+        fields={"text": "text", "label": "label"},
+        label_names=_INTENTS,
+        convert=_intent_row,
+    ),
+    "tweeteval_hate": Builtin(
+        description="TweetEval hate speech (2 classes); 3,000 of 9,000 train, "
+        "999 val, 1,500 of 2,970 test tweets",
+        task="classification",
+        folder="tweeteval/hate",
+        splits=("train", "val", "test"),
+        fields={"text": "text", "label": "label"},
+        label_file="mapping.txt",
+    ),
+    "tweeteval_offensive": Builtin(
+        description="TweetEval offensive language (2 classes); 3,000 of 11,916 train, "
+        "1,324 val, 860 test tweets",
+        task="classification",
+        folder="tweeteval/offensive",
+        splits=("train", "val", "test"),
+        fields={"text": "text", "label": "label"},
+        label_file="mapping.txt",
+    ),
+}
+
+
+def list_builtin() -> dict[str, str]:
+    """Built-in dataset names -> one-line descriptions (with their splits)."""
+    out = {}
+    for name, b in _BUILTINS.items():
+        splits = ", ".join(f"{name}:{s}" for s in b.splits[1:])
+        more = f" [{b.task}; default split {b.splits[0]!r}" + (
+            f"; also {splits}]" if splits else "]"
+        )
+        out[name] = b.description + more
+    return out
+
+
+def resolve_builtin(spec: str) -> tuple[str, Builtin, str]:
+    """``name[:split]`` -> (name, its entry, the split); an unknown name or split is a
+    :class:`DataError` listing the allowed ones."""
+    name, _, split = spec.partition(":")
+    if name not in _BUILTINS:
+        raise DataError(
+            f"unknown built-in dataset {name!r}; allowed: {', '.join(sorted(_BUILTINS))} "
+            "(or give 'path' for a local file or 'hf_name' for a Hugging Face dataset)"
+        )
+    b = _BUILTINS[name]
+    split = split or b.splits[0]
+    if split not in b.splits:
+        raise DataError(
+            f"built-in dataset {name!r} has no split {split!r}; splits: {', '.join(b.splits)}"
+        )
+    return name, b, split
+
+
+def read_label_file(path: Path) -> list[str]:
+    """Class names from a ``id<TAB>name`` file whose ids are 0, 1, 2, ... in order."""
+    names: list[str] = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            idx, _, name = line.partition("\t")
+            if int(idx) != i:
+                raise DataError(f"{path} line {i + 1}: expected label id {i}, got {idx!r}")
+            names.append(name.strip())
+    return names

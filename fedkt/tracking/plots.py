@@ -1,0 +1,97 @@
+"""Plots of a run: a PNG per (split, metric) and the cumulative communication."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedkt.tracking.rows import MB, NON_METRIC_KEYS, is_eval, is_number, participant_order
+
+__all__ = ["write_plots"]
+
+
+def write_plots(rows: Sequence[dict[str, Any]], plots_dir: Path) -> list[Path]:
+    """Write PNG curves of ``rows`` to ``plots_dir``; returns the files written.
+
+    One figure per (split, metric) - ``test_accuracy.png``,
+    ``train_loss.png`` ... - with a line per participant (the server's
+    bold), and ``communication.png`` with cumulative MB sent / received.
+    """
+    rows = [r for r in rows if is_number(r.get("round"))]
+    if not rows:
+        return []
+    # Figures are made without pyplot: no global state, no GUI backend, thread-safe.
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    names = participant_order(r.get("participant", "?") for r in rows)
+    written: list[Path] = []
+    series_keys: set[tuple[str, str]] = set()
+    for r in rows:
+        split = "test" if is_eval(r) else "train"
+        for k, v in r.items():
+            if is_number(v) and (k == "loss" or k not in NON_METRIC_KEYS):
+                series_keys.add((split, k))
+    for split, key in sorted(series_keys):
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        for name in names:
+            points = [(r["round"], r[key]) for r in rows
+                      if r.get("participant", "?") == name and is_number(r.get(key))
+                      and (is_eval(r) == (split == "test"))]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", markersize=3, label=name,
+                        **_line_style(name))
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(key)
+        ax.set_title(f"{split} {key}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        written.append(_save(fig, plots_dir / f"{split}_{_safe(key)}.png"))
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
+    drew = False
+    for ax, key, label in ((axes[0], "bytes_sent", "sent"),
+                           (axes[1], "bytes_received", "received")):
+        for name in names:
+            per_round: dict[int, float] = {}
+            for r in rows:
+                if r.get("participant", "?") == name and is_number(r.get(key)):
+                    per_round[int(r["round"])] = per_round.get(int(r["round"]), 0) + r[key]
+            if per_round:
+                xs = sorted(per_round)
+                ys = [sum(per_round[x] for x in xs[: i + 1]) / MB for i in range(len(xs))]
+                ax.plot(xs, ys, marker="o", markersize=3, label=name, **_line_style(name))
+                drew = True
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(f"cumulative MB {label}")
+        ax.set_title(f"communication: {label}")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    if drew:
+        written.append(_save(fig, plots_dir / "communication.png"))
+    return written
+
+
+
+def _line_style(name: str) -> dict[str, Any]:
+    return {"linewidth": 2.8, "color": "black", "zorder": 3} if name == "server" \
+        else {"linewidth": 1.2, "alpha": 0.85}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+

@@ -1,0 +1,58 @@
+"""``summary.md``: a run's final and best values per participant, as markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedkt.tracking.rows import (
+    best_round,
+    is_eval,
+    is_number,
+    last_value,
+    main_metric,
+    metric_keys,
+    participant_order,
+    run_wall_time,
+    total,
+)
+from fedkt.tracking.tables import fmt, fmt_mb, fmt_seconds, format_table
+
+__all__ = ["summary_markdown"]
+
+
+def summary_markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any], run_dir: Path) -> str:
+    """Markdown summary of a run's ``rows`` (final and best values) under its saved config
+    ``cfg`` (a dict, for the name and method) and folder ``run_dir``."""
+    method = cfg.get("method")
+    method = method.get("name") if isinstance(method, dict) else method
+    rounds = [int(r["round"]) for r in rows if is_number(r.get("round"))]
+    title = f"# Run summary: {cfg.get('name', run_dir.name)}"
+    facts = [f"- folder: `{run_dir}`"]
+    if method:
+        facts.append(f"- method: {method}")
+    facts.append(f"- rounds completed: {max(rounds) if rounds else 0}")
+    wall = run_wall_time(rows)
+    if wall is not None:
+        facts.append(f"- wall time: {wall:.1f} s")
+    keys = metric_keys(rows)
+    main = main_metric(rows)
+    header = ["participant", "last eval round", "train loss", "test loss", *keys,
+              f"best {main} (round)", "MB sent", "MB received", "time (s)"]
+    table = []
+    for name in participant_order(r.get("participant", "?") for r in rows):
+        mine = [r for r in rows if r.get("participant", "?") == name]
+        eval_rounds = [r.get("round") for r in mine if is_eval(r)]
+        best = best_round(mine, main)
+        table.append([
+            name, eval_rounds[-1] if eval_rounds else None,
+            last_value(mine, "loss", train=True), last_value(mine, "loss", train=False),
+            *[last_value(mine, k, train=False) for k in keys],
+            f"{fmt(best[1])} ({best[0]})" if best else "-",
+            fmt_mb(total(mine, "bytes_sent")), fmt_mb(total(mine, "bytes_received")),
+            fmt_seconds(total(mine, "wall_time")),
+        ])
+    text = "\n".join([title, "", *facts, "", ""])
+    return text + (format_table(header, table, markdown=True) + "\n" if table
+                   else "No metrics.\n")
