@@ -17,7 +17,7 @@ leaves the client) and a copy of a small *student* shared by all clients.  A rou
    uploads the factors; ``T`` rises linearly from ``T_start`` to ``T_end`` over the
    rounds (Eq. 9);
 3. the server reconstructs the updates, averages them (FedAvg, example-weighted),
-   factorises the aggregate with the same ``T`` and sends it back ("sync"); clients and
+   factorises the aggregate with the same ``T`` and sends it back ("adopt"); clients and
    server add its reconstruction to their copy of the global student.
 
 The exchange of steps 2-3 is :mod:`fedkt.exchange` (shared with encoder FedAvg, whose
@@ -97,7 +97,7 @@ class FedKDServer(Server[FedKDConfig]):
         # 3. the server applies the aggregate, factorised with the same T ...
         self.global_state = apply_update(self.global_state, from_payload(update))
         self.version = rnd
-        # ... and every client applies it to its copy ("sync")
+        # ... and every client applies it to its copy ("adopt")
         sync_clients(clients, self.holdings, update, self.version)
         return metrics
 
