@@ -359,7 +359,7 @@ SHARED_HANDLERS: dict[str, str] = {
     "train": "local training on the client's private data; the reply is what it uploads",
     "evaluate": "the client's initial model on the test split (round 0, before training)",
     "adopt": "keep the model the server sends back (averaged, distilled or updated) as the "
-           "client's own, and evaluate it",
+             "client's own",
 }
 
 
