@@ -101,8 +101,8 @@ def part_tiny(work: Path) -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    configs = sorted({get_method(n).tiny_config for n in available()
-                      if get_method(n).tiny_config})
+    configs = sorted({get_method(n).conformance.tiny_config for n in available()
+                      if get_method(n).conformance.tiny_config})
     print(f"tiny: {len(configs)} tiny configs, CPU fp32 / CUDA fp32 / CUDA bf16", flush=True)
     for config in configs:
         try:

@@ -14,7 +14,7 @@ the newer commit adds.
     python benchmarks/metrics_identity.py --against /tmp/ref               # compare with it
 
 ``--methods`` adds every registered method on the tiny config it declares
-(``Method.tiny_config``), as ``CONFIG@METHOD`` (``--set method.name=METHOD``), so methods
+(``Method.conformance.tiny_config``), as ``CONFIG@METHOD`` (``--set method.name=METHOD``), so methods
 that share one tiny config (LLM2SLM, FedPrompt, the baselines) are checked too.
 
 ``--before`` / ``--after`` are git revisions (checked out into temporary worktrees) or
@@ -80,7 +80,7 @@ def method_configs(skip: list[str]) -> list[str]:
 
     out = []
     for name in available():
-        config = get_method(name).tiny_config
+        config = get_method(name).conformance.tiny_config
         if not config:
             continue
         own = yaml.safe_load((ROOT / "fedkt" / "configs" / f"{config}.yaml").read_text())

@@ -142,9 +142,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from fedkt.evidence.compare import baseline_report, groups_report
+    from fedkt.evidence.paired_table import baseline_report, groups_report
+    from fedkt.evidence.run_table import harness_report, report
     from fedkt.evidence.runs import group_runs, open_run
-    from fedkt.report import harness_report, report
     from fedkt.tracking.rows import time_breakdown
     from fedkt.tracking.tables import breakdown_table
 
@@ -236,7 +236,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     print("methods:")
     for name in available():
-        print(f"  {name:<18} {get_method(name).summary}")
+        print(f"  {name:<18} {get_method(name).docs.summary}")
     print("built-in datasets:")
     for name, desc in (list_builtin() | list_image_builtin()).items():
         print(f"  {name:<18} {desc}")

@@ -13,7 +13,7 @@ initial model every party builds from the seed).  A round:
    with the same ``T``;
 2. :func:`apply_update`: the server adds that reconstruction to the global state;
 3. :func:`sync_clients`: every client adds the same reconstruction to its copy
-   (:func:`client_sync`, the ``sync`` handler), so client and server copies stay equal.
+   (:func:`client_adopt`, the ``adopt`` handler), so client and server copies stay equal.
 
 ``T`` rises linearly over the rounds (Eq. 9, :func:`round_threshold`).
 """
@@ -42,7 +42,7 @@ from fedkt.methods.base import ClientContext, Clients, mean_number
 from fedkt.methods.holdings import Holdings
 from fedkt.payload import Payload, PayloadError
 
-__all__ = ["GLOBAL", "ExchangeSettings", "aggregate_updates", "apply_update", "client_sync",
+__all__ = ["GLOBAL", "ExchangeSettings", "aggregate_updates", "apply_update", "client_adopt",
            "round_threshold", "sync_clients", "upload_update"]
 
 State = dict[str, Tensor]
@@ -128,7 +128,7 @@ def sync_clients(clients: Clients, holdings: Holdings, encoded: State, version: 
     client that does not confirm is sent the whole state next round."""
     msg = Payload(update=encoded, **{f"{GLOBAL}_version": version})
     asked = list(clients.ids)
-    replies = clients.call("sync", {cid: msg for cid in asked}, evaluate=False)
+    replies = clients.call("adopt", {cid: msg for cid in asked}, evaluate=False)
     holdings.confirm(asked, replies, GLOBAL, version)
 
 
@@ -154,8 +154,8 @@ def upload_update(ctx: ClientContext, update: State, T: float | None
     return encoded, ratio, seconds
 
 
-def client_sync(ctx: ClientContext, msg: Payload) -> Payload:
-    """Handler ``sync``: apply the server's aggregate to this client's copy of the global
+def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:
+    """Handler ``adopt``: apply the server's aggregate to this client's copy of the global
     state (``version - 1``), which becomes ``version``."""
     version = int(msg.number(f"{GLOBAL}_version", source="server", low=1))
     saved = ctx.cached(GLOBAL, version - 1)

@@ -109,7 +109,7 @@ def _participant_lm(cfg: Any, run_dir: Path, participant: str, rnd: int) -> tupl
         if cid not in cfg.client_ids():
             raise ExportError(f"--participant {participant}: the run's clients are "
                               f"{', '.join(f'client_{c}' for c in cfg.client_ids())}")
-        if method.client_model is None:
+        if method.behaviour.client_model is None:
             raise ExportError(
                 f"--participant {participant}: method {cfg.method.name!r} keeps no causal LM "
                 "per client (FedAvg-style clients end with the global model: export "

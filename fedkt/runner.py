@@ -24,7 +24,7 @@ from fedkt.config import RunConfig
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
-from fedkt.evidence.compare import round0_summary
+from fedkt.evidence.paired_table import round0_summary
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
 from fedkt.precision import resolve_precision, set_threads

@@ -1,12 +1,15 @@
 """Conformance checks of a registered method (``tests/methods/test_conformance.py`` runs them
 for every method; ``tests/methods/test_new_method.py`` for a copied one).
 
-:func:`check_method` runs the method's tiny config (``Method.tiny_config``, with
+:func:`check_method` runs the method's tiny config (``Method.conformance.tiny_config``, with
 ``method.name`` set to the method's) for two rounds on the local runtime through a
 transport that records the exact bytes every client sends back, and asserts:
 
-1. every client handler is declared (``Method.uploads``) and every reply stays within its
-   declaration (:func:`fedkt.methods.uploads.undeclared`);
+1. every client handler has a shared name (``train``, ``evaluate``, ``adopt``:
+   :data:`fedkt.methods.base.SHARED_HANDLERS`) or is listed with what it does in
+   ``Method.conformance.own_handlers`` (:func:`handler_name_problems`), every handler is
+   declared (``Method.conformance.uploads``) and every reply stays within its declaration
+   (:func:`fedkt.methods.uploads.undeclared`);
 2. payload inspection is clean: no private text or image in any reply's bytes, no
    base-model weight by name or value (:mod:`tests.inspection`);
 3. resume is exact: a copy of the run folder as a crash in round 2 leaves it (round 2's
@@ -29,6 +32,7 @@ from safetensors.torch import load_file
 
 from fedkt.config import RunConfig
 from fedkt.methods import get_method
+from fedkt.methods.base import SHARED_HANDLERS, Method
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
@@ -38,29 +42,32 @@ from tests.trust_helpers import RecordedRun, RecordingTransport, scratch, tiny_c
 
 
 @dataclass
-class Conformance:
+class ConformanceRun:
     """What :func:`check_method` found (for tests that look further)."""
 
     run: RecordedRun
     resumed_rows: list[dict]
 
 
-_DONE: dict[str, Conformance] = {}
+_DONE: dict[str, ConformanceRun] = {}
 
 
-def conformance(name: str) -> Conformance:
+def conformance(name: str) -> ConformanceRun:
     """:func:`check_method` of ``name``, once per test session (its runs are kept)."""
     if name not in _DONE:
         _DONE[name] = check_method(name, scratch() / "conformance" / name)
     return _DONE[name]
 
 
-def check_method(name: str, root: Path) -> Conformance:
+def check_method(name: str, root: Path) -> ConformanceRun:
     """Run ``name`` on its tiny config and assert the three properties above."""
     torch.set_num_threads(1)
     method = get_method(name)
-    assert set(method.uploads) == set(method.handlers), \
-        f"{name}: uploads declared for {sorted(method.uploads)}, handlers {sorted(method.handlers)}"
+    problems = handler_name_problems(method)
+    assert not problems, "; ".join(problems)
+    uploads = method.conformance.uploads
+    assert set(uploads) == set(method.handlers), \
+        f"{name}: uploads declared for {sorted(uploads)}, handlers {sorted(method.handlers)}"
     # Two rounds, evaluated before training and after the last (round 0 and 2).
     cfg = tiny_config(name, root, "rounds=2", "eval.every=2", name="straight")
     transport = RecordingTransport(LocalTransport(default_state_root(cfg)))
@@ -93,7 +100,25 @@ def check_method(name: str, root: Path) -> Conformance:
         f"{name}: the resumed run's server state differs"
     ha, hb = (json.loads((folder / HOLDINGS).read_text()) for folder in (straight, again))
     assert ha == hb, f"{name}: the resumed run's holdings differ"
-    return Conformance(run, resumed)
+    return ConformanceRun(run, resumed)
+
+
+def handler_name_problems(method: Method) -> list[str]:
+    """What is wrong with a method's handler names: one outside the shared vocabulary
+    (:data:`~fedkt.methods.base.SHARED_HANDLERS`) that ``conformance.own_handlers`` does not
+    list with what it does, an own handler that takes a shared name, or one listed that the
+    method does not have."""
+    own = method.conformance.own_handlers
+    problems = [f"{method.name}: handler {h!r} is not one of the shared names "
+                f"({', '.join(SHARED_HANDLERS)}) nor listed in conformance.own_handlers"
+                for h in method.handlers if h not in SHARED_HANDLERS and h not in own]
+    problems += [f"{method.name}: own handler {h!r} takes a shared name; its role is "
+                 f"{SHARED_HANDLERS[h]!r}" for h in own if h in SHARED_HANDLERS]
+    problems += [f"{method.name}: conformance.own_handlers lists {h!r}, which it has no "
+                 "handler for" for h in own if h not in method.handlers]
+    problems += [f"{method.name}: own handler {h!r} does not say what it does"
+                 for h, what in own.items() if not (isinstance(what, str) and what.strip())]
+    return problems
 
 
 def check_train_loss(name: str, rows: list[dict], *, trains_clients: bool = True) -> None:

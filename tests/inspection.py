@@ -4,7 +4,7 @@
 
 (a) no private training text (or image) of any client appears in its bytes, nor in the
     decompressed per-example predictions;
-(b) every field is the runtime's own or declared by the method (``Method.uploads``,
+(b) every field is the runtime's own or declared by the method (``Method.conformance.uploads``,
     :func:`fedkt.methods.uploads.undeclared`), of its declared kind;
 (c) no base-model weight travels, by name or by value (:func:`base_weights`), and a method
     that uploads a whole (small) model uploads exactly that model.
@@ -163,7 +163,7 @@ def check_reply(run: RecordedRun, cid: int, handler: str, data: bytes, needles: 
     assert not leaked, f"{where} leaks {leaked[:3]}"
     payload = loads(data, source=f"client {cid}")
     # (b) only the runtime's fields and the method's declared ones, each of its kind
-    problems = undeclared(get_method(method).uploads, handler, payload)
+    problems = undeclared(get_method(method).conformance.uploads, handler, payload)
     assert not problems, f"{where}: beyond the declaration: {problems}"
     _check_runtime_fields(where, payload)
     if "_predictions" in payload:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Literal
 
 from fedkt.methods import register
-from fedkt.methods.base import Method
+from fedkt.methods.base import Behaviour, Conformance, Docs, Method
 from fedkt.methods.fedavg import AdapterAveragingConfig, FedAvgServer, client_train
+from fedkt.methods.handlers import client_evaluate
 from fedkt.methods.uploads import ADAPTER, NUMBER
-from fedkt.train.lm import client_evaluate
 
 NAME = "fedavg_plugin_variant"
 
@@ -22,8 +22,10 @@ class VariantConfig(AdapterAveragingConfig):
 
 METHOD = register(Method(
     name=NAME, config=VariantConfig, server=FedAvgServer,  # fedkt's class, not this module's
-    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
-    model_lr=True,
-    uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
-             "evaluate": {}},
-    summary="FedAvg under a plugin's name (a test)"))
+    handlers={"train": client_train, "evaluate": client_evaluate},
+    behaviour=Behaviour(aggregates=True, model_lr=True),
+    docs=Docs(summary="FedAvg under a plugin's name (a test)"),
+    conformance=Conformance(
+        uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
+                 "evaluate": {}}),
+))

@@ -121,9 +121,9 @@ class TamperingTransport:
 
 
 def tiny_config(method: str, root: Path, *overrides: str, name: str = "run") -> RunConfig:
-    """The method's own tiny config (``Method.tiny_config``) as ``method``, 1 round unless
+    """The method's own tiny config (``Method.conformance.tiny_config``) as ``method``, 1 round unless
     overridden, its run folder ``root / name``."""
-    spec = get_method(method).tiny_config
+    spec = get_method(method).conformance.tiny_config
     assert spec, f"method {method!r} declares no tiny_config"
     return load_config(resolve_config(spec), [f"method.name={method}", "rounds=1",
                                               f"name={name}", f"output_dir={root / name}",

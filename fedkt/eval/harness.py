@@ -6,7 +6,7 @@ model objects fedkt already holds (``HFLM(pretrained=model, tokenizer=...)``, ad
 applied): no second load, no model hub.
 
 * :func:`run_harness` evaluates the server's model (``Server.server_model()``) and, if asked,
-  every client's (``Method.client_model``, read from ``RUN_DIR/clients/client_k/``)
+  every client's (``Method.behaviour.client_model``, read from ``RUN_DIR/clients/client_k/``)
   on lm-eval tasks, and writes ``RUN_DIR/harness/<participant>.json``;
 * :func:`load_harness_results` reads those files back as
   ``{participant: {task: {metric: value}}}``;
@@ -177,7 +177,7 @@ def client_model(cfg: RunConfig, cid: int, after_round: int) -> LM:
     from fedkt.runtime.base import default_state_root
 
     method = get_method(cfg.method.name)
-    if method.client_model is None:
+    if method.behaviour.client_model is None:
         raise HarnessError(
             f"method {cfg.method.name!r} has no per-client model to evaluate: its clients keep "
             "no causal LM of their own on their disk (FedAvg-style clients end with the "
@@ -188,7 +188,7 @@ def client_model(cfg: RunConfig, cid: int, after_round: int) -> LM:
         raise HarnessError(f"client {cid}: no state folder {state_dir} (clients of a `flower` "
                            "deployment keep theirs on their own machines)")
     ctx = ClientContext(cfg=cfg, cid=cid, rnd=after_round + 1, step=0, state_dir=state_dir)
-    return method.client_model(ctx)
+    return method.behaviour.client_model(ctx)
 
 
 def _json_default(value: Any) -> Any:

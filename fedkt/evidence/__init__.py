@@ -4,8 +4,15 @@
   bootstrap (over examples and seeds), the normal approximation, McNemar's exact test;
 * :mod:`fedkt.evidence.runs`: run folders (``RUN@ROUND``), participant groups, seed groups;
 * :mod:`fedkt.evidence.claims`: claim lines and their verdicts;
+* :mod:`fedkt.evidence.run_table`: ``fedkt report RUN...``, one row per run (final
+  metrics, best round, bytes, wall time; lm-evaluation-harness results);
+* :mod:`fedkt.evidence.paired_table`: ``fedkt report RUN... --baseline RUN``, paired
+  differences to a baseline with CIs, seed groups' mean ± std, round 0 -> the end
+  (``eval.compare_round0``);
 * :mod:`fedkt.evidence.suite`: ``fedkt suite run / report``;
-* :mod:`fedkt.evidence.compare`: ``fedkt report --baseline``.
+* :mod:`fedkt.evidence.method_table`: a suite's cross-method table (accuracy, bytes,
+  compute, exposure per arm);
+* :mod:`fedkt.evidence.plots`: a suite's figures.
 
 See docs/evidence.md.
 """

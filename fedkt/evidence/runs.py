@@ -21,6 +21,7 @@ import numpy as np
 
 from fedkt.eval.groups import resolve_groups
 from fedkt.eval.predictions import Predictions, prediction_files, read_predictions
+from fedkt.evidence.run_table import RunInfo, load_run
 from fedkt.evidence.stats import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_LEVEL,
@@ -32,7 +33,6 @@ from fedkt.evidence.stats import (
     metric_names,
     sample,
 )
-from fedkt.report import RunInfo, load_run
 from fedkt.tracking.rows import is_eval
 
 __all__ = ["Group", "Run", "compare", "fmt_mean_std", "group_runs", "open_run"]

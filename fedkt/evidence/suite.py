@@ -25,7 +25,7 @@ a crash or Ctrl-C the same command finishes only what is missing.  ``--jobs N``
 runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).  The
 suite ends with ``suite.md`` (the table and the claims' verdicts), ``suite.json``
 and ``plots/``; a ``comparison`` section adds the cross-method table
-(:mod:`fedkt.evidence.comparison`).
+(:mod:`fedkt.evidence.method_table`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ from fedkt.config import (
 from fedkt.config_catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
-from fedkt.evidence.comparison import ComparisonConfig, check_comparison, comparison_report
+from fedkt.evidence.method_table import (
+    ComparisonConfig,
+    check_comparison,
+    comparison_report,
+)
 from fedkt.evidence.plots import suite_plots
 from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean_std, open_run
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
@@ -85,7 +89,7 @@ class SuiteConfig(_Strict):
     bootstrap: int = Field(DEFAULT_BOOTSTRAP, ge=100)
     level: float = Field(DEFAULT_LEVEL, gt=0.5, lt=1.0)
     bootstrap_seed: int = 0
-    # The cross-method table (fedkt.evidence.comparison): accuracy, bytes, compute, exposure.
+    # The cross-method table (fedkt.evidence.method_table): accuracy, bytes, compute, exposure.
     comparison: ComparisonConfig | None = None
     # Experiment trackers for every run (a run config's ``tracking``, e.g. [mlflow]); an
     # arm's own ``tracking`` wins.  Each (arm, seed) is one tracking run tagged suite, arm

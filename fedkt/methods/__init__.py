@@ -1,7 +1,8 @@
 """Methods: ``method.name`` in a config selects one (:mod:`fedkt.methods.registry`).
 
-Each method lives in its own module or package here and registers itself with
-``register(Method(...))``; nothing else lists it.  Only the method a run names is
+Each method lives in its own package here, whose ``__init__.py`` registers it at module
+level: ``METHOD = register(Method(name="...", config=..., ...))`` (docs/architecture.md);
+nothing else lists it.  Only the method a run names is
 imported, so ``fedkt --help`` stays fast.
 """
 

@@ -350,38 +350,106 @@ class Server(Generic[C]):
             raise NotImplementedError(f"{type(self).__name__} does not restore state")
 
 
-@dataclass(frozen=True)
-class Method:
-    """A registered method: its config class, server procedure and client handlers."""
+# --------------------------------------------------------------------------- the registration
 
-    name: str
-    config: type[MethodConfig]
-    server: type[Server]
-    handlers: dict[str, Handler]
-    summary: str = ""
-    paper: str = ""
-    # What crosses the wire besides metrics, in a few words (docs/security.md's table):
-    # what the server sees from each client, and what the clients see from the server.
-    server_sees: str = "nothing"
-    clients_see: str = "nothing"
+# The client handlers' shared names, one per role every method may have; any other handler
+# is the method's own and is listed, with what it does, in ``Conformance.own_handlers``
+# (the conformance test checks both).
+SHARED_HANDLERS: dict[str, str] = {
+    "train": "local training on the client's private data; the reply is what it uploads",
+    "evaluate": "the client's initial model on the test split (round 0, before training)",
+    "adopt": "keep the model the server sends back (averaged, distilled or updated) as the "
+             "client's own",
+}
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What a method does that the rest of fedkt (config checks, export, evaluation outside
+    the round loop) reads."""
+
     # The server only needs the (weighted) mean of one upload per client, which it gets
     # through ``Clients.aggregate``: secure aggregation and client-side DP apply.
     aggregates: bool = False
-    # (ctx) -> LM: a client's causal LM as its state folder (``ctx.load_state``) holds it
-    # after the round before ``ctx.rnd``, for evaluation outside the round loop
-    # (:mod:`fedkt.eval.harness`); None: the clients keep no model of their own.
-    client_model: Callable[[ClientContext], LM] | None = None
     # Trains through :func:`fedkt.train.lm.train_lm` on ``client_lm`` / ``server_lm``: a
     # per-model ``lr`` (``server.lr``, ``clients.models[i].lr``) applies.
     model_lr: bool = False
     # (cfg) -> None: raises ValueError naming the key when the run config does not suit
     # the method (checked when the config is parsed, before any work).
     check: Callable[[Any], None] | None = None
-    # handler -> field -> kind: what each client handler's reply may hold beyond the
-    # runtime's own fields (:mod:`fedkt.methods.uploads`); every handler is declared, and
-    # the conformance test checks every reply of a real run against it.
-    uploads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # (ctx) -> LM: a client's causal LM as its state folder (``ctx.load_state``) holds it
+    # after the round before ``ctx.rnd``, for evaluation outside the round loop
+    # (:mod:`fedkt.eval.harness`, ``fedkt export``); None: the clients keep no model.
+    client_model: Callable[[ClientContext], LM] | None = None
+
+
+@dataclass(frozen=True)
+class Docs:
+    """How a method is described: ``fedkt list``, docs/configuration.md, the cross-method
+    table and docs/security.md."""
+
+    # One line: what the method does.
+    summary: str = ""
+    # The paper it follows (authors, title, venue).
+    paper: str = ""
+    # What crosses the wire besides metrics, in a few words: what the server sees from
+    # each client, and what the clients see from the server.
+    server_sees: str = "nothing"
+    clients_see: str = "nothing"
+
+
+@dataclass(frozen=True)
+class Conformance:
+    """What the conformance test (``tests/conformance.py``) runs a method on and holds it to."""
+
     # The smallest run of this method on tiny models: a shipped config's name
     # (``fedkt configs list``) or a YAML path; the conformance test runs it with
     # ``method.name`` set to this method's.
     tiny_config: str | None = None
+    # handler -> field -> kind: what each client handler's reply may hold beyond the
+    # runtime's own fields (:mod:`fedkt.methods.uploads`); every handler is declared, and
+    # the conformance test checks every reply of a real run against it.
+    uploads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # handler -> what it does, for each handler outside :data:`SHARED_HANDLERS`.
+    own_handlers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method: who it is (``name``, its ``config`` class, its ``server``
+    procedure and client ``handlers``), then what it does (``behaviour``), how it is
+    described (``docs``) and what the conformance test holds it to (``conformance``).
+
+    Registered once, at module level, in its package's ``__init__.py``, keywords only::
+
+        METHOD = register(Method(name="fedavg", config=FedAvgConfig, server=FedAvgServer,
+                                 handlers={"train": client_train}, behaviour=Behaviour(...),
+                                 docs=Docs(...), conformance=Conformance(...)))
+    """
+
+    name: str
+    config: type[MethodConfig]
+    server: type[Server]
+    # handler name -> handler: :data:`SHARED_HANDLERS` names and the method's own.
+    handlers: Mapping[str, Handler] = field(default_factory=dict)
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    docs: Docs = field(default_factory=Docs)
+    conformance: Conformance = field(default_factory=Conformance)
+
+    # Flat read-only views of four grouped fields, for fedkt/config.py, which reads them
+    # by these names.
+    @property
+    def aggregates(self) -> bool:
+        return self.behaviour.aggregates
+
+    @property
+    def model_lr(self) -> bool:
+        return self.behaviour.model_lr
+
+    @property
+    def check(self) -> Callable[[Any], None] | None:
+        return self.behaviour.check
+
+    @property
+    def summary(self) -> str:
+        return self.docs.summary

@@ -1,10 +1,10 @@
 """The method registry: ``method.name`` in a config selects a registered :class:`Method`.
 
-Registering is enough: ``register(Method("name", ...))`` in a module or package under
-``fedkt/methods/`` is found by reading the sources (no import, so ``fedkt --help`` stays
-fast and only the method a run names is imported); a method defined elsewhere (a plugin,
-a test) is available once its module is imported, and a fresh process (a Flower client)
-imports that module again (:func:`plugin_module`).
+Registering is enough: ``register(Method(name="...", ...))`` in a package's
+``__init__.py`` under ``fedkt/methods/`` is found by reading the sources (no import, so
+``fedkt --help`` stays fast and only the method a run names is imported); a method
+defined elsewhere (a plugin, a test) is available once its module is imported, and a
+fresh process (a Flower client) imports that module again (:func:`plugin_module`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _literal_name(call: ast.Call) -> str | None:
 
 @functools.cache
 def _built_in() -> dict[str, str]:
-    """Method name -> module, from the ``Method("name", ...)`` calls of fedkt/methods/."""
+    """Method name -> module, from the ``Method(name="...", ...)`` calls of fedkt/methods/."""
     found: dict[str, str] = {}
     for path in sorted(_PACKAGE.rglob("*.py")):
         parts = path.relative_to(_PACKAGE).with_suffix("").parts

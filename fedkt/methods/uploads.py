@@ -1,8 +1,9 @@
 """What a method's clients send back, declared next to the method and checked by the tests.
 
-Every method registers ``Method(uploads={handler: {field: kind}})``: for each client
-handler, the fields its reply may hold beyond the runtime's own (``metrics``, the
-envelope, evaluation predictions) and what each field is:
+Every method registers ``Conformance(uploads={handler: {field: kind}})`` in its
+``Method(conformance=...)``: for each client handler, the fields its reply may hold beyond
+the runtime's own (``metrics``, the envelope, evaluation predictions) and what each field
+is:
 
 * :data:`NUMBER` (a finite int or float), :data:`FLAG` (a bool), :data:`HEX_ID` (a
   64-character content hash);

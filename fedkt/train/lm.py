@@ -32,7 +32,6 @@ __all__ = [
     "LM",
     "ExtraLoss",
     "clear_cache",
-    "client_evaluate",
     "client_lm",
     "client_test_metrics",
     "evaluate_lm",
@@ -269,7 +268,7 @@ def server_lm(cfg: RunConfig) -> LM:
 
 def saved_client_lm(ctx: Any) -> LM:
     """A client's model with the adapter it last saved as ``"adapter"`` on its disk
-    (``ctx.save_state``), e.g. standalone and FedMKT clients; ``Method.client_model``."""
+    (``ctx.save_state``), e.g. standalone and FedMKT clients; ``Behaviour.client_model``."""
     saved = ctx.load_state("adapter")
     if saved is None:
         raise FileNotFoundError(f"{ctx.name}: no saved adapter in {ctx.state_dir} before "
@@ -281,10 +280,3 @@ def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:
     """``test/*`` metrics of a client's LM when this call is an evaluation round."""
     return ctx.test_metrics(lambda: evaluate_lm(ctx.cfg, lm, ctx.data().test))
 
-
-def client_evaluate(ctx: Any, msg: Any) -> Any:
-    """Client handler ``evaluate``: the client's initial model on the test split (round 0,
-    zero-shot); the handler of every LM method whose clients start from ``clients.models``."""
-    from fedkt.payload import Payload
-
-    return Payload(metrics=client_test_metrics(ctx, client_lm(ctx.cfg, ctx.cid)))

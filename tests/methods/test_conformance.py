@@ -61,3 +61,90 @@ def test_the_train_loss_check_catches_a_server_objective():
     check_train_loss("centralized", alone, trains_clients=False)
     with pytest.raises(AssertionError, match="no client row has one"):
         check_train_loss("no clients", alone)
+
+
+def test_every_method_names_its_handlers_from_the_shared_vocabulary():
+    """``train``, ``evaluate``, ``adopt``, or an own handler listed with what it does;
+    checked here for every method without running it (the runs above check it too)."""
+    from fedkt.methods import get_method
+    from fedkt.methods.base import SHARED_HANDLERS
+    from tests.conformance import handler_name_problems
+
+    methods = [get_method(name) for name in available()]
+    assert [p for m in methods for p in handler_name_problems(m)] == []
+    # The handler that takes the server's model back has one name wherever it exists.
+    adopting = {m.name for m in methods if "adopt" in m.handlers}
+    assert {"fedkd", "koala", "fedmkt", "llm2slm", "fedavg_encoder"} <= adopting
+    assert all(set(m.handlers) <= set(SHARED_HANDLERS) | set(m.conformance.own_handlers)
+               for m in methods)
+
+
+def test_a_handler_outside_the_vocabulary_is_caught():
+    """The vocabulary check is not vacuous: another name for a shared role, an own handler
+    under a shared name, a stale or undescribed listing each fail, naming the method."""
+    from fedkt.methods.base import Conformance, Method, Server
+    from fedkt.methods.fedavg import FedAvgConfig
+    from tests.conformance import handler_name_problems
+
+    def noop(ctx, msg):
+        return msg
+
+    def method(handlers, own):
+        return Method(name="m", config=FedAvgConfig, server=Server,
+                      handlers=dict.fromkeys(handlers, noop),
+                      conformance=Conformance(own_handlers=own))
+
+    assert handler_name_problems(method(["train", "adopt"], {})) == []
+    assert handler_name_problems(method(["train", "share"], {"share": "upload logits"})) == []
+    got = handler_name_problems(method(["train", "sync"], {}))
+    assert len(got) == 1 and "m: handler 'sync' is not one of the shared names" in got[0]
+    assert "takes a shared name" in handler_name_problems(
+        method(["adopt"], {"adopt": "keep the global model"}))[0]
+    assert "which it has no handler for" in handler_name_problems(
+        method(["train"], {"update": "keep the model"}))[0]
+    assert "does not say what it does" in handler_name_problems(
+        method(["train", "share"], {"share": " "}))[0]
+
+
+def _registrations(path):
+    """Each ``Method(...)`` call in ``path``: (the call, its statement at module level or
+    None)."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(node): stmt for stmt in tree.body for node in ast.walk(stmt)}
+    return [(node, top.get(id(node))) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "Method"]
+
+
+def test_every_built_in_method_registers_one_way():
+    """``NAME = register(Method(name="...", config=Class, ...))`` at module level in its
+    package's ``__init__.py``, keywords only (docs/architecture.md): the one style a
+    newcomer copies, and what the registry reads without importing (its name and config)."""
+    import ast
+    from pathlib import Path
+
+    import fedkt.methods
+
+    root = Path(fedkt.methods.__file__).parent
+    seen = []
+    for path in sorted(root.rglob("*.py")):
+        for call, stmt in _registrations(path):
+            where = f"{path.relative_to(root)}:{call.lineno}"
+            assert path.name == "__init__.py" and path.parent != root, \
+                f"{where}: a method registers in its package's __init__.py"
+            assert isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Name) \
+                and stmt.targets[0].id.isupper(), f"{where}: NAME = register(Method(...))"
+            outer = stmt.value
+            assert isinstance(outer, ast.Call) and isinstance(outer.func, ast.Name) \
+                and outer.func.id == "register" and outer.args == [call] \
+                and not outer.keywords, f"{where}: NAME = register(Method(...))"
+            assert not call.args, f"{where}: Method(...) takes keywords only"
+            kw = {k.arg: k.value for k in call.keywords}
+            assert isinstance(kw.get("name"), ast.Constant) \
+                and isinstance(kw["name"].value, str), f"{where}: name='...' literal"
+            assert isinstance(kw.get("config"), ast.Name), f"{where}: config=ItsConfigClass"
+            seen.append(kw["name"].value)
+    assert sorted(seen) == available()  # every built-in method, each once

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedkt.evidence.compare import baseline_report
+from fedkt.evidence.paired_table import baseline_report
 from fedkt.losses import kl_div
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters

@@ -201,7 +201,7 @@ def test_benchmark_fedkd_table_by_hand():
     assert line["client_svd_share_of_step"] == pytest.approx(share)
 
 
-def test_round_sends_svd_factors_and_keeps_clients_in_sync(tmp_path):
+def test_round_sends_svd_factors_and_keeps_clients_equal_to_the_server(tmp_path):
     cfg = fedkd_config(tmp_path, "rounds=4")
     server, clients = server_and_clients(cfg)
     initial = {k: v.clone() for k, v in server.global_state.items()}
@@ -234,8 +234,8 @@ def test_round_sends_svd_factors_and_keeps_clients_in_sync(tmp_path):
     agg = decompress_state(from_payload(encode_update({k: v.float() for k, v in mean.items()}, T)))
     for key, value in server.global_state.items():
         torch.testing.assert_close(value, initial[key] + agg[key], rtol=1e-5, atol=1e-6)
-    sync = clients.sent["sync"][0]["update"]
-    for key, c in from_payload(sync).items():
+    adopted = clients.sent["adopt"][0]["update"]
+    for key, c in from_payload(adopted).items():
         if c.is_factored:
             s = torch.linalg.svdvals(mean[key].reshape(mean[key].shape[0], -1))
             assert c.rank == energy_rank(s, T)
@@ -263,7 +263,7 @@ def test_failed_client_is_resent_the_whole_student(tmp_path):
     server, _ = server_and_clients(cfg)
     files = sorted(cfg.run_dir.glob("checkpoints/*/server.safetensors"))
     server.load_state_dict(load_file(str(files[-1])))
-    # round 2 sent client 1 the whole student; after its sync all agree at version 2
+    # round 2 sent client 1 the whole student; after its adopt call all agree at version 2
     assert server.version == 2
     held = json.loads(files[-1].with_name("holdings.json").read_text())
     assert held == {"0": {"global": "2"}, "1": {"global": "2"}}

@@ -47,7 +47,7 @@ def client_train_alone(ctx: ClientContext, msg: Payload) -> Payload:
 
 
 def untouched_client_model(ctx: ClientContext) -> LM:
-    """A zero-shot client's model: its initial one (``Method.client_model``)."""
+    """A zero-shot client's model: its initial one (``Behaviour.client_model``)."""
     return family_of(ctx.cfg).build(ctx.cfg, ctx.cid)
 
 

@@ -3,7 +3,7 @@
 The whole model (``layers: null``, teacher size) or its embeddings and first N layers
 (student size) fine-tune on the clients' private data with cross-entropy; the server
 averages their updates.  The updates travel exactly as FedKD's do
-(:mod:`fedkt.exchange`: client update up, aggregate down, a ``sync`` call), uncompressed
+(:mod:`fedkt.exchange`: client update up, aggregate down, an ``adopt`` call), uncompressed
 unless ``compress: true``, so the two methods' bytes compare: the server is FedKD's, with
 the model's depth taken from ``layers``.  The server evaluates the global model.
 """

@@ -8,9 +8,9 @@ registers it.  Copy the folder, rename, register: nothing else lists a method.
 from __future__ import annotations
 
 from fedkt.methods import register
-from fedkt.methods.base import Method
+from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.handlers import client_evaluate
 from fedkt.methods.uploads import ADAPTER, NUMBER
-from fedkt.train.lm import client_evaluate
 
 from .algorithm import Adapter, FedAvgServer, average_client_adapters, client_train
 from .config import AdapterAveragingConfig, FedAvgConfig
@@ -20,13 +20,16 @@ __all__ = ["METHOD", "Adapter", "AdapterAveragingConfig", "FedAvgConfig", "FedAv
 
 METHOD = register(Method(
     name="fedavg", config=FedAvgConfig, server=FedAvgServer,
-    handlers={"train": client_train, "evaluate": client_evaluate}, aggregates=True,
-    model_lr=True, server_sees="adapter", clients_see="global adapter",
-    # McMahan et al.: the locally trained adapter theta_k and n_k.
-    uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
-             "evaluate": {}},
-    tiny_config="fedavg/tiny",
-    summary="FedAvg of LoRA/prefix adapters on a shared client model",
-    paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
-          "Decentralized Data, AISTATS 2017",
+    handlers={"train": client_train, "evaluate": client_evaluate},
+    behaviour=Behaviour(aggregates=True, model_lr=True),
+    docs=Docs(
+        summary="FedAvg of LoRA/prefix adapters on a shared client model",
+        paper="McMahan et al., Communication-Efficient Learning of Deep Networks from "
+              "Decentralized Data, AISTATS 2017",
+        server_sees="adapter", clients_see="global adapter"),
+    conformance=Conformance(
+        tiny_config="fedavg/tiny",
+        # McMahan et al.: the locally trained adapter theta_k and n_k.
+        uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
+                 "evaluate": {}}),
 ))

@@ -7,9 +7,9 @@ updates (Wu et al., Nature Communications 2022).
 
 from __future__ import annotations
 
-from fedkt.exchange import client_sync
+from fedkt.exchange import client_adopt
 from fedkt.methods import register
-from fedkt.methods.base import Method
+from fedkt.methods.base import Behaviour, Conformance, Docs, Method
 from fedkt.methods.uploads import NUMBER, SVD_UPDATE
 
 from .algorithm import FedKDServer, client_train, train_fedkd
@@ -23,14 +23,18 @@ __all__ = ["METHOD", "STUDENT_LR_RATIO", "FedKDConfig", "FedKDLosses", "FedKDMod
 
 METHOD = register(Method(
     name="fedkd", config=FedKDConfig, server=FedKDServer,
-    handlers={"train": client_train, "sync": client_sync}, aggregates=True,
-    server_sees="SVD-compressed student update", clients_see="compressed global student update",
-    # Eq. 8: SVD factors of the shared student's update; the teacher never leaves.
-    uploads={"train": {"update": SVD_UPDATE, "num_examples": NUMBER, "train_loss": NUMBER},
-             "sync": {}},
-    tiny_config="fedkd/tiny",
-    summary="local teachers + shared student by adaptive mutual distillation; "
-            "SVD-compressed student updates",
-    paper="Wu et al., Communication-efficient federated learning via knowledge "
-          "distillation, Nature Communications 2022",
+    handlers={"train": client_train, "adopt": client_adopt},
+    behaviour=Behaviour(aggregates=True),
+    docs=Docs(
+        summary="local teachers + shared student by adaptive mutual distillation; "
+                "SVD-compressed student updates",
+        paper="Wu et al., Communication-efficient federated learning via knowledge "
+              "distillation, Nature Communications 2022",
+        server_sees="SVD-compressed student update",
+        clients_see="compressed global student update"),
+    conformance=Conformance(
+        tiny_config="fedkd/tiny",
+        # Eq. 8: SVD factors of the shared student's update; the teacher never leaves.
+        uploads={"train": {"update": SVD_UPDATE, "num_examples": NUMBER, "train_loss": NUMBER},
+                 "adopt": {}}),
 ))

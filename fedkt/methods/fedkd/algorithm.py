@@ -18,7 +18,7 @@ as "step N (Alg. 1 l. L)", by the numbered lines of the paper's Algorithm 1.  A 
    uploads the factors; ``T`` rises linearly from ``T_start`` to ``T_end`` over the
    rounds (Eq. 9);
 3. (Alg. 1 l. 11-22) the server reconstructs the updates, averages them (FedAvg, example-weighted),
-   factorises the aggregate with the same ``T`` and sends it back ("sync"); clients and
+   factorises the aggregate with the same ``T`` and sends it back ("adopt"); clients and
    server add its reconstruction to their copy of the global student.
 
 The exchange of steps 2-3 is :mod:`fedkt.exchange` (shared with encoder FedAvg, whose
@@ -100,7 +100,7 @@ class FedKDServer(Server[FedKDConfig]):
         # same T ...
         self.global_state = apply_update(self.global_state, from_payload(update))
         self.version = rnd
-        # ... and every client applies it to its copy ("sync"; Alg. 1 l. 20-22)
+        # ... and every client applies it to its copy ("adopt"; Alg. 1 l. 20-22)
         sync_clients(clients, self.holdings, update, self.version)
         return metrics
 

@@ -9,9 +9,10 @@ are shared pieces in :mod:`fedkt.alignment`.
 from __future__ import annotations
 
 from fedkt.methods import register
-from fedkt.methods.base import Method
+from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.handlers import client_evaluate
 from fedkt.methods.uploads import ADAPTER, CHOICES, NUMBER, TOPK
-from fedkt.train.lm import client_evaluate, saved_client_lm
+from fedkt.train.lm import saved_client_lm
 
 from .algorithm import (
     S0,
@@ -28,6 +29,11 @@ __all__ = ["LLM2SLM", "METHOD", "S0", "FedMKTConfig", "FedMKTServer", "LLM2SLMCo
 
 _HANDLERS = {"train_and_share": client_train_and_share, "distill": client_distill,
              "adopt": client_adopt, "evaluate": client_evaluate}
+_OWN_HANDLERS = {
+    "train_and_share": "steps 1-2: train the SLM's LoRA on the private data (Eq. 4), then "
+                       "compute S_k on the public set and upload it if asked",
+    "distill": "step 7: align S_0 to the client's tokens, DualMinCE against its own loss, "
+               "train on L3 (Eqs. 6, 8, 10)"}
 # Algorithm 1: S_k = the top-K logits of every position on the public set and the
 # per-sample losses, named by public index; the SLM's LoRA never leaves (but with
 # post_fedavg, an extension, which averages the SLM adapters after step 7).  With
@@ -41,20 +47,24 @@ _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and
 
 METHOD = register(Method(
     name="fedmkt", config=FedMKTConfig, server=FedMKTServer, handlers=_HANDLERS,
-    client_model=saved_client_lm, model_lr=True,
-    server_sees="SLM top-K logits on public data", clients_see="LLM top-K logits on public data",
-    uploads=_UPLOADS, tiny_config="fedmkt/tiny", check=check_config,
-    summary="mutual top-K logit distillation between a server LLM and heterogeneous client "
-            "SLMs (token alignment, DualMinCE)",
-    paper=_PAPER,
+    behaviour=Behaviour(model_lr=True, check=check_config, client_model=saved_client_lm),
+    docs=Docs(
+        summary="mutual top-K logit distillation between a server LLM and heterogeneous "
+                "client SLMs (token alignment, DualMinCE)",
+        paper=_PAPER, server_sees="SLM top-K logits on public data",
+        clients_see="LLM top-K logits on public data"),
+    conformance=Conformance(tiny_config="fedmkt/tiny", uploads=_UPLOADS,
+                            own_handlers=_OWN_HANDLERS),
 ))
 LLM2SLM = register(Method(
     name="llm2slm", config=LLM2SLMConfig, server=FedMKTServer, handlers=_HANDLERS,
-    client_model=saved_client_lm, model_lr=True,
-    server_sees="nothing", clients_see="LLM top-K logits on public data",
-    # Knowledge only flows LLM -> SLM: clients send losses only.
-    uploads={**_UPLOADS, "train_and_share": {"train_loss": NUMBER}}, tiny_config="fedmkt/tiny",
-    check=check_config,
-    summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
-    paper=_PAPER,
+    behaviour=Behaviour(model_lr=True, check=check_config, client_model=saved_client_lm),
+    docs=Docs(
+        summary="FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
+        paper=_PAPER, server_sees="nothing", clients_see="LLM top-K logits on public data"),
+    conformance=Conformance(
+        tiny_config="fedmkt/tiny",
+        # Knowledge only flows LLM -> SLM: clients send losses only.
+        uploads={**_UPLOADS, "train_and_share": {"train_loss": NUMBER}},
+        own_handlers=_OWN_HANDLERS),
 ))

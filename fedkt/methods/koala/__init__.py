@@ -8,10 +8,10 @@ through the server's large model (Chen et al., arXiv:2407.05268).
 from __future__ import annotations
 
 from fedkt.methods import register
-from fedkt.methods.base import Method
+from fedkt.methods.base import Conformance, Docs, Method
 from fedkt.methods.uploads import NUMBER, Tensors
 
-from .algorithm import KoalaServer, client_train, client_update
+from .algorithm import KoalaServer, client_adopt, client_train
 from .config import KoalaConfig
 from .losses import (
     BridgingMatrix,
@@ -21,20 +21,22 @@ from .losses import (
 )
 from .reductions import client_reductions
 
-__all__ = ["METHOD", "BridgingMatrix", "KoalaConfig", "KoalaServer", "client_reductions",
-           "client_train", "client_update", "forward_distillation_loss", "hete_soft_labels",
+__all__ = ["METHOD", "BridgingMatrix", "KoalaConfig", "KoalaServer", "client_adopt",
+           "client_reductions", "client_train", "forward_distillation_loss", "hete_soft_labels",
            "homo_soft_labels"]
 
 METHOD = register(Method(
     name="koala", config=KoalaConfig, server=KoalaServer,
-    handlers={"train": client_train, "update": client_update},
-    server_sees="whole small model", clients_see="updated small model",
-    # Algorithm 1 step 1: "uploads it [the small model] with its sample count n_k".
-    uploads={"train": {"model": Tensors(), "num_examples": NUMBER, "train_loss": NUMBER},
-             "update": {}},
-    tiny_config="koala/tiny",
-    summary="small models -> large model's adapter (reverse KD) -> small models (forward "
-            "KD); homo or hete",
-    paper="Chen et al., Federated Knowledge Transfer Fine-tuning Large Server Model with "
-          "Resource-Constrained IoT Clients (KOALA), arXiv:2407.05268",
+    handlers={"train": client_train, "adopt": client_adopt},
+    docs=Docs(
+        summary="small models -> large model's adapter (reverse KD) -> small models (forward "
+                "KD); homo or hete",
+        paper="Chen et al., Federated Knowledge Transfer Fine-tuning Large Server Model with "
+              "Resource-Constrained IoT Clients (KOALA), arXiv:2407.05268",
+        server_sees="whole small model", clients_see="updated small model"),
+    conformance=Conformance(
+        tiny_config="koala/tiny",
+        # Algorithm 1 step 1: "uploads it [the small model] with its sample count n_k".
+        uploads={"train": {"model": Tensors(), "num_examples": NUMBER, "train_loss": NUMBER},
+                 "adopt": {}}),
 ))

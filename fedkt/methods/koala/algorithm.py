@@ -195,7 +195,7 @@ class KoalaServer(Server[KoalaConfig]):
         metrics.update(self.forward(rnd, updated, states))
         # step 5: the updated small models go back to their clients (each evaluates its own)
         back = list(clients.ids) if m.mode == "homo" else list(states)
-        got = clients.call("update", {cid: self.offer(cid) for cid in back})
+        got = clients.call("adopt", {cid: self.offer(cid) for cid in back})
         self.confirm(back, got)
         return metrics
 
@@ -362,8 +362,8 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
                    metrics={"train/loss": stats["loss"], "train/steps": stats["steps"]})
 
 
-def client_update(ctx: ClientContext, msg: Payload) -> Payload:
-    """Step 5: keep the small model the server refers to, and evaluate it."""
+def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:
+    """Handler ``adopt``, step 5: keep the small model the server refers to, and evaluate it."""
     model = _small_model(ctx, msg)
 
     def scores() -> dict[str, float]:

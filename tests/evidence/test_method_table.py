@@ -1,4 +1,4 @@
-"""The cross-method table (fedkt.evidence.comparison) on hand-made run folders: which
+"""The cross-method table (fedkt.evidence.method_table) on hand-made run folders: which
 participant each column reads, per-client per-round bytes and compute, paired deltas."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``fedkt report RUN... --baseline RUN``: seed groups and paired differences as markdown."""
+"""Paired tables: runs against a baseline run, per participant, with paired CIs over the
+same test examples (``fedkt report RUN... --baseline RUN``; round 0 -> the end,
+``eval.compare_round0``), and seed groups' mean ± std, as markdown."""
 
 from __future__ import annotations
 

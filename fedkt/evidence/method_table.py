@@ -12,7 +12,7 @@ one row per arm in ``suite.md`` and ``comparison.json``, and two figures in ``pl
   the default: what a method costs whatever else shares the cores) or wall seconds
   (``compute: compute_time``, e.g. on a GPU);
 * what the server sees of each client and the clients of the server (the registered
-  method's ``server_sees`` / ``clients_see``, as in docs/security.md).
+  method's ``docs.server_sees`` / ``docs.clients_see``, as in docs/security.md).
 
 Which participant is an arm's "server LLM" and which its "clients' model" differs by
 method (FedAvg's global model is its ``server`` participant, FedCoLLM's clients hold
@@ -161,7 +161,7 @@ def comparison_rows(cfg: ComparisonConfig, groups: dict[str, Group], *, reps: in
         row["bytes_down_round1"] = _cost(group, "bytes_received", "clients", first=True)
         row["client_compute"] = _cost(group, cfg.compute, "clients")
         row["server_compute"] = _cost(group, cfg.compute, "server")
-        row["server_sees"], row["clients_see"] = method.server_sees, method.clients_see
+        row["server_sees"], row["clients_see"] = method.docs.server_sees, method.docs.clients_see
         rows.append(row)
     return rows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedkt.report import report
+from fedkt.evidence.run_table import report
 from fedkt.tracking import RunRecorder
 
 

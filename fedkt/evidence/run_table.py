@@ -1,4 +1,5 @@
-"""Compare finished runs in one markdown table (``fedkt report RUN_DIR ...``)."""
+"""The run table: finished runs side by side, one markdown row per run (``fedkt report
+RUN_DIR ...``), and their lm-evaluation-harness results."""
 
 from __future__ import annotations
 
