@@ -1,14 +1,13 @@
-"""Run configuration: one YAML file describes a run, validated on load.
+"""The run config's schema: a tree of pydantic models, one per section.
 
-The schema is a tree of pydantic models. Unknown keys are rejected and every
-error names the dotted key at fault and what is allowed there.  A method's own
-hyper-parameters live under ``method:`` and are validated by the config class
-the method registers (see :mod:`fedkt.methods`).
+Unknown keys are rejected, NaN and inf too; every field carries its description
+(``Field(description=...)``), which ``docs/configuration.md`` and ``fedkt configs explain``
+show. A method's own hyper-parameters live under ``method:`` and are validated by the
+config class the method registers (:func:`fedkt.methods.registry.method_config_class`).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 import warnings
@@ -28,11 +27,10 @@ from pydantic import (
     model_validator,
 )
 
+from fedkt.config.messages import _MethodErrors
 from fedkt.errors import ConfigError
-from fedkt.methods.registry import available, get_method, method_config_class
+from fedkt.methods.registry import get_method, method_config_class
 from fedkt.runtime.settings import STRICT
-from fedkt.runtime.settings import FlowerSettings as FlowerSettings  # re-exported: the
-from fedkt.runtime.settings import FlowerSimSettings as FlowerSimSettings  # built-in sections
 from fedkt.templates import HARD_MAX_WIDTH, check_template
 
 
@@ -772,6 +770,22 @@ class MethodConfig(_Strict):
         return values
 
 
+def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
+    if isinstance(method, str):
+        method = {"name": method}
+    if not isinstance(method, dict):
+        raise ConfigError(f"method: expected a method name or a mapping with 'name', "
+                          f"got {type(method).__name__}")
+    if not isinstance(method.get("name"), str):
+        raise ConfigError(f"method.name: expected a method name (a string), "
+                          f"got {type(method.get('name')).__name__}")
+    try:
+        return method_config_class(method.get("name")).model_validate(method)
+    except ValidationError as err:
+        raise _MethodErrors(err) from None
+
+
+
 class RunConfig(_Strict):
     name: str = "run"
     seed: int = 0
@@ -902,225 +916,3 @@ class RunConfig(_Strict):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
-
-# --------------------------------------------------------------------------- loading
-
-
-class _MethodErrors(ValueError):
-    def __init__(self, err: ValidationError) -> None:
-        super().__init__(str(err))
-        self.err = err
-
-
-def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
-    if isinstance(method, str):
-        method = {"name": method}
-    if not isinstance(method, dict):
-        raise ConfigError(f"method: expected a method name or a mapping with 'name', "
-                          f"got {type(method).__name__}")
-    if not isinstance(method.get("name"), str):
-        raise ConfigError(f"method.name: expected a method name (a string), "
-                          f"got {type(method.get('name')).__name__}")
-    try:
-        return method_config_class(method.get("name")).model_validate(method)
-    except ValidationError as err:
-        raise _MethodErrors(err) from None
-
-
-def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
-    lines = [f"invalid config {source}:"]
-    for e in err.errors():
-        key = prefix + ".".join(str(p) or "''" for p in e["loc"]
-                                if not str(p).startswith("function-"))
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (check spelling; see `fedkt run --help` and configs/)"
-        elif e["type"] == "literal_error":
-            msg = f"not allowed; {msg[0].lower()}{msg[1:]}"
-        elif e["type"] == "value_error":
-            msg = msg.removeprefix("Value error, ")
-            named, sep, rest = msg.partition(": ")  # a cross-field check naming its key
-            if sep and named.replace(".", "").replace("_", "").isalnum():
-                key, msg = f"{key.rstrip('.')}.{named}" if key else prefix + named, rest
-        given = e.get("input")
-        shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {_short(given)})"
-        lines.append(f"  {key or '<top>'}: {msg}{shown}")
-    return "\n".join(lines)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr`` for error messages: cut to ``limit`` characters, safe for huge ints."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long to print
-        text = f"<{type(value).__name__} too long to show>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    node = data
-    parts = [p.strip() for p in dotted.split(".")]  # "training . lr" is training.lr
-    if not all(parts):
-        raise ConfigError(f"override {dotted!r}: empty key part; use dotted keys like training.lr")
-    for i, part in enumerate(parts):
-        if isinstance(node, list) and not (
-                part.isascii() and part.isdigit() and int(part) < len(node)):
-            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])!r} is a list of "
-                              f"{len(node)}; {part!r} is not an index 0..{len(node) - 1}")
-        if i == len(parts) - 1:
-            break
-        key: str | int = int(part) if isinstance(node, list) else part
-        nxt = node[key] if isinstance(node, list) else node.get(key)
-        if nxt is None:
-            nxt = node[key] = {}
-        if not isinstance(nxt, dict | list):
-            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
-        node = nxt
-    if isinstance(node, list):
-        node[int(parts[-1])] = value
-    else:
-        node[parts[-1]] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config dict."""
-    if not isinstance(data, dict):
-        raise ConfigError("the config's top level must be a mapping to apply overrides to")
-    data = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. rounds=5")
-        key, raw = item.split("=", 1)
-        if not key.strip():
-            raise ConfigError(f"override {_short(item)}: no key before '='; expected KEY=VALUE")
-        try:
-            value = yaml.safe_load(raw)
-        except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int of 5000 digits
-            raise ConfigError(f"override {key}: value {_short(raw)} is not valid YAML") from exc
-        _set_dotted(data, key.strip(), value)
-    return data
-
-
-def parse_config(data: dict[str, Any], source: str = "<dict>", *,
-                 check_installed: bool = True) -> RunConfig:
-    """Validate a raw dict into a :class:`RunConfig`, with errors naming the key.
-
-    ``check_installed=False`` (a client reading the server's config) skips the check that
-    the server-side extras it names (``tracking``) are installed here.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"invalid config {source}: the top level must be a mapping")
-    if "method" not in data:
-        raise ConfigError(f"invalid config {source}:\n  method: missing (e.g. method: fedavg)")
-    try:
-        data = {**data, "method": _validate_method(data["method"])}
-        return RunConfig.model_validate(data, context={"check_installed": check_installed})
-    except _MethodErrors as exc:
-        raise ConfigError(_format_error(exc.err, source, prefix="method.")) from None
-    except ConfigError as exc:
-        raise ConfigError(f"invalid config {source}:\n  {exc}") from None
-    except ValidationError as err:
-        raise ConfigError(_format_error(err, source)) from None
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML run config, apply CLI overrides and validate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text: {exc.reason} at byte "
-                          f"{exc.start}") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int of 5000 digits
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if isinstance(data, dict) and "arms" in data and "base" in data:
-        raise ConfigError(f"{path} is a suite (arms x seeds), not a run config: run it with "
-                          f"`fedkt suite run {path}`")
-    if overrides and isinstance(data, dict):  # else parse_config names the file and problem
-        data = apply_overrides(data, overrides)
-    return parse_config(data, str(path))
-
-
-# ------------------------------------------------------------------------- reference
-
-
-def _type_name(ann: Any) -> str:
-    import typing
-
-    if typing.get_origin(ann) is Literal:
-        return " \\| ".join(repr(a) for a in typing.get_args(ann))
-    return getattr(ann, "__name__", None) or str(ann).replace("typing.", "").replace("|", "\\|")
-
-
-def _rows(model: type[BaseModel], prefix: str) -> list[str]:
-    import typing
-
-    rows = []
-    for name, info in model.model_fields.items():
-        key, ann = f"{prefix}{name}", info.annotation
-        nested = [a for a in typing.get_args(ann) or (ann,)
-                  if isinstance(a, type) and issubclass(a, BaseModel)]
-        if nested and name != "method":
-            # runtime: with the built-in runtimes' sections (a plugin's are its own docs)
-            sub = runtime_config_class() if nested[0] is RuntimeConfig else nested[0]
-            rows += _rows(sub, f"{key}.")
-            continue
-        if key == "runtime.name":
-            from fedkt.runtime.registry import BUILT_IN
-
-            ann = Literal[BUILT_IN]  # or a runtime a plugin registers
-        if info.is_required():
-            default = "required"
-        elif info.default_factory is not None:
-            default = repr(info.default_factory())
-        else:
-            default = repr(info.default)
-        rows.append(f"| `{key}` | {_type_name(ann)} | `{default}` |")
-    return rows
-
-
-def config_reference() -> str:
-    """Markdown tables of every config key, and of each method's keys (docs/configuration.md)."""
-    out = ["| key | type | default |", "|---|---|---|", *_rows(RunConfig, "")]
-    for name in available():
-        method = get_method(name)
-        out += ["", f"### `method.name: {name}`", "", method.summary, "",
-                "| key | type | default |", "|---|---|---|", *_rows(method.config, "method.")]
-    return "\n".join(out)
-
-
-REFERENCE_HEADER = """# Configuration reference
-
-Every key of a run config, its type and default. A run config is one YAML file
-(see `configs/`); keys are validated on load and `fedkt run CONFIG --set KEY=VALUE`
-overrides any of them (dotted keys, YAML values, e.g. `--set training.lora.r=4`).
-Lists of models are indexed: `--set clients.models.0.name=tiny-gpt2`.
-
-Speed settings (`training.precision`, `runtime.torch_threads`, bf16 on CPUs and GPUs):
-[performance](performance.md).
-
-`runtime`: `runtime.name` is a registered runtime: the built-in ones below, or one a
-plugin adds with `fedkt.runtime.registry.register_runtime` (docs/architecture.md,
-runtimes). `timeout`, `torch_threads` and `device` apply to every transport; each
-runtime's own settings are a section named after it (`runtime.flower_sim.*`,
-`runtime.flower.*`), validated by the model the runtime registers. The
-flat keys of earlier versions (`runtime.client_cpus`, `runtime.superlink`, ...) still
-work: they move into their section with a `FutureWarning` naming the new key; giving
-both the old and the new key is an error. Renamed method keys load the same way
-(`method.lam` is now `method.ft_weight`, ...; docs/architecture.md, vocabulary).
-
-Generated by `python -m fedkt.config --write`; a test keeps it current.
-
-"""
-
-
-if __name__ == "__main__":
-    import sys
-
-    text = REFERENCE_HEADER + config_reference() + "\n"
-    if "--write" in sys.argv:
-        (Path(__file__).parents[1] / "docs" / "configuration.md").write_text(text)
-    else:
-        print(text)
