@@ -4,62 +4,49 @@ description, read from the schema's fields (``python -m fedkt.config --write``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from fedkt.config.schema import RunConfig, RuntimeConfig, runtime_config_class
+from fedkt.config.keys import bounds, default_text, type_name, walk
+from fedkt.config.schema import RunConfig
 from fedkt.methods.registry import available, get_method
 
 
-def _type_name(ann: Any) -> str:
-    import typing
-
-    if typing.get_origin(ann) is Literal:
-        return " \\| ".join(repr(a) for a in typing.get_args(ann))
-    return getattr(ann, "__name__", None) or str(ann).replace("typing.", "").replace("|", "\\|")
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
-    import typing
-
+    """One table row per key under ``model``: key, type, default, description."""
     rows = []
-    for name, info in model.model_fields.items():
-        key, ann = f"{prefix}{name}", info.annotation
-        nested = [a for a in typing.get_args(ann) or (ann,)
-                  if isinstance(a, type) and issubclass(a, BaseModel)]
-        if nested and name != "method":
-            # runtime: with the built-in runtimes' sections (a plugin's are its own docs)
-            sub = runtime_config_class() if nested[0] is RuntimeConfig else nested[0]
-            rows += _rows(sub, f"{key}.")
-            continue
-        if key == "runtime.name":
-            from fedkt.runtime.registry import BUILT_IN
-
-            ann = Literal[BUILT_IN]  # or a runtime a plugin registers
-        if info.is_required():
-            default = "required"
-        elif info.default_factory is not None:
-            default = repr(info.default_factory())
-        else:
-            default = repr(info.default)
-        rows.append(f"| `{key}` | {_type_name(ann)} | `{default}` |")
+    for k in walk(model, prefix):
+        kind = type_name(k.annotation)
+        if k.section is not None:
+            kind = f"section ({type_name(k.annotation)})"
+        limits = bounds(k.info)
+        kind += f"; {limits}" if limits else ""
+        rows.append(f"| `{k.key}` | {_cell(kind)} | `{default_text(k.info)}` | "
+                    f"{_cell(k.description)} |")
     return rows
+
+
+_HEAD = ["| key | type | default | description |", "|---|---|---|---|"]
 
 
 def config_reference() -> str:
     """Markdown tables of every config key, and of each method's keys (docs/configuration.md)."""
-    out = ["| key | type | default |", "|---|---|---|", *_rows(RunConfig, "")]
+    out = [*_HEAD, *_rows(RunConfig, "")]
     for name in available():
         method = get_method(name)
         out += ["", f"### `method.name: {name}`", "", method.summary, "",
-                "| key | type | default |", "|---|---|---|", *_rows(method.config, "method.")]
+                *_HEAD, *_rows(method.config, "method.")]
     return "\n".join(out)
 
 
 REFERENCE_HEADER = """# Configuration reference
 
-Every key of a run config, its type and default. A run config is one YAML file
+Every key of a run config: its type, default and description
+(`fedkt configs explain KEY` prints one key, or a section's keys). A run config is one YAML file
 (see `configs/`); keys are validated on load and `fedkt run CONFIG --set KEY=VALUE`
 overrides any of them (dotted keys, YAML values, e.g. `--set training.lora.r=4`).
 Lists of models are indexed: `--set clients.models.0.name=tiny-gpt2`.

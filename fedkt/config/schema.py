@@ -37,17 +37,34 @@ from fedkt.templates import HARD_MAX_WIDTH, check_template
 class _Strict(BaseModel):
     model_config = STRICT  # unknown keys, NaN and inf are refused
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A field a subclass declares again (another default) without a description keeps
+        its parent's (``FedPromptConfig.distill``, every method's ``name``)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        for name, info in cls.model_fields.items():
+            if info.description:
+                continue
+            for base in cls.__mro__[1:]:
+                parent = getattr(base, "__pydantic_fields__", {}).get(name)
+                if parent is not None and parent.description:
+                    info.description = parent.description
+                    break
+
 
 class LoraSettings(_Strict):
     """LoRA through ``peft`` (FedMKT paper defaults: r=8, alpha=16, dropout 0.05)."""
 
-    r: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    # None: peft's per-architecture default (q/v projections).
-    target_modules: list[str] | str | None = None
-    # Extra modules trained fully and shipped with the adapter (e.g. a classifier head).
-    modules_to_save: list[str] | None = None
+    r: int = Field(8, ge=1, description="LoRA rank (the inner dimension of each low-rank update).")
+    alpha: int = Field(16, ge=1, description=(
+        "LoRA scaling numerator: each update is scaled by alpha / r."))
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description=(
+        "Dropout on the LoRA branch's input during training."))
+    target_modules: list[str] | str | None = Field(None, description=(
+        "The modules LoRA adapts (names or a regex); None: peft's per-architecture default (q/v "
+        "projections)."))
+    modules_to_save: list[str] | None = Field(None, description=(
+        "Extra modules trained fully and shipped with the adapter (e.g. a classifier head)."))
 
 
 class QuantizationSettings(_Strict):
@@ -59,14 +76,13 @@ class QuantizationSettings(_Strict):
     and everything that travels stay in full precision. Needs the ``quantization`` extra.
     """
 
-    # 4: NF4/FP4 weights (QLoRA); 8: LLM.int8() weights.
-    bits: Literal[4, 8]
-    # 4-bit only: the 4-bit data type (nf4: QLoRA's normal float).
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    # 4-bit only: quantise the quantisation constants too (QLoRA; about 0.4 bits/weight less).
-    double_quant: bool = True
-    # 4-bit only: the dtype the matmuls run in; None: the model's ``dtype``.
-    compute_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    bits: Literal[4, 8] = Field(description="4: NF4/FP4 weights (QLoRA); 8: LLM.int8() weights.")
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description=(
+        "4-bit only: the 4-bit data type (nf4: QLoRA's normal float)."))
+    double_quant: bool = Field(True, description=(
+        "4-bit only: quantise the quantisation constants too (QLoRA; about 0.4 bits/weight less)."))
+    compute_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description=(
+        "4-bit only: the dtype the matmuls run in; None: the model's ``dtype``."))
 
 
 def _check_device(value: str | None, where: str = "") -> str | None:
@@ -86,28 +102,36 @@ def _check_device(value: str | None, where: str = "") -> str | None:
 class ModelConfig(_Strict):
     """A model: a hub id, a local path, an offline alias, or a ``tiny-*`` preset."""
 
-    name: str = Field(..., min_length=1)
-    gguf_file: str | None = None
-    revision: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # Overrides for tiny presets (hidden size, layers, vocab size, ...).
-    tiny: dict[str, Any] = Field(default_factory=dict)
-    trust_remote_code: bool = False
-    # Keep only the first N decoder layers of the loaded model (pruned, not retrained):
-    # a smaller model derived from a pretrained one.  None keeps every layer.
-    num_layers: int | None = Field(None, ge=1)
-    # This model's learning rate (FedMKT D.1 sets the LLM's and each SLM's apart); None:
-    # training.lr.  Read by the methods that train through the shared LM trainer.
-    lr: float | None = Field(None, gt=0)
-    # Load the base weights quantised by bitsandbytes, e.g. {bits: 4} (QLoRA); None: in
-    # dtype. See QuantizationSettings and docs/models.md (bringing a 7B model).
-    quantization: QuantizationSettings | None = None
-    # The device this model runs on (cpu, cuda, cuda:1); None: runtime.device for the
-    # server's model, runtime.client_devices / runtime.device for a client's.
-    device: str | None = None
-    # accelerate's device_map: auto/balanced/sequential spread a model too big for one GPU
-    # over every visible GPU (then the CPU); None: the whole model on its device.
-    device_map: Literal["auto", "balanced", "sequential"] | None = None
+    name: str = Field(..., min_length=1, description=(
+        "A Hugging Face hub id, a local folder or file, an offline alias (`fedkt models list`) or "
+        "a `tiny-*` preset."))
+    gguf_file: str | None = Field(None, description=(
+        "A GGUF file in that repo or folder, loaded and cached once as float safetensors "
+        "(docs/models.md)."))
+    revision: str | None = Field(None, description=(
+        "A hub revision (branch, tag or commit) to load; None: the default branch."))
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description=(
+        "The dtype the weights are loaded in."))
+    tiny: dict[str, Any] = Field(default_factory=dict, description=(
+        "Overrides for tiny presets (hidden size, layers, vocab size, ...)."))
+    trust_remote_code: bool = Field(False, description=(
+        "Run the model repo's own Python code (transformers' trust_remote_code); a client refuses "
+        "a job that asks for it (docs/security.md)."))
+    num_layers: int | None = Field(None, ge=1, description=(
+        "Keep only the first N decoder layers of the loaded model (pruned, not retrained): a "
+        "smaller model derived from a pretrained one. None keeps every layer."))
+    lr: float | None = Field(None, gt=0, description=(
+        "This model's learning rate (FedMKT D.1 sets the LLM's and each SLM's apart); None: "
+        "training.lr. Read by the methods that train through the shared LM trainer."))
+    quantization: QuantizationSettings | None = Field(None, description=(
+        "Load the base weights quantised by bitsandbytes, e.g. {bits: 4} (QLoRA); None: in dtype. "
+        "See QuantizationSettings and docs/models.md (bringing a 7B model)."))
+    device: str | None = Field(None, description=(
+        "The device this model runs on (cpu, cuda, cuda:1); None: runtime.device for the server's "
+        "model, runtime.client_devices / runtime.device for a client's."))
+    device_map: Literal["auto", "balanced", "sequential"] | None = Field(None, description=(
+        "accelerate's device_map: auto/balanced/sequential spread a model too big for one GPU "
+        "over every visible GPU (then the CPU); None: the whole model on its device."))
 
     @field_validator("device")
     @classmethod
@@ -140,21 +164,31 @@ class ModelConfig(_Strict):
 class DatasetConfig(_Strict):
     """Where records come from and how their fields map onto fedkt's."""
 
-    # A built-in vendored dataset (see ``fedkt data list``) ...
-    name: str | None = None
-    # ... or a local file (jsonl/json/csv) or folder, or a Hugging Face ``datasets`` id.
-    path: str | None = None
-    hf_name: str | None = None
-    hf_subset: str | None = None
-    hf_split: str = "train"
+    name: str | None = Field(None, description=(
+        "A built-in vendored dataset (`fedkt list` shows them); give one of name, path or "
+        "hf_name."))
+    path: str | None = Field(None, description=(
+        "A local file of records (jsonl/json/csv, or a suffix register_reader adds) or a folder "
+        "of them."))
+    hf_name: str | None = Field(None, description=(
+        "A Hugging Face `datasets` id (loaded with datasets.load_dataset)."))
+    hf_subset: str | None = Field(None, description=(
+        "The Hugging Face dataset's subset (configuration) name."))
+    hf_split: str = Field("train", description="The Hugging Face dataset's split to read.")
     task: Literal["multiple_choice", "classification", "generation",
-                  "image_classification"] | None = None
-    # fedkt field -> field in the records, e.g. {"text": "tweet", "label": "y"}.
-    fields: dict[str, str] = Field(default_factory=dict)
-    label_names: list[str] | None = None
-    # Optional prompt template, with {field} placeholders.
-    template: str | None = None
-    max_records: int | None = Field(None, ge=1)
+                  "image_classification"] | None = Field(
+        None, description=(
+        "What the records are for; None: the built-in dataset's own task, else inferred from the "
+        "fields."))
+    fields: dict[str, str] = Field(default_factory=dict, description=(
+        'fedkt field -> field in the records, e.g. {"text": "tweet", "label": "y"}.'))
+    label_names: list[str] | None = Field(None, description=(
+        "Classification: the class names, in label order (prompts and choices read them); None: "
+        "the dataset's own."))
+    template: str | None = Field(None, description=(
+        "Optional prompt template, with {field} placeholders."))
+    max_records: int | None = Field(None, ge=1, description=(
+        "Read at most this many records (None: all)."))
 
     @field_validator("template")
     @classmethod
@@ -182,15 +216,20 @@ class SplitConfig(_Strict):
     ``public_fraction`` of the train part is public, the rest private.
     """
 
-    scheme: Literal["fedmkt", "holdout"] = "holdout"
-    test_size: int | float = Field(0.2, gt=0)
-    public_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    # The server's own labelled records (FederatedData.server): a count, or a fraction in
-    # (0, 1) of the training records (what the test holdout leaves), cut after the test set
-    # and before the scheme's public / private parts (0: none; the splits are then unchanged).
-    server_size: int | float = Field(0, ge=0)
-    # Optional: the test set comes from another dataset (e.g. a dedicated test file).
-    test_dataset: DatasetConfig | None = None
+    scheme: Literal["fedmkt", "holdout"] = Field("holdout", description=(
+        "fedmkt: the train part cut into num_clients + 1 equal parts, the first public; holdout: "
+        "public_fraction of it public, the rest private."))
+    test_size: int | float = Field(0.2, gt=0, description=(
+        "The test holdout: a count of records, or a fraction (< 1) of them (ignored with "
+        "test_dataset)."))
+    public_fraction: float = Field(0.0, ge=0.0, lt=1.0, description=(
+        "scheme holdout: the share of the training records that is the public set."))
+    server_size: int | float = Field(0, ge=0, description=(
+        "The server's own labelled records (FederatedData.server): a count, or a fraction in (0, "
+        "1) of the training records (what the test holdout leaves), cut after the test set and "
+        "before the scheme's public / private parts (0: none; the splits are then unchanged)."))
+    test_dataset: DatasetConfig | None = Field(None, description=(
+        "Optional: the test set comes from another dataset (e.g. a dedicated test file)."))
 
 
 class PartitionConfig(_Strict):
@@ -203,12 +242,17 @@ class PartitionConfig(_Strict):
     groups of as equal a number of values as can be.
     """
 
-    scheme: Literal["iid", "dirichlet", "by_field"] = "iid"
-    alpha: float = Field(1.0, gt=0)
-    min_size: int = Field(1, ge=0)
-    # scheme by_field: the record field whose values name the clients (a fedkt field
-    # such as ``label``, or a source field kept in the record's ``extra``, e.g. ``topic``).
-    field: str | None = Field(None, min_length=1)
+    scheme: Literal["iid", "dirichlet", "by_field"] = Field("iid", description=(
+        "iid: equal random parts; dirichlet: label shares per client from Dirichlet(alpha); "
+        "by_field: one client (or group) per value of field."))
+    alpha: float = Field(1.0, gt=0, description=(
+        "scheme dirichlet: the concentration; smaller is more skewed."))
+    min_size: int = Field(1, ge=0, description=(
+        "The fewest private records a client may get (dirichlet redraws, others refuse to run "
+        "below it)."))
+    field: str | None = Field(None, min_length=1, description=(
+        "scheme by_field: the record field whose values name the clients (a fedkt field such as "
+        "``label``, or a source field kept in the record's ``extra``, e.g. ``topic``)."))
 
     @model_validator(mode="after")
     def _field_for_by_field(self) -> PartitionConfig:
@@ -247,14 +291,12 @@ class ClassFilterConfig(_Strict):
     the listed classes (labels are not renumbered), then the caps apply.
     """
 
-    # The server's own labelled records (data.split.server_size).
-    server: ClassSpec | None = None
-    # Each client's private records.
-    private: ClassSpec | None = None
-    # The public set (before its labels are withheld; not with data.public_dataset).
-    public: ClassSpec | None = None
-    # The test set.
-    test: ClassSpec | None = None
+    server: ClassSpec | None = Field(None, description=(
+        "The server's own labelled records (data.split.server_size)."))
+    private: ClassSpec | None = Field(None, description="Each client's private records.")
+    public: ClassSpec | None = Field(None, description=(
+        "The public set (before its labels are withheld; not with data.public_dataset)."))
+    test: ClassSpec | None = Field(None, description="The test set.")
 
     @model_validator(mode="after")
     def _specs(self) -> ClassFilterConfig:
@@ -264,38 +306,46 @@ class ClassFilterConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    dataset: DatasetConfig
-    split: SplitConfig = Field(default_factory=SplitConfig)
-    partition: PartitionConfig = Field(default_factory=PartitionConfig)
-    max_length: int = Field(256, ge=8)
-    # Caps for quick runs (None: use everything).
-    max_private_per_client: int | None = Field(None, ge=1)
-    max_public: int | None = Field(None, ge=1)
-    max_test: int | None = Field(None, ge=1)
-    # Classification: repeat each client's minority-class records (seeded) until its
-    # classes are as frequent as its largest one, after the cap (FedKD's positive
-    # oversampling on SMM4H). Examples per round grow accordingly.
-    oversample: bool = False
-    # false: the public records reach every side without their gold fields (label;
-    # target and references), FederatedData.public_labels is false; test and private
-    # records keep theirs. Methods refuse the steps that would read a public label.
-    public_labels: bool = True
-    # An off-distribution public set: unlabelled text from another dataset, its fields
-    # mapped onto the task's input fields (fields: {text: prompt} puts DialogSum's
-    # dialogues in an intent task's text), shuffled (seeded) and capped by max_public.
-    # Needs public_labels: false. The task's own public part (split.public_fraction,
-    # scheme fedmkt's first fifth) is still cut, and goes unused.
-    public_dataset: DatasetConfig | None = None
-    # Class filters of each part (classification): see ClassFilterConfig.
-    classes: ClassFilterConfig = Field(default_factory=ClassFilterConfig)
-    # The widest a template may pad a field, and its largest precision ({text:>80} is 80):
-    # a template cannot make one prompt of millions of characters.
-    template_max_width: int = Field(1000, ge=1, le=HARD_MAX_WIDTH)
+    dataset: DatasetConfig = Field(description=(
+        "The task's records: a built-in dataset, a local file or a Hugging Face dataset, and its "
+        "field mapping."))
+    split: SplitConfig = Field(default_factory=SplitConfig, description=(
+        "How the records become the public, private and test sets."))
+    partition: PartitionConfig = Field(default_factory=PartitionConfig, description=(
+        "How the private records are divided among the clients."))
+    max_length: int = Field(256, ge=8, description=(
+        "The most tokens of one example (prompt and answer); longer ones are cut."))
+    max_private_per_client: int | None = Field(None, ge=1, description=(
+        "Cap on each client's private records, for quick runs (None: all)."))
+    max_public: int | None = Field(None, ge=1, description=(
+        "Cap on the public set's records (None: all)."))
+    max_test: int | None = Field(None, ge=1, description=(
+        "Cap on the test set's records (None: all)."))
+    oversample: bool = Field(False, description=(
+        "Classification: repeat each client's minority-class records (seeded) until its classes "
+        "are as frequent as its largest one, after the cap (FedKD's positive oversampling on "
+        "SMM4H). Examples per round grow accordingly."))
+    public_labels: bool = Field(True, description=(
+        "false: the public records reach every side without their gold fields (label; target and "
+        "references), FederatedData.public_labels is false; test and private records keep theirs. "
+        "Methods refuse the steps that would read a public label."))
+    public_dataset: DatasetConfig | None = Field(None, description=(
+        "An off-distribution public set: unlabelled text from another dataset, its fields mapped "
+        "onto the task's input fields (fields: {text: prompt} puts DialogSum's dialogues in an "
+        "intent task's text), shuffled (seeded) and capped by max_public. Needs public_labels: "
+        "false. The task's own public part (split.public_fraction, scheme fedmkt's first fifth) "
+        "is still cut, and goes unused."))
+    classes: ClassFilterConfig = Field(default_factory=ClassFilterConfig, description=(
+        "Classification: the classes each part keeps (None: all), applied after the split and "
+        "partition."))
+    template_max_width: int = Field(1000, ge=1, le=HARD_MAX_WIDTH, description=(
+        "The widest a template may pad a field, and its largest precision ({text:>80} is 80): a "
+        "template cannot make one prompt of millions of characters."))
 
-    # Chat models: none (plain prompts), auto (each model's own chat template wraps the
-    # prompt as a user turn, for training and scoring; plain for a model without one), or
-    # a Jinja chat template used for every model (docs/data.md, chat templates).
-    chat_template: str = Field("none", min_length=1)
+    chat_template: str = Field("none", min_length=1, description=(
+        "Chat models: none (plain prompts), auto (each model's own chat template wraps the prompt "
+        "as a user turn, for training and scoring; plain for a model without one), or a Jinja "
+        "chat template used for every model (docs/data.md, chat templates)."))
 
     @model_validator(mode="after")
     def _public_source(self) -> DataConfig:
@@ -337,30 +387,40 @@ class DataConfig(_Strict):
 class TrainingConfig(_Strict):
     """Local optimisation (FedMKT paper defaults)."""
 
-    lr: float = Field(3e-4, gt=0)
-    batch_size: int = Field(4, ge=1)
-    local_epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1)
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = Field(0.1, ge=0)
-    warmup_ratio: float = Field(0.008, ge=0, lt=1)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    peft: Literal["lora", "prefix", "full", "none"] = "lora"
-    lora: LoraSettings = Field(default_factory=LoraSettings)
-    prefix_tokens: int = Field(40, ge=1)
-    # peft: prefix only. random: peft's random prefix; text: the model's own keys/values of
-    # the first prefix_tokens tokens of the public split (the same on server and clients),
-    # so the model starts as if that text preceded every input (FedSP: method.prompt_init).
-    prefix_init: Literal["random", "text"] = "random"
-    # Mixed precision of training, scoring and generation (torch.autocast; weights, adapters
-    # and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX)
-    # or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/precision.py).
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    # Recompute each decoder layer's activations in the backward pass instead of keeping
-    # them (transformers' gradient checkpointing, non-reentrant): activation memory of
-    # training falls from all layers' to about one layer's, for about a third more compute
-    # per step; the numbers stay the same (docs/performance.md, memory). Causal LMs only.
-    gradient_checkpointing: bool = False
+    lr: float = Field(3e-4, gt=0, description=(
+        "Learning rate of local training (AdamW), unless a model's own lr or a method's stage lr "
+        "sets one."))
+    batch_size: int = Field(4, ge=1, description="Examples per optimiser step.")
+    local_epochs: float = Field(1.0, gt=0, description=(
+        "Passes over a client's private data per round (a fraction runs part of one)."))
+    max_steps: int | None = Field(None, ge=1, description=(
+        "Cap on optimiser steps per local training (None: local_epochs decides)."))
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW's (beta1, beta2).")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW's decoupled weight decay.")
+    warmup_ratio: float = Field(0.008, ge=0, lt=1, description=(
+        "Share of a training's steps with a linear learning-rate warm-up."))
+    max_grad_norm: float | None = Field(1.0, gt=0, description=(
+        "Clip the gradient's L2 norm to this (None: no clipping)."))
+    peft: Literal["lora", "prefix", "full", "none"] = Field("lora", description=(
+        "What trains: a LoRA adapter, a prefix (prefix tuning), every weight (full), or nothing "
+        "(none: a frozen model)."))
+    lora: LoraSettings = Field(default_factory=LoraSettings, description=(
+        "LoRA's settings (with peft: lora)."))
+    prefix_tokens: int = Field(40, ge=1, description=(
+        "Prefix tuning: the number of virtual tokens (the prompt length)."))
+    prefix_init: Literal["random", "text"] = Field("random", description=(
+        "peft: prefix only. random: peft's random prefix; text: the model's own keys/values of "
+        "the first prefix_tokens tokens of the public split (the same on server and clients), so "
+        "the model starts as if that text preceded every input (FedSP: method.prompt_init)."))
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description=(
+        "Mixed precision of training, scoring and generation (torch.autocast; weights, adapters "
+        "and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX) "
+        "or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/precision.py)."))
+    gradient_checkpointing: bool = Field(False, description=(
+        "Recompute each decoder layer's activations in the backward pass instead of keeping them "
+        "(transformers' gradient checkpointing, non-reentrant): activation memory of training "
+        "falls from all layers' to about one layer's, for about a third more compute per step; "
+        "the numbers stay the same (docs/performance.md, memory). Causal LMs only."))
 
     @model_validator(mode="after")
     def _checkpointing_fits_peft(self) -> TrainingConfig:
@@ -377,17 +437,18 @@ class TrainingConfig(_Strict):
 
 
 class ClientsConfig(_Strict):
-    num_clients: int = Field(4, ge=1)
-    # One model for all clients, or one per client (heterogeneous settings).
-    models: list[ModelConfig] = Field(default_factory=list)
-    # Share of the clients taking part in each round, sampled uniformly without
-    # replacement from (seed, round), at least one (FedAvg's C; 1.0: all).
-    fraction: float = Field(1.0, gt=0, le=1)
-    # The round fails unless at least this many clients reply.
-    min_replies: int | None = Field(None, ge=1)
-    # Only these client ids take part (None: all); the data is still split num_clients ways,
-    # so each participant's private data is the same as in the full run.
-    participants: list[int] | None = None
+    num_clients: int = Field(4, ge=1, description=(
+        "How many clients the private data is split among."))
+    models: list[ModelConfig] = Field(default_factory=list, description=(
+        "One model for all clients, or one per client (heterogeneous settings)."))
+    fraction: float = Field(1.0, gt=0, le=1, description=(
+        "Share of the clients taking part in each round, sampled uniformly without replacement "
+        "from (seed, round), at least one (FedAvg's C; 1.0: all)."))
+    min_replies: int | None = Field(None, ge=1, description=(
+        "The round fails unless at least this many clients reply."))
+    participants: list[int] | None = Field(None, description=(
+        "Only these client ids take part (None: all); the data is still split num_clients ways, "
+        "so each participant's private data is the same as in the full run."))
 
     @model_validator(mode="after")
     def _models_match(self) -> ClientsConfig:
@@ -424,15 +485,15 @@ class ReplyLimits(_Strict):
     """Bounds on what one client may send back (``runtime.limits``); a reply over a bound
     excludes that client with the bound's key in its reason (docs/security.md)."""
 
-    # Largest reply in bytes, as serialised (tensors included).
-    reply_bytes: int = Field(2**30, ge=1024)
-    # Largest decompressed size of a reply's per-example predictions (``_predictions``);
-    # a larger table is dropped with a warning (a gzip bomb stops here).
-    predictions_bytes: int = Field(2**24, ge=1024)
-    # Largest ``num_examples`` a client may report (its weight in example-weighted means).
-    num_examples: int = Field(10**7, ge=1)
-    # Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply.
-    metrics: int = Field(256, ge=1)
+    reply_bytes: int = Field(2**30, ge=1024, description=(
+        "Largest reply in bytes, as serialised (tensors included)."))
+    predictions_bytes: int = Field(2**24, ge=1024, description=(
+        "Largest decompressed size of a reply's per-example predictions (``_predictions``); a "
+        "larger table is dropped with a warning (a gzip bomb stops here)."))
+    num_examples: int = Field(10**7, ge=1, description=(
+        "Largest ``num_examples`` a client may report (its weight in example-weighted means)."))
+    metrics: int = Field(256, ge=1, description=(
+        "Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply."))
 
 
 class RuntimeConfig(_Strict):
@@ -445,19 +506,21 @@ class RuntimeConfig(_Strict):
     :func:`runtime_config_class`: this class with those sections as fields.
     """
 
-    # The runtime that runs the job (fedkt.runtime.registry).
-    name: str = "local"
-    # Seconds to wait for a client's reply before excluding it.
-    timeout: float = Field(3600.0, gt=0)
-    # torch intra-op threads for client and server work (None: one per physical core, or
-    # $OMP_NUM_THREADS when set).
-    torch_threads: int | None = Field(None, ge=1)
-    device: str = "auto"
-    # local runtime: client k runs on client_devices[k % len] (round-robin over GPUs, e.g.
-    # [cuda:1, cuda:2]); None: runtime.device. A client model's own `device` wins.
-    client_devices: list[str] | None = Field(None, min_length=1)
-    # What a client's reply may hold at most (server side).
-    limits: ReplyLimits = Field(default_factory=ReplyLimits)
+    name: str = Field("local", description=(
+        "The runtime that runs the job (fedkt.runtime.registry)."))
+    timeout: float = Field(3600.0, gt=0, description=(
+        "Seconds to wait for a client's reply before excluding it."))
+    torch_threads: int | None = Field(None, ge=1, description=(
+        "torch intra-op threads for client and server work (None: one per physical core, or "
+        "$OMP_NUM_THREADS when set)."))
+    device: str = Field("auto", description=(
+        "Where the server's work runs: auto (a CUDA GPU if there is one, else the CPU), cpu, cuda "
+        "or cuda:N."))
+    client_devices: list[str] | None = Field(None, min_length=1, description=(
+        "local runtime: client k runs on client_devices[k % len] (round-robin over GPUs, e.g. "
+        "[cuda:1, cuda:2]); None: runtime.device. A client model's own `device` wins."))
+    limits: ReplyLimits = Field(default_factory=ReplyLimits, description=(
+        "What a client's reply may hold at most (server side)."))
     # The runtimes' sections this class holds: section -> runtime name.
     sections: ClassVar[dict[str, str]] = {}
 
@@ -528,6 +591,12 @@ class RuntimeConfig(_Strict):
         return values
 
 
+def _doc(model: type[BaseModel]) -> str:
+    """A settings model's description: the first paragraph of its docstring."""
+    text = (model.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(text.split()) or f"The settings of {model.__name__}."
+
+
 @functools.cache
 def _runtime_class(sections: tuple[tuple[str, str, type[BaseModel]], ...]
                    ) -> type[RuntimeConfig]:
@@ -539,7 +608,8 @@ def _runtime_class(sections: tuple[tuple[str, str, type[BaseModel]], ...]
                           "as a key every runtime has; rename the runtime")
     cls = create_model(
         "RuntimeConfig", __base__=RuntimeConfig, __module__=__name__,
-        **{section: (model, Field(default_factory=model)) for section, _, model in sections})
+        **{section: (model, Field(default_factory=model, description=_doc(model)))
+           for section, _, model in sections})
     cls.sections = {section: name for section, name, _ in sections}
     return cls
 
@@ -568,20 +638,23 @@ class SecureAggregationConfig(_Strict):
     Applies to methods whose server sums client uploads (adapters, updates, prompts).
     """
 
-    enabled: bool = False
-    # Neighbours each client shares its secrets with: an int > 2, or a fraction of the
-    # clients in the round (1.0: all, i.e. SecAgg).
-    num_shares: int | float = Field(1.0, gt=0)
-    # Shares needed to rebuild a dropped client's mask: an int, or a fraction of num_shares.
-    # Higher: more privacy against colluding clients, less tolerance to dropouts.
-    reconstruction_threshold: int | float = Field(0.5, gt=0)
-    # Each value (times weight / max_weight) is clipped to [-clipping_range, clipping_range]
-    # and quantised to quantization_range levels before masking.
-    clipping_range: float = Field(8.0, gt=0)
-    quantization_range: int = Field(2**22, gt=0)
-    modulus_range: int = Field(2**32, gt=0)
-    # The largest client weight (examples); larger weights overflow.
-    max_weight: float = Field(1000.0, gt=0)
+    enabled: bool = Field(False, description=(
+        "Sum the clients' uploads by SecAgg+: the server sees only their (weighted) mean."))
+    num_shares: int | float = Field(1.0, gt=0, description=(
+        "Neighbours each client shares its secrets with: an int > 2, or a fraction of the clients "
+        "in the round (1.0: all, i.e. SecAgg)."))
+    reconstruction_threshold: int | float = Field(0.5, gt=0, description=(
+        "Shares needed to rebuild a dropped client's mask: an int, or a fraction of num_shares. "
+        "Higher: more privacy against colluding clients, less tolerance to dropouts."))
+    clipping_range: float = Field(8.0, gt=0, description=(
+        "Each value (times weight / max_weight) is clipped to [-clipping_range, clipping_range] "
+        "and quantised to quantization_range levels before masking."))
+    quantization_range: int = Field(2**22, gt=0, description=(
+        "Levels each clipped value is quantised to before masking."))
+    modulus_range: int = Field(2**32, gt=0, description=(
+        "The modulus of the masked sums: a power of 2 above quantization_range."))
+    max_weight: float = Field(1000.0, gt=0, description=(
+        "The largest client weight (examples); larger weights overflow."))
 
     @model_validator(mode="after")
     def _flower_checks(self) -> SecureAggregationConfig:
@@ -604,16 +677,20 @@ class DifferentialPrivacyConfig(_Strict):
     """Client-side Gaussian mechanism on each upload: clip the change to clip_norm (L2),
     add N(0, (noise_multiplier * clip_norm)^2) noise; epsilon reported per round."""
 
-    enabled: bool = False
-    clip_norm: float = Field(1.0, gt=0)
-    noise_multiplier: float = Field(1.0, gt=0)
-    delta: float = Field(1e-5, gt=0, lt=1)
-    # local: every client adds the full noise (a guarantee for each upload, even against
-    # the server). distributed: each adds it divided by sqrt(m), m = the fewest clients a
-    # round's sum may hold (clients.min_replies, else the clients per round), so the
-    # securely aggregated sum carries the full noise; needs secure_aggregation
-    # (docs/security.md says which guarantee holds against which party).
-    noise: Literal["local", "distributed"] = "local"
+    enabled: bool = Field(False, description=(
+        "Clip each client's upload and add Gaussian noise before it leaves the client."))
+    clip_norm: float = Field(1.0, gt=0, description=(
+        "The L2 bound each upload's change is clipped to."))
+    noise_multiplier: float = Field(1.0, gt=0, description=(
+        "The noise's standard deviation, in units of clip_norm."))
+    delta: float = Field(1e-5, gt=0, lt=1, description=(
+        "The delta of the (epsilon, delta) guarantee reported per round."))
+    noise: Literal["local", "distributed"] = Field("local", description=(
+        "local: every client adds the full noise (a guarantee for each upload, even against the "
+        "server). distributed: each adds it divided by sqrt(m), m = the fewest clients a round's "
+        "sum may hold (clients.min_replies, else the clients per round), so the securely "
+        "aggregated sum carries the full noise; needs secure_aggregation (docs/security.md says "
+        "which guarantee holds against which party)."))
 
 
 # Group names whose accuracy_<name> is an existing metric (accuracy_norm).
@@ -621,47 +698,47 @@ _GROUP_NAMES_TAKEN = ("norm",)
 
 
 class EvalConfig(_Strict):
-    every: int = Field(1, ge=1)
-    batch_size: int = Field(8, ge=1)
-    # Generation tasks: tokens generated per example.
-    max_new_tokens: int = Field(48, ge=1)
-    # Classification metrics: the positive class (binary P/R/F1).
-    positive_label: int = 1
-    # Evaluate clients' models too (every evaluation round).
-    clients: bool = True
-    # Write each evaluation's per-example predictions (predictions/round_NNNN/*.json.gz),
-    # which `fedkt report --baseline` and suites pair for confidence intervals.
-    predictions: bool = True
-    # Compute nothing twice: an evaluation whose model weights and adapter, test items,
-    # scorer settings, precision and fedkt code were all seen before reuses the stored
-    # metrics and predictions (within a run, across a suite's arms and across suites,
-    # through $FEDKT_CACHE/reuse); so does a model's knowledge on a fixed public set
-    # (FedMKT's top-K logits, choice posteriors, KOALA's teacher logits). The rows are the
-    # same either way but for timings: a reuse reports the seconds it spared as
-    # eval_saved_seconds / knowledge_saved_seconds. docs/performance.md says what the key covers.
-    reuse: bool = True
-    # Draw the run's curves (plots/*.png: one figure per metric, about 0.1 s each) when it
-    # ends; off for sweeps and tests that only read metrics.jsonl.
-    plots: bool = True
-    # Evaluate every participant before any training, as round 0 (the zero-shot row).
-    # None: on for every method but zero_shot (whose round 1 is that evaluation).
-    round0: bool | None = None
-    # lm-evaluation-harness tasks run on the final models after the last round (extra
-    # fedkt[harness]; results in RUN_DIR/harness/), e.g. [fedkt_intent_recognition].
-    harness: list[str] = Field(default_factory=list)
-    # ... on every client's model too (else the server's only).
-    harness_clients: bool = False
-    # A folder of your own lm-eval task YAMLs.
-    harness_include: str | None = None
-    # The first N documents of each harness task (a fraction if < 1); None: all.
-    harness_limit: int | float | None = Field(None, gt=0)
-    # After the run, print each participant's main metric at round 0 and at the end,
-    # with the paired bootstrap 95% CI of the change (needs round0 and predictions).
-    compare_round0: bool = False
-    # Groups of classes, name -> classes ("0-2", "3,4", a list): every classification and
-    # multiple-choice evaluation also reports accuracy_<name>, the accuracy over the test
-    # items whose gold class is in the group (suites pair it over those items only).
-    class_groups: dict[str, ClassSpec] = Field(default_factory=dict)
+    every: int = Field(1, ge=1, description="Evaluate every N rounds (the last round always).")
+    batch_size: int = Field(8, ge=1, description="Test examples scored per forward pass.")
+    max_new_tokens: int = Field(48, ge=1, description=(
+        "Generation tasks: tokens generated per example."))
+    positive_label: int = Field(1, description=(
+        "Classification metrics: the positive class (binary P/R/F1)."))
+    clients: bool = Field(True, description=(
+        "Evaluate clients' models too (every evaluation round)."))
+    predictions: bool = Field(True, description=(
+        "Write each evaluation's per-example predictions (predictions/round_NNNN/*.json.gz), "
+        "which `fedkt report --baseline` and suites pair for confidence intervals."))
+    reuse: bool = Field(True, description=(
+        "Compute nothing twice: an evaluation whose model weights and adapter, test items, scorer "
+        "settings, precision and fedkt code were all seen before reuses the stored metrics and "
+        "predictions (within a run, across a suite's arms and across suites, through "
+        "$FEDKT_CACHE/reuse); so does a model's knowledge on a fixed public set (FedMKT's top-K "
+        "logits, choice posteriors, KOALA's teacher logits). The rows are the same either way but "
+        "for timings: a reuse reports the seconds it spared as eval_saved_seconds / "
+        "knowledge_saved_seconds. docs/performance.md says what the key covers."))
+    plots: bool = Field(True, description=(
+        "Draw the run's curves (plots/*.png: one figure per metric, about 0.1 s each) when it "
+        "ends; off for sweeps and tests that only read metrics.jsonl."))
+    round0: bool | None = Field(None, description=(
+        "Evaluate every participant before any training, as round 0 (the zero-shot row). None: on "
+        "for every method but zero_shot (whose round 1 is that evaluation)."))
+    harness: list[str] = Field(default_factory=list, description=(
+        "lm-evaluation-harness tasks run on the final models after the last round (extra "
+        "fedkt[harness]; results in RUN_DIR/harness/), e.g. [fedkt_intent_recognition]."))
+    harness_clients: bool = Field(False, description=(
+        "Run the eval.harness tasks on every client's model too (else the server's only)."))
+    harness_include: str | None = Field(None, description=(
+        "A folder of your own lm-eval task YAMLs."))
+    harness_limit: int | float | None = Field(None, gt=0, description=(
+        "The first N documents of each harness task (a fraction if < 1); None: all."))
+    compare_round0: bool = Field(False, description=(
+        "After the run, print each participant's main metric at round 0 and at the end, with the "
+        "paired bootstrap 95% CI of the change (needs round0 and predictions)."))
+    class_groups: dict[str, ClassSpec] = Field(default_factory=dict, description=(
+        'Groups of classes, name -> classes ("0-2", "3,4", a list): every classification and '
+        "multiple-choice evaluation also reports accuracy_<name>, the accuracy over the test "
+        "items whose gold class is in the group (suites pair it over those items only)."))
 
     @field_validator("class_groups")
     @classmethod
@@ -694,17 +771,17 @@ TRACKING_BACKENDS: dict[str, tuple[str, str]] = {
 
 
 class MLflowSettings(_Strict):
-    # Tracking URI (a local folder, file:, sqlite:, http(s)://). None: $MLFLOW_TRACKING_URI,
-    # else a local file store beside the run folder (RUN_DIR/../mlruns; a suite: its folder).
-    uri: str | None = None
-    # Experiment the run is logged to. None: the run's name (a suite: the suite's name).
-    experiment: str | None = None
+    uri: str | None = Field(None, description=(
+        "Tracking URI (a local folder, file:, sqlite:, http(s)://). None: $MLFLOW_TRACKING_URI, "
+        "else a local file store beside the run folder (RUN_DIR/../mlruns; a suite: its folder)."))
+    experiment: str | None = Field(None, description=(
+        "Experiment the run is logged to. None: the run's name (a suite: the suite's name)."))
 
 
 class TensorBoardSettings(_Strict):
-    # Folder of the event files. None: RUN_DIR/tensorboard (a suite: SUITE/tensorboard/ARM/
-    # seed_N, so `tensorboard --logdir SUITE/tensorboard` shows every run).
-    dir: str | None = None
+    dir: str | None = Field(None, description=(
+        "Folder of the event files. None: RUN_DIR/tensorboard (a suite: SUITE/tensorboard/ARM/ "
+        "seed_N, so `tensorboard --logdir SUITE/tensorboard` shows every run)."))
 
 
 class TrackingConfig(_Strict):
@@ -712,15 +789,17 @@ class TrackingConfig(_Strict):
     config and the final summary (``tracking: [tensorboard, mlflow]`` is short for
     ``tracking: {backends: [...]}``; docs/evaluation.md)."""
 
-    # Backends to mirror to, each an optional extra (pip install "fedkt[mlflow]").
-    backends: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
-    # The tracking run's name. None: the run's name (a suite: ARM/seed_N).
-    run_name: str | None = None
-    # Tags of the tracking run (MLflow tags; a text entry in TensorBoard). A suite adds
-    # suite, arm and seed.
-    tags: dict[str, str] = Field(default_factory=dict)
-    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
-    tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings)
+    backends: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description=(
+        'Backends to mirror to, each an optional extra (pip install "fedkt[mlflow]").'))
+    run_name: str | None = Field(None, description=(
+        "The tracking run's name. None: the run's name (a suite: ARM/seed_N)."))
+    tags: dict[str, str] = Field(default_factory=dict, description=(
+        "Tags of the tracking run (MLflow tags; a text entry in TensorBoard). A suite adds suite, "
+        "arm and seed."))
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings, description=(
+        "MLflow's settings (backend mlflow)."))
+    tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings, description=(
+        "TensorBoard's settings (backend tensorboard)."))
 
     @model_validator(mode="before")
     @classmethod
@@ -749,7 +828,9 @@ class TrackingConfig(_Strict):
 class MethodConfig(_Strict):
     """Base of every method's hyper-parameters; ``name`` selects the method."""
 
-    name: str
+    name: str = Field(description=(
+        "The method that runs (`fedkt list` shows the registered ones); the other method.* keys "
+        "are its hyper-parameters."))
     # Settings that were renamed, old key -> new key: a config with the old key still
     # loads, with a FutureWarning naming the new one (docs/architecture.md, vocabulary).
     renamed: ClassVar[dict[str, str]] = {}
@@ -787,24 +868,39 @@ def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
 
 
 class RunConfig(_Strict):
-    name: str = "run"
-    seed: int = 0
-    rounds: int = Field(3, ge=1)
-    output_dir: str = "runs/{name}"
-    method: SerializeAsAny[MethodConfig]
-    server: ModelConfig | None = None
-    clients: ClientsConfig = Field(default_factory=ClientsConfig)
-    data: DataConfig
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    # The transport (runtime.name) and its settings; validated as runtime_config_class.
+    name: str = Field("run", description=(
+        "The run's name (the {name} of output_dir, and the trackers' run name)."))
+    seed: int = Field(0, description=(
+        "Seeds data splits, model initialisation and every round's server and client work: the "
+        "same seed and config give the same numbers."))
+    rounds: int = Field(3, ge=1, description="Federated rounds.")
+    output_dir: str = Field("runs/{name}", description=(
+        "The run folder; {name} is replaced by name."))
+    method: SerializeAsAny[MethodConfig] = Field(description=(
+        "The method (method.name) and its hyper-parameters, validated by the method's own config "
+        "class."))
+    server: ModelConfig | None = Field(None, description=(
+        "The server's model (the LLM); None for methods without one."))
+    clients: ClientsConfig = Field(default_factory=ClientsConfig, description=(
+        "The clients: how many, their models, who takes part."))
+    data: DataConfig = Field(description=(
+        "The dataset and how it becomes public, private and test sets."))
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description=(
+        "Local optimisation: learning rate, batches, PEFT, precision."))
     runtime: SerializeAsAny[RuntimeConfig] = Field(
-        default_factory=lambda: runtime_config_class()())
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
+        default_factory=lambda: runtime_config_class()(), description=(
+        "The transport (runtime.name), the settings every runtime reads, and each runtime's own "
+        "section."))
+    eval: EvalConfig = Field(default_factory=EvalConfig, description=(
+        "When and what to evaluate, and what to keep of it."))
+    secure_aggregation: SecureAggregationConfig = Field(
+        default_factory=SecureAggregationConfig, description=(
+        "Flower's SecAgg+ on every runtime (methods that sum client uploads)."))
     differential_privacy: DifferentialPrivacyConfig = Field(
-        default_factory=DifferentialPrivacyConfig)
-    # Experiment trackers the server mirrors the run to, e.g. [tensorboard, mlflow].
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+        default_factory=DifferentialPrivacyConfig, description=(
+        "Client-side differential privacy on each upload."))
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description=(
+        "Experiment trackers the server mirrors the run to, e.g. [tensorboard, mlflow]."))
 
     @model_validator(mode="before")
     @classmethod
