@@ -29,7 +29,7 @@ from pydantic import (
 
 from fedkt.config.messages import _MethodErrors
 from fedkt.errors import ConfigError
-from fedkt.methods.registry import get_method, method_config_class
+from fedkt.methods.registry import get_method, method_check, method_config_class
 from fedkt.runtime.settings import STRICT
 from fedkt.templates import HARD_MAX_WIDTH, check_template
 
@@ -980,10 +980,10 @@ class RunConfig(_Strict):
         keys = (["server.lr"] if self.server is not None and self.server.lr is not None else [])
         keys += [f"clients.models[{i}].lr" for i, m in enumerate(self.clients.models)
                  if m.lr is not None]
-        method = get_method(self.method.name)
-        if method.check is not None:
-            method.check(self)
-        if keys and not method.model_lr:
+        check = method_check(self.method.name)  # imports the method's config module only
+        if check is not None:
+            check(self)
+        if keys and not get_method(self.method.name).model_lr:
             first = keys[0].replace("[", ".").replace("]", "")  # a key path the error names
             raise ValueError(f"{first}: method {self.method.name!r} does not read per-model "
                              f"learning rates (set: {', '.join(keys)}); use training.lr (or "
