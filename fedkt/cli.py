@@ -16,6 +16,7 @@ EPILOG = """examples:
   fedkt run fedmkt/hetero --set rounds=5 --set runtime.name=flower-sim
   fedkt run my.yaml                                run your own config file
   fedkt configs list                               the shipped configs (`configs show NAME` prints one)
+  fedkt configs explain training.lr                what a config key means (type, default, values)
   fedkt models install qwen2.5-0.5b                install a real checkpoint (`models list`: all)
   fedkt resume runs/demo                           continue an interrupted run
   fedkt eval runs/demo                             re-evaluate a run's last checkpoint

@@ -130,7 +130,7 @@ def cmd_configs_explain(args: argparse.Namespace) -> int:
 
 def add_config_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``fedkt configs list|show|explain`` on the CLI's subparsers."""
-    p = sub.add_parser("configs", help="list or print the shipped run configs",
+    p = sub.add_parser("configs", help="the shipped run configs; what a config key means",
                        description="The run configs that ship with fedkt.")
     p.set_defaults(light=True)  # runs without torch
     csub = p.add_subparsers(dest="configs_command", required=True, metavar="ACTION")

@@ -7,6 +7,7 @@ registries make by name (a method's modules, a runtime's ``"module:function"``, 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "fedkt"
@@ -73,13 +74,16 @@ KNOWN = {("fedkt.runtime.flower_sim", "fedkt.runner"): "runs run_job in the simu
          ("fedkt.runtime.flower_app", "fedkt.runner"): "the ServerApp runs run_job"}
 
 
+_BY_NAME = re.compile(r"fedkt(\.\w+)+(:\w+)?")
+
+
 def dynamic_imports() -> set[tuple[str, str]]:
     """(importer, module) for every import by name: the method registry's (each built-in
     method's registering module, and the modules its config and check come from: what
-    validating a config imports), each built-in runtime's ``"module:function"``, and every
-    ``importlib.import_module("fedkt....")`` with a literal name."""
+    validating a config imports, from its source scan), and in every module that calls
+    ``importlib.import_module`` each literal ``"fedkt.module"`` or ``"fedkt.module:function"``
+    (the runtime registry's built-in runtimes)."""
     from fedkt.methods.registry import _declared
-    from fedkt.runtime.registry import _RUNTIMES
 
     modules = _modules()
     edges = set()
@@ -87,15 +91,15 @@ def dynamic_imports() -> set[tuple[str, str]]:
         for ref in (found["module"], found["config"], found["check"]):
             if ref:
                 edges.add(("fedkt.methods.registry", _resolve(ref.split(":")[0], modules)))
-    for entry in _RUNTIMES.values():
-        if isinstance(entry.start, str):
-            edges.add(("fedkt.runtime.registry", _resolve(entry.start.split(":")[0], modules)))
     for name, path in modules.items():
-        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                    and ast.unparse(node.func).endswith("import_module") \
-                    and str(node.args[0].value).startswith("fedkt"):
-                edges.add((name, _resolve(str(node.args[0].value), modules)))
+        nodes = _runtime_nodes(ast.parse(path.read_text(encoding="utf-8")))
+        if not any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("import_module")
+                   for n in nodes):
+            continue
+        for node in nodes:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and _BY_NAME.fullmatch(node.value):
+                edges.add((name, _resolve(node.value.split(":")[0], modules)))
     return {(a, b) for a, b in edges if b and a != b}
 
 
