@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch or pydantic needed
+    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch needed
         try:
             return args.func(args)
         except (ValueError, OSError) as exc:

@@ -151,6 +151,9 @@ def _module_alone(module: str) -> ModuleType:
     except ImportError:  # e.g. a relative import that needs the package: import it whole
         del sys.modules[module]
         return importlib.import_module(module)
+    except BaseException:
+        del sys.modules[module]
+        raise
     return loaded
 
 
