@@ -16,6 +16,7 @@ EPILOG = """examples:
   fedkt run fedmkt/hetero --set rounds=5 --set runtime.name=flower-sim
   fedkt run my.yaml                                run your own config file
   fedkt configs list                               the shipped configs (`configs show NAME` prints one)
+  fedkt configs explain training.lr                what a config key means (type, default, values)
   fedkt models install qwen2.5-0.5b                install a real checkpoint (`models list`: all)
   fedkt resume runs/demo                           continue an interrupted run
   fedkt eval runs/demo                             re-evaluate a run's last checkpoint
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch or pydantic needed
+    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch needed
         try:
             return args.func(args)
         except (ValueError, OSError) as exc:

@@ -2,7 +2,8 @@
 
 ``fedkt run demo`` and ``fedkt run fedmkt/hetero`` run the YAML files under
 ``fedkt/configs/`` (a clone also sees them as ``configs/``); a path to an existing
-file runs that file.  ``fedkt configs list`` / ``fedkt configs show NAME`` print them.
+file runs that file.  ``fedkt configs list`` / ``fedkt configs show NAME`` print them;
+``fedkt configs explain KEY`` says what a config key means.
 """
 
 from __future__ import annotations
@@ -118,9 +119,18 @@ def cmd_configs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_configs_explain(args: argparse.Namespace) -> int:
+    from fedkt.config.explain import explain
+    from fedkt.plugins import import_plugins
+
+    import_plugins()  # methods and runtimes a plugin registers (FEDKT_PLUGINS)
+    print(explain(args.key, args.method))
+    return 0
+
+
 def add_config_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``fedkt configs list|show`` on the CLI's subparsers."""
-    p = sub.add_parser("configs", help="list or print the shipped run configs",
+    """Register ``fedkt configs list|show|explain`` on the CLI's subparsers."""
+    p = sub.add_parser("configs", help="the shipped run configs; what a config key means",
                        description="The run configs that ship with fedkt.")
     p.set_defaults(light=True)  # runs without torch
     csub = p.add_subparsers(dest="configs_command", required=True, metavar="ACTION")
@@ -130,3 +140,11 @@ def add_config_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("name", help="config name, e.g. demo or fedmkt/hetero")
     q.add_argument("--path", action="store_true", help="print the file's path instead")
     q.set_defaults(func=cmd_configs_show)
+    q = csub.add_parser(
+        "explain", help="a config key's type, default, allowed values and description",
+        description="What a config key means: its type, default, allowed values (where "
+                    "finite) and description; a section (e.g. eval) lists its keys.")
+    q.add_argument("key", help="a dotted key or section, e.g. training.lr, eval, method.top_k")
+    q.add_argument("--method", metavar="NAME",
+                   help="the method whose method.* keys to explain, e.g. fedmkt")
+    q.set_defaults(func=cmd_configs_explain)

@@ -52,15 +52,18 @@ GLOBAL = "global"  # the held object: each client's copy of the global trainable
 class ExchangeSettings(MethodConfig):
     """How a global model's updates travel: SVD compression (Eqs. 8-9), FedAvg weights."""
 
-    compress: bool = True
-    T_start: float = Field(0.95, ge=0.0, le=1.0)
-    T_end: float = Field(0.98, ge=0.0, le=1.0)
-    # Eq. 9's t: "endpoints" (round 1 uses T_start, the last T_end) or "official" (run.py).
-    schedule: Literal["endpoints", "official"] = "endpoints"
-    # Weight each client's update by its number of training examples (FedAvg).
-    weighted: bool = True
-    # The embeddings neither train nor travel (official code).
-    freeze_embeddings: bool = True
+    compress: bool = Field(True, description=(
+        "SVD-compress each update before it travels (Eqs. 8-9)."))
+    T_start: float = Field(0.95, ge=0.0, le=1.0, description=(
+        "Eq. 9: the energy threshold T of the first round."))
+    T_end: float = Field(0.98, ge=0.0, le=1.0, description=(
+        "Eq. 9: the energy threshold T of the last round."))
+    schedule: Literal["endpoints", "official"] = Field("endpoints", description=(
+        "Eq. 9's t: \"endpoints\" (round 1 uses T_start, the last T_end) or \"official\" (run.py)."))
+    weighted: bool = Field(True, description=(
+        "Weight each client's update by its number of training examples (FedAvg)."))
+    freeze_embeddings: bool = Field(True, description=(
+        "The embeddings neither train nor travel (official code)."))
 
 
 def round_threshold(method: ExchangeSettings, rnd: int, rounds: int) -> float | None:

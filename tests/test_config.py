@@ -120,3 +120,43 @@ def test_a_renamed_key_in_a_config_file_is_named_when_both_are_given(tmp_path):
                                     "data": {"dataset": {"name": "intent_recognition"}}}))
     with pytest.raises(ConfigError, match=r"method\.lam: it was renamed ft_weight"):
         load_config(path)
+
+
+def test_every_key_of_run_config_and_of_every_method_config_has_a_description():
+    """`Field(description=...)` on every field of RunConfig's tree and of every registered
+    method's config: what docs/configuration.md and `fedkt configs explain` show."""
+    from fedkt.config.keys import walk
+    from fedkt.methods.registry import available, method_config_class
+
+    keys = list(walk())
+    assert {"training.lr", "runtime.flower.superlink", "eval.reuse"} <= {k.key for k in keys}
+    missing = [k.key for k in keys if not k.description.strip()]
+    for name in available():
+        missing += [f"{name}: {k.key}" for k in walk(method_config_class(name), "method.")
+                    if not k.description.strip()]
+    assert not missing, f"fields without Field(description=...): {missing}"
+
+
+def test_a_field_declared_again_keeps_its_parents_description_unless_it_gives_its_own():
+    from fedkt.methods.fedavg.config import AdapterAveragingConfig
+    from fedkt.methods.fedcollm.config import FedCoLLMConfig
+    from fedkt.methods.fedsp.config import FedPromptConfig, PromptMessengerConfig
+
+    parent, child = PromptMessengerConfig.model_fields, FedPromptConfig.model_fields
+    assert child["distill"].default is False and parent["distill"].default is True
+    assert child["distill"].description == parent["distill"].description
+    assert FedCoLLMConfig.model_fields["weighted"].description.startswith("Step 3")
+    assert AdapterAveragingConfig.model_fields["weighted"].description.startswith("Weight each")
+
+
+def test_the_reference_shows_each_fields_description():
+    from fedkt.config import RunConfig, TrainingConfig, config_reference
+    from fedkt.methods.fedmkt.config import FedMKTConfig
+
+    text = config_reference()
+    fedmkt = text.split("### `method.name: fedmkt`")[1]
+    for part, key, info in [(text, "seed", RunConfig.model_fields["seed"]),
+                            (text, "training.lr", TrainingConfig.model_fields["lr"]),
+                            (fedmkt, "method.top_k", FedMKTConfig.model_fields["top_k"])]:
+        row = next(line for line in part.splitlines() if line.startswith(f"| `{key}` |"))
+        assert row.endswith(f"| {info.description.replace('|', chr(92) + '|')} |"), row

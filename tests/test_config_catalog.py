@@ -129,3 +129,61 @@ def test_run_quickstart_by_name_from_an_empty_folder(tmp_path, monkeypatch, caps
     assert {r["round"] for r in rows} == {0, 1}  # round 0: eval.round0
     assert {r["participant"] for r in rows} >= {"client_0", "client_1"}
     assert "runs/quickstart" in capsys.readouterr().out
+
+
+def test_cli_configs_explain_a_key_a_method_key_and_a_section(capsys):
+    from fedkt.config import EvalConfig, TrainingConfig
+    from fedkt.methods.fedmkt.config import FedMKTConfig
+
+    assert main(["configs", "explain", "training.lr"]) == 0
+    out = capsys.readouterr().out
+    assert "type:     float" in out and "bounds:   > 0" in out and "default:  0.0003" in out
+    assert " ".join(out.split()).endswith(TrainingConfig.model_fields["lr"].description)
+
+    assert main(["configs", "explain", "method.selection", "--method", "fedmkt"]) == 0
+    out = capsys.readouterr().out
+    assert "allowed:  dual_min_ce, entropy, always" in out and "default:  'dual_min_ce'" in out
+    assert FedMKTConfig.model_fields["selection"].description[:60] in " ".join(out.split())
+
+    assert main(["configs", "explain", "training.peft"]) == 0
+    assert "allowed:  lora, prefix, full, none" in capsys.readouterr().out
+    assert main(["configs", "explain", "clients.models.1.lr"]) == 0  # a list's index
+    assert capsys.readouterr().out.startswith("clients.models.lr\n")
+
+    assert main(["configs", "explain", "eval"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split(":")[0].strip() for line in out.splitlines()
+              if line.startswith("    eval.")]
+    assert listed == [f"eval.{name}" for name in EvalConfig.model_fields]
+
+
+def test_cli_configs_explain_unknown_key_names_the_closest_and_exits_nonzero(capsys):
+    assert main(["configs", "explain", "trainig.lr"]) == 2
+    err = capsys.readouterr().err
+    assert "trainig.lr: unknown config key" in err and "closest: training.lr" in err
+    assert main(["configs", "explain", "method.top_kk", "--method", "fedmkt"]) == 2
+    err = capsys.readouterr().err
+    assert "method.top_kk: unknown config key of method 'fedmkt'" in err
+    assert "method.top_k" in err
+    assert main(["configs", "explain", "method.top_k"]) == 2  # which method's?
+    assert "add --method NAME (methods with it: fedcollm, fedmkt, llm2slm)" in \
+        capsys.readouterr().err
+    assert main(["configs", "explain", "method.top_k", "--method", "nosuch"]) == 2
+    assert "unknown method 'nosuch'" in capsys.readouterr().err
+
+
+def test_fedkt_configs_explain_imports_neither_torch_nor_the_method():
+    """What `fedkt configs explain` runs (the light path's handler) imports no torch and
+    no method algorithm (the CLI's parser itself imports torch today, through the
+    deploy commands' runtime.base)."""
+    import subprocess
+    import sys
+
+    code = ("import argparse, sys; from fedkt.config_catalog import cmd_configs_explain; "
+            "rc = cmd_configs_explain(argparse.Namespace(key='method.top_k', method='fedmkt')); "
+            "print(rc, 'torch' in sys.modules, 'fedkt.methods.fedmkt.algorithm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Logits kept per position" in out.stdout
+    assert out.stdout.splitlines()[-1] == "0 False False"

@@ -5,6 +5,13 @@ Registering is enough: ``register(Method(name="...", ...))`` in a package's
 ``fedkt --help`` stays fast and only the method a run names is imported); a method
 defined elsewhere (a plugin, a test) is available once its module is imported, and a
 fresh process (a Flower client) imports that module again (:func:`plugin_module`).
+
+Validating a config needs only a method's config class and its ``check``: for fedkt's
+own methods both are found from the sources too (the names given as ``config=`` and
+``check=`` in the ``Method(...)`` call, resolved to the module they were imported from),
+and only that module (``fedkt/methods/fedmkt/config.py``) is imported, not the method's
+package, whose ``__init__`` imports its algorithm (:func:`method_config_class`,
+:func:`method_check`).
 """
 
 from __future__ import annotations
@@ -12,9 +19,12 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from fedkt.errors import ConfigError
 
@@ -22,7 +32,8 @@ if TYPE_CHECKING:
     from fedkt.config import MethodConfig
     from fedkt.methods.base import Method
 
-__all__ = ["available", "get_method", "method_config_class", "plugin_module", "register"]
+__all__ = ["available", "get_method", "method_check", "method_config_class", "plugin_module",
+           "register"]
 
 _REGISTRY: dict[str, Method] = {}
 _REGISTERED_BY: dict[str, str] = {}  # name -> the module whose import registered it
@@ -49,18 +60,116 @@ def _literal_name(call: ast.Call) -> str | None:
                  and isinstance(a.value, str)), None)
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(_PACKAGE).with_suffix("").parts
+    return ".".join(("fedkt", "methods", *parts)).removesuffix(".__init__")
+
+
+def _imported_names(tree: ast.Module, module: str, is_package: bool) -> dict[str, str]:
+    """Local name -> ``module:attribute`` (or ``module`` for a module) of the module-level
+    ``from ... import`` / ``import`` statements of ``module``."""
+    package = module if is_package else module.rpartition(".")[0]
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{base}:{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = alias.name
+    return names
+
+
+def _reference(node: ast.expr | None, names: dict[str, str]) -> str | None:
+    """``module:attribute`` of a name (``FedMKTConfig``) or a module's attribute
+    (``config.FedMKTConfig``) that the module imported; None when it is defined there."""
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        base = names.get(node.value.id, "")
+        module = base.replace(":", ".")  # `from . import config`: fedkt.methods.x.config
+        return f"{module}:{node.attr}" if module else None
+    return None
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    """The value of keyword ``name`` anywhere in the call (also in a nested call that
+    groups arguments)."""
+    return next((k.value for node in ast.walk(call) if isinstance(node, ast.Call)
+                 for k in node.keywords if k.arg == name), None)
+
+
+@functools.cache
+def _declared() -> dict[str, dict[str, str | None]]:
+    """Method name -> ``module`` (whose import registers it) and, as ``module:attribute``,
+    its ``config`` and ``check`` (None where the sources do not say), from the
+    ``Method("name", ...)`` calls of fedkt/methods/."""
+    found: dict[str, dict[str, str | None]] = {}
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = _imported_names(tree, module, path.name == "__init__.py")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "Method" and (name := _literal_name(node)):
+                config = _keyword(node, "config")
+                if config is None and len(node.args) > 1:
+                    config = node.args[1]
+                found.setdefault(name, {"module": module,
+                                        "config": _reference(config, names),
+                                        "check": _reference(_keyword(node, "check"), names)})
+    return found
+
+
 @functools.cache
 def _built_in() -> dict[str, str]:
     """Method name -> module, from the ``Method(name="...", ...)`` calls of fedkt/methods/."""
-    found: dict[str, str] = {}
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        parts = path.relative_to(_PACKAGE).with_suffix("").parts
-        module = ".".join(("fedkt", "methods", *parts)).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                    and node.func.id == "Method" and (name := _literal_name(node)):
-                found.setdefault(name, module)
-    return found
+    return {name: str(found["module"]) for name, found in _declared().items()}
+
+
+def _module_alone(module: str) -> ModuleType:
+    """Import one module of fedkt/methods/ without its package's ``__init__`` (which
+    imports the method's algorithm) when that package is not imported yet; the package,
+    imported later, finds the module in ``sys.modules`` (the same classes)."""
+    if module in sys.modules:
+        return sys.modules[module]
+    parent = module.rpartition(".")[0]
+    path = _PACKAGE.joinpath(*module.split(".")[2:]).with_suffix(".py")
+    if parent in sys.modules or parent == __package__ or not path.is_file():
+        return importlib.import_module(module)
+    spec = importlib.util.spec_from_file_location(module, path)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded
+    try:
+        spec.loader.exec_module(loaded)
+    except ImportError:  # e.g. a relative import that needs the package: import it whole
+        del sys.modules[module]
+        return importlib.import_module(module)
+    except BaseException:
+        del sys.modules[module]
+        raise
+    return loaded
+
+
+def _declared_object(name: str, what: str) -> Any:
+    """A built-in method's ``config`` or ``check`` from the module the sources name,
+    importing only that module; ``...`` where the sources do not tell."""
+    reference = _declared().get(name, {}).get(what)
+    if reference is None or name in _REGISTRY:
+        return ...
+    module, _, attribute = reference.partition(":")
+    if not module.startswith("fedkt.methods.") or module in _built_in().values():
+        return ...  # defined in the registering module itself: import it
+    value = getattr(_module_alone(module), attribute, ...)
+    if what == "config" and not isinstance(value, type):
+        return ...
+    return value
 
 
 def available() -> list[str]:
@@ -69,7 +178,11 @@ def available() -> list[str]:
 
 def get_method(name: str | None) -> Method:
     if name not in _REGISTRY and name in _built_in():
-        importlib.import_module(_built_in()[name])
+        module = importlib.import_module(_built_in()[name])
+        for child, loaded in list(sys.modules.items()):  # a module imported alone before
+            head, _, attribute = child.rpartition(".")
+            if head == module.__name__ and not hasattr(module, attribute):
+                setattr(module, attribute, loaded)
     if name not in _REGISTRY:
         raise ConfigError(
             f"method.name: unknown method {name!r}; allowed: {', '.join(available())}")
@@ -77,7 +190,23 @@ def get_method(name: str | None) -> Method:
 
 
 def method_config_class(name: str | None) -> type[MethodConfig]:
+    """The config class of method ``name``; for fedkt's own methods only its module is
+    imported (``fedkt.methods.fedmkt.config``), not the method."""
+    if isinstance(name, str) and name not in _REGISTRY and name in _built_in():
+        found = _declared_object(name, "config")
+        if found is not ...:
+            return found
     return get_method(name).config
+
+
+def method_check(name: str) -> Callable[[Any], None] | None:
+    """The method's ``check`` of a whole run config (``Method.check``); for fedkt's own
+    methods only the module that defines it is imported, where the sources name it."""
+    if name not in _REGISTRY and name in _built_in():
+        found = _declared_object(name, "check")
+        if found is not ...:
+            return found
+    return get_method(name).check
 
 
 def plugin_module(name: str) -> str | None:

@@ -25,21 +25,21 @@ class RuntimeSettings(BaseModel):
 class FlowerSimSettings(RuntimeSettings):
     """``flower-sim``: resources per simulated client (a Ray actor each)."""
 
-    # CPUs each simulated client (a Ray actor) reserves.
-    client_cpus: float = Field(1.0, gt=0)
-    # GPUs (or a fraction of one) each simulated client reserves.
-    client_gpus: float = Field(0.0, ge=0)
+    client_cpus: float = Field(1.0, gt=0, description=(
+        "CPUs each simulated client (a Ray actor) reserves."))
+    client_gpus: float = Field(0.0, ge=0, description=(
+        "GPUs (or a fraction of one) each simulated client reserves."))
 
 
 class FlowerSettings(RuntimeSettings):
     """``flower`` (deployment): how ``fedkt run`` reaches the SuperLink."""
 
-    # The SuperLink's control address used by ``fedkt run``.
-    superlink: str = "127.0.0.1:9093"
-    # The Flower federation the job runs on (None: the SuperLink's default).
-    federation: str | None = None
-    # Plain HTTP to the SuperLink; false: TLS (see docs/deployment.md).
-    insecure: bool = True
-    # With insecure=false: CA certificate (PEM) that signed the SuperLink's
-    # certificate, e.g. ca.crt of `fedkt deploy certs` (None: the system's CAs).
-    root_certificates: str | None = None
+    superlink: str = Field("127.0.0.1:9093", description=(
+        "The SuperLink's control address used by ``fedkt run``."))
+    federation: str | None = Field(None, description=(
+        "The Flower federation the job runs on (None: the SuperLink's default)."))
+    insecure: bool = Field(True, description=(
+        "Plain HTTP to the SuperLink; false: TLS (see docs/deployment.md)."))
+    root_certificates: str | None = Field(None, description=(
+        "With insecure=false: CA certificate (PEM) that signed the SuperLink's certificate, e.g. "
+        "ca.crt of `fedkt deploy certs` (None: the system's CAs)."))

@@ -20,6 +20,7 @@ import math
 from typing import Any, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from fedkt.config import MethodConfig, ModelConfig, RunConfig, TrainingConfig
@@ -51,10 +52,10 @@ _PRISTINE: dict[str, tuple[nn.Module, Any]] = {}
 class EncoderHead(MethodConfig):
     """The classification head of every encoder method (FedKD and its baselines)."""
 
-    # attention: attentive pooling + a dense layer (the paper's SMM4H head); mean: masked
-    # mean pooling + a dense layer; cls: the [CLS] state through BERT's pooler (the
-    # *ForSequenceClassification head). The pooling weights train and travel with the model.
-    pooling: Literal["attention", "mean", "cls"] = "attention"
+    pooling: Literal["attention", "mean", "cls"] = Field("attention", description=(
+        "attention: attentive pooling + a dense layer (the paper's SMM4H head); mean: masked mean "
+        "pooling + a dense layer; cls: the [CLS] state through BERT's pooler (the "
+        "*ForSequenceClassification head). The pooling weights train and travel with the model."))
 
 
 def encoder_config(cfg: RunConfig) -> ModelConfig:

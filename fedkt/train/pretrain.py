@@ -48,14 +48,16 @@ class VisionPretrain(_Strict):
     is accepted for ``torchvision:``/``timm:`` models with ``pretrained: true``.
     """
 
-    enabled: bool = True
-    dataset: DatasetConfig | None = None
-    epochs: float = Field(30.0, gt=0)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(1e-6, ge=0)
-    batch_size: int = Field(64, ge=1)
-    # Cache the pretrained weights on disk ($FEDKT_CACHE or ~/.cache/fedkt).
-    cache: bool = True
+    enabled: bool = Field(True, description="Pretrain the server model's backbone before round 1.")
+    dataset: DatasetConfig | None = Field(None, description=(
+        "Labelled images whose classes are disjoint from the task's, e.g. {name: digits, fields: "
+        "{classes: '5-9'}}."))
+    epochs: float = Field(30.0, gt=0, description="Pretraining passes over that dataset.")
+    lr: float = Field(1e-3, gt=0, description="Pretraining learning rate.")
+    weight_decay: float = Field(1e-6, ge=0, description="Pretraining weight decay.")
+    batch_size: int = Field(64, ge=1, description="Pretraining images per step.")
+    cache: bool = Field(True, description=(
+        "Cache the pretrained weights on disk ($FEDKT_CACHE or ~/.cache/fedkt)."))
 
 
 def _classes_of(ds: DatasetConfig) -> set[int] | None:

@@ -27,7 +27,8 @@ class StandaloneConfig(MethodConfig):
 class CentralizedConfig(MethodConfig):
     family: ClassVar[str] = "lm"
     name: Literal["centralized"] = "centralized"
-    include_public: bool = True
+    include_public: bool = Field(True, description=(
+        "Pool the public set's labelled records with the private ones."))
 
 
 # ------------------------------------------------------------------ text classifiers
@@ -37,9 +38,10 @@ class EncoderChoice(EncoderHead):
     """Which encoder: ``clients.models[0]`` whole (teacher size) or cut (student size)."""
 
     family: ClassVar[str] = "encoder"
-    # None: the whole encoder (teacher size); N: its embeddings + first N layers.
-    layers: int | None = Field(None, ge=1)
-    freeze_embeddings: bool = True
+    layers: int | None = Field(None, ge=1, description=(
+        "Encoder layers kept: None, the whole encoder (teacher size); N, its embeddings and first "
+        "N layers (student size)."))
+    freeze_embeddings: bool = Field(True, description="The embeddings do not train.")
 
 
 class StandaloneEncoderConfig(EncoderChoice):
@@ -48,7 +50,8 @@ class StandaloneEncoderConfig(EncoderChoice):
 
 class CentralizedEncoderConfig(EncoderChoice):
     name: Literal["centralized_encoder"] = "centralized_encoder"
-    include_public: bool = True
+    include_public: bool = Field(True, description=(
+        "Pool the public set's labelled records with the private ones."))
 
 
 class FedAvgEncoderConfig(EncoderChoice, ExchangeSettings):
@@ -61,13 +64,14 @@ class FedAvgEncoderConfig(EncoderChoice, ExchangeSettings):
 
 class FedAvgVisionConfig(MethodConfig):
     name: Literal["fedavg_vision"] = "fedavg_vision"
-    # server: clients run the server's (large, pretrained) model; client: clients.models.
-    model: Literal["server", "client"] = "server"
-    # head: only the classifier head trains (KOALA's baseline); full: every weight.
-    trainable: Literal["head", "full"] = "head"
-    weighted: bool = True
-    # Pretraining of the server model's backbone (used with model: server).
-    pretrain: VisionPretrain = Field(default_factory=VisionPretrain)
+    model: Literal["server", "client"] = Field("server", description=(
+        "server: clients run the server's (large, pretrained) model; client: clients.models."))
+    trainable: Literal["head", "full"] = Field("head", description=(
+        "head: only the classifier head trains (KOALA's baseline); full: every weight."))
+    weighted: bool = Field(True, description=(
+        "Weight each client's update by its number of training examples (else equal weights)."))
+    pretrain: VisionPretrain = Field(default_factory=VisionPretrain, description=(
+        "Pretraining of the server model's backbone (used with model: server)."))
 
 
 def check_centralized(cfg: RunConfig) -> None:

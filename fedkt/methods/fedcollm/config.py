@@ -19,43 +19,45 @@ class FedCoLLMConfig(AdapterAveragingConfig):
     """
 
     name: Literal["fedcollm"] = "fedcollm"
-    # Step 3: the paper's plain 1/K mean (true: weight each adapter by its example count).
-    weighted: bool = False
-    # lambda of Eqs. 4-5's L^f and L^g: the weight of each KD term (the fine-tuning loss has
-    # weight 1).  The KL is a mean over the KD positions (FATE-LLM sums it over tokens).
-    kd_weight: float = Field(1.0, ge=0)
-    # Softmax temperature of both KL terms (no T**2 factor).
-    temperature: float = Field(1.0, gt=0)
-    # "own": each adapter descends its own loss, the other model's output a detached target
-    # (the paper); "joint": one backward of L^f + L^g with nothing detached.
-    cotune_gradients: Literal["own", "joint"] = "own"
-    # Co-tuning on D_a per round: epochs over the public split, optionally capped at
-    # ``cotune_max_steps`` optimiser steps (R).
-    cotune_epochs: float = Field(1.0, gt=0)
-    cotune_max_steps: int | None = Field(None, ge=1)
-    # Learning rates of the LLM adapter omega and of the global SLM adapter theta on the
-    # server (None: ``training.lr``).
-    llm_lr: float | None = Field(None, gt=0)
-    slm_lr: float | None = Field(None, gt=0)
-    # Positions the KL terms average over: the response tokens only ("target", like the
-    # task loss) or every non-padding position ("all").
-    kd_positions: Literal["target", "all"] = "target"
-    # Different tokenizers only: logits kept per position for the aligned KL.
-    top_k: int = Field(128, ge=1)
-    # The weight of each fine-tuning loss L_FT^f, L_FT^g on D_a in L^f and L^g (the paper:
-    # 1).  0 makes co-tuning KD only, in both directions (what an unlabelled D_a needs).
-    ft_weight: float = Field(1.0, ge=0)
-    # What the two models compare on D_a: "logits", their next-token distributions along
-    # the prompt and its gold answer (the paper); "choices", their posteriors over the
-    # task's choices (fedkt.alignment.choices: an extension for classification and
-    # multiple-choice tasks that reads no label of D_a).  With "choices" each model's
-    # posteriors are computed once per round, before co-tuning, and are the other's target.
-    knowledge: Literal["logits", "choices"] = "logits"
-    # The controls for transfer (extensions; knowledge: choices): "real" (the paper);
-    # "shuffled", each model's posteriors permuted across D_a's samples, afresh each round,
-    # before they are the other's target; "self", each model distils towards its own
-    # posteriors (the same steps; nothing comes from the other model: no exchange).
-    teacher: Literal["real", "shuffled", "self"] = "real"
+    weighted: bool = Field(False, description=(
+        "Step 3: the paper's plain 1/K mean (true: weight each adapter by its example count)."))
+    kd_weight: float = Field(1.0, ge=0, description=(
+        "lambda of Eqs. 4-5's L^f and L^g: the weight of each KD term (the fine-tuning loss has "
+        "weight 1). The KL is a mean over the KD positions (FATE-LLM sums it over tokens)."))
+    temperature: float = Field(1.0, gt=0, description=(
+        "Softmax temperature of both KL terms (no T**2 factor)."))
+    cotune_gradients: Literal["own", "joint"] = Field("own", description=(
+        "\"own\": each adapter descends its own loss, the other model's output a detached target "
+        '(the paper); "joint": one backward of L^f + L^g with nothing detached.'))
+    cotune_epochs: float = Field(1.0, gt=0, description=(
+        "Co-tuning on D_a per round: epochs over the public split, optionally capped at "
+        "``cotune_max_steps`` optimiser steps (R)."))
+    cotune_max_steps: int | None = Field(None, ge=1, description=(
+        "Cap on co-tuning's optimiser steps per round (R; None: cotune_epochs decides)."))
+    llm_lr: float | None = Field(None, gt=0, description=(
+        "Learning rate of the LLM adapter omega in the server's co-tuning (None: training.lr)."))
+    slm_lr: float | None = Field(None, gt=0, description=(
+        "Learning rate of the global SLM adapter theta in the server's co-tuning (None: "
+        "training.lr)."))
+    kd_positions: Literal["target", "all"] = Field("target", description=(
+        'Positions the KL terms average over: the response tokens only ("target", like the task '
+        'loss) or every non-padding position ("all").'))
+    top_k: int = Field(128, ge=1, description=(
+        "Different tokenizers only: logits kept per position for the aligned KL."))
+    ft_weight: float = Field(1.0, ge=0, description=(
+        "The weight of each fine-tuning loss L_FT^f, L_FT^g on D_a in L^f and L^g (the paper: 1). "
+        "0 makes co-tuning KD only, in both directions (what an unlabelled D_a needs)."))
+    knowledge: Literal["logits", "choices"] = Field("logits", description=(
+        'What the two models compare on D_a: "logits", their next-token distributions along the '
+        "prompt and its gold answer (the paper); \"choices\", their posteriors over the task's "
+        "choices (fedkt.alignment.choices: an extension for classification and multiple-choice "
+        "tasks that reads no label of D_a). With \"choices\" each model's posteriors are computed "
+        "once per round, before co-tuning, and are the other's target."))
+    teacher: Literal["real", "shuffled", "self"] = Field("real", description=(
+        'The controls for transfer (extensions; knowledge: choices): "real" (the paper); '
+        "\"shuffled\", each model's posteriors permuted across D_a's samples, afresh each round, "
+        "before they are the other's target; \"self\", each model distils towards its own "
+        "posteriors (the same steps; nothing comes from the other model: no exchange)."))
 
     renamed: ClassVar[dict[str, str]] = {"kd_lambda": "kd_weight", "lr_llm": "llm_lr",
                                          "lr_slm": "slm_lr"}

@@ -15,24 +15,27 @@ STUDENT_LR_RATIO = 5.0
 
 class FedKDConfig(ExchangeSettings, EncoderHead):
     name: Literal["fedkd"] = "fedkd"
-    # The student: the teacher's embeddings and first N layers (paper: 4 or 2 of 12).
-    student_layers: int = Field(2, ge=1)
-    # Teacher layer (1-based) matched to student layer l = 1..N in Eq. 5; 0 leaves l
-    # unmatched. None: l * L_t / N (the official mapping: last to last, evenly spaced).
-    layer_map: list[int] | None = None
-    hidden_loss: bool = True
-    attention_loss: bool = True
-    temperature: float = Field(1.0, gt=0)
-    # Learning rate of the teacher and W_h (None: training.lr).
-    teacher_lr: float | None = Field(None, gt=0)
-    # Learning rate of the student (None: STUDENT_LR_RATIO x the teacher's, Table 6's
-    # eta_s / eta_t = 1e-5 / 2e-6).
-    student_lr: float | None = Field(None, gt=0)
-    # 1 / (L_t^t + L_s^t) as a weight (detached) or in the graph (official code).
-    detach_denominator: bool = True
-    # Lower bound of L_t^t + L_s^t: the adaptive weight 1 / (L_t^t + L_s^t) of Eqs. 3-5 is
-    # at most 1 / min_task_loss_sum (10 by default; about 0.72 at initialisation).
-    min_task_loss_sum: float = Field(0.1, gt=0)
+    student_layers: int = Field(2, ge=1, description=(
+        "The student: the teacher's embeddings and first N layers (paper: 4 or 2 of 12)."))
+    layer_map: list[int] | None = Field(None, description=(
+        "Teacher layer (1-based) matched to student layer l = 1..N in Eq. 5; 0 leaves l "
+        "unmatched. None: l * L_t / N (the official mapping: last to last, evenly spaced)."))
+    hidden_loss: bool = Field(True, description=(
+        "Eq. 5's hidden-state loss between the matched layers."))
+    attention_loss: bool = Field(True, description=(
+        "Eq. 5's attention-map loss between the matched layers."))
+    temperature: float = Field(1.0, gt=0, description=(
+        "Softmax temperature of the mutual distillation KL (Eqs. 3-4)."))
+    teacher_lr: float | None = Field(None, gt=0, description=(
+        "Learning rate of the teacher and W_h (None: training.lr)."))
+    student_lr: float | None = Field(None, gt=0, description=(
+        "Learning rate of the student (None: STUDENT_LR_RATIO x the teacher's, Table 6's eta_s / "
+        "eta_t = 1e-5 / 2e-6)."))
+    detach_denominator: bool = Field(True, description=(
+        "1 / (L_t^t + L_s^t) as a weight (detached) or in the graph (official code)."))
+    min_task_loss_sum: float = Field(0.1, gt=0, description=(
+        "Lower bound of L_t^t + L_s^t: the adaptive weight 1 / (L_t^t + L_s^t) of Eqs. 3-5 is at "
+        "most 1 / min_task_loss_sum (10 by default; about 0.72 at initialisation)."))
 
     def rates(self, lr: float) -> tuple[float, float]:
         """(teacher, student) learning rates given ``training.lr``."""

@@ -18,54 +18,55 @@ class FedMKTConfig(MethodConfig):
     """
 
     name: Literal["fedmkt"] = "fedmkt"
-    # lambda of Eqs. 9-10: the weight of the fine-tuning loss L_FT; L_KD gets 1 - lambda.
-    ft_weight: float = Field(0.9, ge=0.0, le=1.0)
-    # Logits kept per position in S_k and S_0 (FATE-LLM's top_k_logits_keep).
-    top_k: int = Field(128, ge=1)
-    # Softmax temperature of L_KD (no T**2 factor).
-    temperature: float = Field(1.0, gt=0)
-    # Passes over D_p per round: the server's step 5 and each client's step 7.
-    server_kd_epochs: float = Field(1.0, gt=0)
-    client_kd_epochs: float = Field(1.0, gt=0)
-    # Learning rate of step 7 only (None: the client model's, clients.models[i].lr, else
-    # training.lr).  The LLM's rate is server.lr (D.1), the SLMs' clients.models[i].lr.
-    client_kd_lr: float | None = Field(None, gt=0)
-    # False: LLM2SLM, the LLM is frozen and only transfers knowledge to the SLMs.
-    llm_training: bool = True
-    # Per-sample loss DualMinCE compares: mean CE over the target tokens ("mean", as the
-    # paper and FATE-LLM) or their sum, the negative log-likelihood of the target text,
-    # which does not depend on how finely a tokenizer cuts it ("sum").
-    selection_loss: Literal["mean", "sum"] = "mean"
-    # Where no other model beats this model's own loss: leave the sample out of L_KD
-    # (False: Algorithm 2, S~ holds only samples where the other model's loss is lower) or
-    # distil towards the model's own top-K (True: FATE-LLM's choice, an extension).
-    fallback_to_own: bool = False
-    # A position of a selected sample with no aligned teacher position gets a one-hot
-    # target on the ground-truth next token ("one_hot", Appendix B 3(d)), the model's own
-    # top-K ("own", an extension) or no distillation ("skip").
-    unaligned: Literal["one_hot", "own", "skip"] = "one_hot"
-    # Positions L_KD covers: every position that predicts a real token ("all", the paper)
-    # or only those predicting target tokens ("target", like L_FT).
-    kd_positions: Literal["all", "target"] = "all"
-    # Homogeneous setting only: FedAvg of the client adapters after step 7.
-    post_fedavg: bool = False
-    # What a model's knowledge of a public sample is: "logits", the top-K logits of every
-    # position of the prompt and its gold answer (the paper); "choices", its posterior over
-    # the task's choices (fedkt.alignment.choices: an extension for classification and
-    # multiple-choice tasks that reads no public label and needs no token alignment).
-    knowledge: Literal["logits", "choices"] = "logits"
-    # Which teacher a learner takes, per public sample: "dual_min_ce" (Algorithm 2: the
-    # other model with the smallest loss on the gold answer, if below the learner's own),
-    # "entropy" (the other model with the lowest entropy, if below the learner's own:
-    # DS-FL's rule, reads no label) or "always" (the mean of the other models).  The last
-    # two are extensions and need knowledge: choices.
-    selection: Literal["dual_min_ce", "entropy", "always"] = "dual_min_ce"
-    # The controls for transfer (extensions; knowledge: choices): "real" (the paper);
-    # "shuffled", every sender permutes its knowledge across the public samples, afresh
-    # each round (the same bytes, marginals and entropies, no per-sample information);
-    # "self", every learner distils towards its own knowledge (the same public steps and
-    # bytes; nothing comes from the other side: the no-exchange arm).
-    teacher: Literal["real", "shuffled", "self"] = "real"
+    ft_weight: float = Field(0.9, ge=0.0, le=1.0, description=(
+        "lambda of Eqs. 9-10: the weight of the fine-tuning loss L_FT; L_KD gets 1 - lambda."))
+    top_k: int = Field(128, ge=1, description=(
+        "Logits kept per position in S_k and S_0 (FATE-LLM's top_k_logits_keep)."))
+    temperature: float = Field(1.0, gt=0, description=(
+        "Softmax temperature of L_KD (no T**2 factor)."))
+    server_kd_epochs: float = Field(1.0, gt=0, description=(
+        "Passes over D_p per round in the server's step 5 (the LLM's distillation)."))
+    client_kd_epochs: float = Field(1.0, gt=0, description=(
+        "Passes over D_p per round in each client's step 7 (distillation)."))
+    client_kd_lr: float | None = Field(None, gt=0, description=(
+        "Learning rate of step 7 only (None: the client model's, clients.models[i].lr, else "
+        "training.lr). The LLM's rate is server.lr (D.1), the SLMs' clients.models[i].lr."))
+    llm_training: bool = Field(True, description=(
+        "False: LLM2SLM, the LLM is frozen and only transfers knowledge to the SLMs."))
+    selection_loss: Literal["mean", "sum"] = Field("mean", description=(
+        'Per-sample loss DualMinCE compares: mean CE over the target tokens ("mean", as the paper '
+        "and FATE-LLM) or their sum, the negative log-likelihood of the target text, which does "
+        'not depend on how finely a tokenizer cuts it ("sum").'))
+    fallback_to_own: bool = Field(False, description=(
+        "Where no other model beats this model's own loss: leave the sample out of L_KD (False: "
+        "Algorithm 2, S~ holds only samples where the other model's loss is lower) or distil "
+        "towards the model's own top-K (True: FATE-LLM's choice, an extension)."))
+    unaligned: Literal["one_hot", "own", "skip"] = Field("one_hot", description=(
+        "A position of a selected sample with no aligned teacher position gets a one-hot target "
+        "on the ground-truth next token (\"one_hot\", Appendix B 3(d)), the model's own top-K "
+        '("own", an extension) or no distillation ("skip").'))
+    kd_positions: Literal["all", "target"] = Field("all", description=(
+        'Positions L_KD covers: every position that predicts a real token ("all", the paper) or '
+        'only those predicting target tokens ("target", like L_FT).'))
+    post_fedavg: bool = Field(False, description=(
+        "Homogeneous setting only: FedAvg of the client adapters after step 7."))
+    knowledge: Literal["logits", "choices"] = Field("logits", description=(
+        "What a model's knowledge of a public sample is: \"logits\", the top-K logits of every "
+        'position of the prompt and its gold answer (the paper); "choices", its posterior over '
+        "the task's choices (fedkt.alignment.choices: an extension for classification and "
+        "multiple-choice tasks that reads no public label and needs no token alignment)."))
+    selection: Literal["dual_min_ce", "entropy", "always"] = Field("dual_min_ce", description=(
+        'Which teacher a learner takes, per public sample: "dual_min_ce" (Algorithm 2: the other '
+        "model with the smallest loss on the gold answer, if below the learner's own), \"entropy\" "
+        "(the other model with the lowest entropy, if below the learner's own: DS-FL's rule, "
+        'reads no label) or "always" (the mean of the other models). The last two are extensions '
+        "and need knowledge: choices."))
+    teacher: Literal["real", "shuffled", "self"] = Field("real", description=(
+        'The controls for transfer (extensions; knowledge: choices): "real" (the paper); '
+        '"shuffled", every sender permutes its knowledge across the public samples, afresh each '
+        'round (the same bytes, marginals and entropies, no per-sample information); "self", '
+        "every learner distils towards its own knowledge (the same public steps and bytes; "
+        "nothing comes from the other side: the no-exchange arm)."))
 
     renamed: ClassVar[dict[str, str]] = {"lam": "ft_weight"}
 

@@ -18,57 +18,67 @@ class PromptMessengerConfig(MethodConfig):
     prefix tuning).
     """
 
-    # "auxiliary": FedSP's cut model; "llm": clients hold the whole LLM (FedPrompt).
-    client_model: Literal["auxiliary", "llm"] = "auxiliary"
-    # N real layers of the auxiliary model and where they come from in the LLM.
-    aux_layers: int = Field(1, ge=1)
-    layer_position: Literal["bot", "mid", "top"] = "bot"
-    # N layers run L times (virtual depth L); off: depth N, prefixes of those layers only.
-    cross_layer_sharing: bool = True
-    # Eq. 2 before round 1: the paper runs 5,000 steps at lr 5e-4 on the server's data.
-    distill: bool = True
-    kd_steps: int = Field(5000, ge=0)
-    kd_lr: float = Field(5e-4, gt=0)
-    kd_batch_size: int | None = Field(None, ge=1)
-    # W_S of Eq. 2: learned (paper), or the identity (the reference code's plain MSE, which
-    # makes the auxiliary model's own last hidden states, the ones its head reads, match).
-    kd_map: Literal["learned", "identity"] = "learned"
-    # Keep the distilled auxiliary model in the fedkt cache, keyed by everything that
-    # determines it (LLM weights, spec, data, settings), so runs that share it skip Eq. 2.
-    kd_cache: bool = True
-    # Client: (i) align the auxiliary model with frozen prompts, then (ii) train the prompts.
-    alternating: bool = True
-    align_steps: int = Field(10, ge=1)
-    prompt_steps: int = Field(10, ge=1)
-    # Learning rates (None: training.lr); each method's own default is the reference
-    # scripts' (FedSP 5e-4 for both phases, FedPrompt-Single 5e-3, FedPrompt 5e-2).
-    align_lr: float | None = Field(5e-4, gt=0)
-    prompt_lr: float | None = Field(5e-4, gt=0)
-    # Server: further optimisation of the aggregated prompts in the LLM on its own data
-    # (Sec. 3.2; the reference's MAKE_GLOBAL_TRAIN).  server_prompt_lr None: prompt_lr.
-    server_prompt_steps: int = Field(10, ge=0)
-    server_prompt_lr: float | None = Field(None, gt=0)
-    # Optimiser of every stage (client align, client prompts, server prompts): "paper"
-    # (Sec. 4.3: AdamW, betas (0.9, 0.999), weight decay 0.01, warm-up over 0.1 of the
-    # run's steps then linear decay; one optimiser per client and stage, its state kept
-    # across rounds, the clients' on their disk); "training": training.betas /
-    # weight_decay / warmup_ratio, a fresh AdamW for every phase.
-    optimizer: Literal["paper", "training"] = "paper"
-    # Prompts of a cut without sharing (depth N < L) to and from the LLM's: "repeat" (the
-    # reference's merge_param_dict: upload tiled across the L layers, download the mean of
-    # the L/N blocks) or "slots" (only the prefixes of the layers the cut came from).
-    prompt_transfer: Literal["repeat", "slots"] = "repeat"
-    # Control: the server trains the prompts on its own data alone, the clients take no part.
-    server_only: bool = False
-    # Auxiliary weights that KD and phase (i) update: the N layers + final norm, or also
-    # the embeddings/head (the reference trains everything; costly for a 49k vocabulary).
-    trainable: Literal["layers", "all"] = "layers"
-    # Initial prompts: peft's random prefix (paper) or the LLM's keys/values of server text.
-    prompt_init: Literal["random", "text"] = "random"
-    # Eq. 1: weight each client's prompts by its number of examples (else equal weights).
-    weighted: bool = True
-    # Also score the server's auxiliary model with the prompts (``aux_*`` test metrics).
-    eval_aux: bool = False
+    client_model: Literal["auxiliary", "llm"] = Field("auxiliary", description=(
+        "\"auxiliary\": FedSP's cut model; \"llm\": clients hold the whole LLM (FedPrompt)."))
+    aux_layers: int = Field(1, ge=1, description=(
+        "N: the auxiliary model's real layers, copied from the LLM (layer_position says which)."))
+    layer_position: Literal["bot", "mid", "top"] = Field("bot", description=(
+        "Where the auxiliary model's layers come from in the LLM: its bottom, middle or top "
+        "layers."))
+    cross_layer_sharing: bool = Field(True, description=(
+        "N layers run L times (virtual depth L); off: depth N, prefixes of those layers only."))
+    distill: bool = Field(True, description=(
+        "Eq. 2 before round 1: distil the auxiliary model from the LLM (the paper: 5,000 steps at "
+        "lr 5e-4 on the server's data)."))
+    kd_steps: int = Field(5000, ge=0, description=(
+        "Optimiser steps of Eq. 2's distillation of the auxiliary model."))
+    kd_lr: float = Field(5e-4, gt=0, description="Learning rate of Eq. 2's distillation.")
+    kd_batch_size: int | None = Field(None, ge=1, description=(
+        "Batch size of Eq. 2's distillation (None: training.batch_size)."))
+    kd_map: Literal["learned", "identity"] = Field("learned", description=(
+        "W_S of Eq. 2: learned (paper), or the identity (the reference code's plain MSE, which "
+        "makes the auxiliary model's own last hidden states, the ones its head reads, match)."))
+    kd_cache: bool = Field(True, description=(
+        "Keep the distilled auxiliary model in the fedkt cache, keyed by everything that "
+        "determines it (LLM weights, spec, data, settings), so runs that share it skip Eq. 2."))
+    alternating: bool = Field(True, description=(
+        "Client: (i) align the auxiliary model with frozen prompts, then (ii) train the prompts."))
+    align_steps: int = Field(10, ge=1, description=(
+        "Client phase (i): steps aligning the auxiliary model with the prompts frozen."))
+    prompt_steps: int = Field(10, ge=1, description=(
+        "Client phase (ii): steps training the prompts."))
+    align_lr: float | None = Field(5e-4, gt=0, description=(
+        "Learning rate of client phase (i), aligning the auxiliary model (None: training.lr; "
+        "FedSP's reference script: 5e-4)."))
+    prompt_lr: float | None = Field(5e-4, gt=0, description=(
+        "Learning rate of client phase (ii), the prompts (None: training.lr); the defaults are "
+        "the reference scripts' (FedSP 5e-4, FedPrompt-Single 5e-3, FedPrompt 5e-2)."))
+    server_prompt_steps: int = Field(10, ge=0, description=(
+        "Server: further optimisation of the aggregated prompts in the LLM on its own data (Sec. "
+        "3.2; the reference's MAKE_GLOBAL_TRAIN). server_prompt_lr None: prompt_lr."))
+    server_prompt_lr: float | None = Field(None, gt=0, description=(
+        "Learning rate of the server's prompt steps (None: prompt_lr)."))
+    optimizer: Literal["paper", "training"] = Field("paper", description=(
+        'Optimiser of every stage (client align, client prompts, server prompts): "paper" (Sec. '
+        "4.3: AdamW, betas (0.9, 0.999), weight decay 0.01, warm-up over 0.1 of the run's steps "
+        "then linear decay; one optimiser per client and stage, its state kept across rounds, the "
+        "clients' on their disk); \"training\": training.betas / weight_decay / warmup_ratio, a "
+        "fresh AdamW for every phase."))
+    prompt_transfer: Literal["repeat", "slots"] = Field("repeat", description=(
+        "Prompts of a cut without sharing (depth N < L) to and from the LLM's: \"repeat\" (the "
+        "reference's merge_param_dict: upload tiled across the L layers, download the mean of the "
+        'L/N blocks) or "slots" (only the prefixes of the layers the cut came from).'))
+    server_only: bool = Field(False, description=(
+        "Control: the server trains the prompts on its own data alone, the clients take no part."))
+    trainable: Literal["layers", "all"] = Field("layers", description=(
+        "Auxiliary weights that KD and phase (i) update: the N layers + final norm, or also the "
+        "embeddings/head (the reference trains everything; costly for a 49k vocabulary)."))
+    prompt_init: Literal["random", "text"] = Field("random", description=(
+        "Initial prompts: peft's random prefix (paper) or the LLM's keys/values of server text."))
+    weighted: bool = Field(True, description=(
+        "Eq. 1: weight each client's prompts by its number of examples (else equal weights)."))
+    eval_aux: bool = Field(False, description=(
+        "Also score the server's auxiliary model with the prompts (``aux_*`` test metrics)."))
 
     renamed: ClassVar[dict[str, str]] = {"server_lr": "server_prompt_lr"}
 

@@ -1,0 +1,46 @@
+"""The text of config errors: one line per bad key, naming the dotted key and what is
+allowed there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class _MethodErrors(ValueError):
+    def __init__(self, err: ValidationError) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
+
+def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = prefix + ".".join(str(p) or "''" for p in e["loc"]
+                                if not str(p).startswith("function-"))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check spelling; see `fedkt run --help` and configs/)"
+        elif e["type"] == "literal_error":
+            msg = f"not allowed; {msg[0].lower()}{msg[1:]}"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            named, sep, rest = msg.partition(": ")  # a cross-field check naming its key
+            if sep and named.replace(".", "").replace("_", "").isalnum():
+                key, msg = f"{key.rstrip('.')}.{named}" if key else prefix + named, rest
+        given = e.get("input")
+        shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {_short(given)})"
+        lines.append(f"  {key or '<top>'}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` for error messages: cut to ``limit`` characters, safe for huge ints."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+

@@ -1,0 +1,57 @@
+"""The registry finds fedkt's own methods from the sources, and validating a config imports
+only the method's config module (not its algorithm, nor torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python(code: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_validating_a_fedmkt_config_imports_its_config_module_only():
+    got = _python("""
+import json, sys
+from fedkt.config import load_config
+cfg = load_config("fedkt/configs/fedmkt/homo.yaml")
+after_load = {m: m in sys.modules for m in ("torch", "fedkt.methods.fedmkt",
+              "fedkt.methods.fedmkt.algorithm", "fedkt.methods.fedmkt.config")}
+from fedkt.methods import get_method
+method = get_method("fedmkt")  # the whole method now, with the same classes
+import fedkt.methods.fedmkt as package
+print(json.dumps({"after_load": after_load, "same_class": type(cfg.method) is method.config,
+                  "same_check": method.check is package.config.check_config,
+                  "algorithm": "fedkt.methods.fedmkt.algorithm" in sys.modules}))
+""")
+    assert got["after_load"] == {"torch": False, "fedkt.methods.fedmkt": False,
+                                 "fedkt.methods.fedmkt.algorithm": False,
+                                 "fedkt.methods.fedmkt.config": True}
+    assert got["same_class"] and got["same_check"] and got["algorithm"]
+
+
+def test_the_sources_name_each_built_in_methods_config_and_check():
+    """What the source scan finds (before any method is imported) is what each registered
+    Method holds; a check the scan cannot find is read from the imported method."""
+    got = _python("""
+import json
+from fedkt.methods.registry import _built_in, get_method, method_check, method_config_class
+names = sorted(_built_in())
+found = {n: (method_config_class(n), method_check(n)) for n in names}
+print(json.dumps({n: [found[n][0] is get_method(n).config, found[n][1] is get_method(n).check,
+                      found[n][0].__module__] for n in names}))
+""")
+    assert {"fedmkt", "fedcollm", "fedavg", "koala", "fedsp", "zero_shot"} <= set(got)
+    wrong = {n: v for n, v in got.items() if not (v[0] and v[1])}
+    assert not wrong, wrong
+    assert all(v[2].endswith(".config") for v in got.values())
