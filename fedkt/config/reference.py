@@ -38,7 +38,7 @@ def config_reference() -> str:
     out = [*_HEAD, *_rows(RunConfig, "")]
     for name in available():
         method = get_method(name)
-        out += ["", f"### `method.name: {name}`", "", method.summary, "",
+        out += ["", f"### `method.name: {name}`", "", method.docs.summary, "",
                 *_HEAD, *_rows(method.config, "method.")]
     return "\n".join(out)
 

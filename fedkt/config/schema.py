@@ -957,7 +957,7 @@ class RunConfig(_Strict):
                              "secure_aggregation.enabled: without it the server sees each "
                              "upload with only 1/sqrt(clients) of the noise")
         for key in ("secure_aggregation", "differential_privacy"):
-            if getattr(self, key).enabled and not get_method(self.method.name).aggregates:
+            if getattr(self, key).enabled and not get_method(self.method.name).behaviour.aggregates:
                 raise ValueError(
                     f"{key}.enabled: method {self.method.name!r} uses each client's upload "
                     "on its own (not only their sum), so this does not apply (see "
@@ -975,7 +975,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _model_lr_applies(self) -> RunConfig:
-        """A per-model ``lr`` needs a method that reads it (see ``Method.model_lr``); the
+        """A per-model ``lr`` needs a method that reads it (see ``Behaviour.model_lr``); the
         method's own ``check`` of the whole config."""
         keys = (["server.lr"] if self.server is not None and self.server.lr is not None else [])
         keys += [f"clients.models[{i}].lr" for i, m in enumerate(self.clients.models)
@@ -983,7 +983,7 @@ class RunConfig(_Strict):
         check = method_check(self.method.name)  # imports the method's config module only
         if check is not None:
             check(self)
-        if keys and not get_method(self.method.name).model_lr:
+        if keys and not get_method(self.method.name).behaviour.model_lr:
             first = keys[0].replace("[", ".").replace("]", "")  # a key path the error names
             raise ValueError(f"{first}: method {self.method.name!r} does not read per-model "
                              f"learning rates (set: {', '.join(keys)}); use training.lr (or "

@@ -435,21 +435,3 @@ class Method:
     behaviour: Behaviour = field(default_factory=Behaviour)
     docs: Docs = field(default_factory=Docs)
     conformance: Conformance = field(default_factory=Conformance)
-
-    # Flat read-only views of four grouped fields, for fedkt/config.py, which reads them
-    # by these names.
-    @property
-    def aggregates(self) -> bool:
-        return self.behaviour.aggregates
-
-    @property
-    def model_lr(self) -> bool:
-        return self.behaviour.model_lr
-
-    @property
-    def check(self) -> Callable[[Any], None] | None:
-        return self.behaviour.check
-
-    @property
-    def summary(self) -> str:
-        return self.docs.summary

@@ -200,13 +200,13 @@ def method_config_class(name: str | None) -> type[MethodConfig]:
 
 
 def method_check(name: str) -> Callable[[Any], None] | None:
-    """The method's ``check`` of a whole run config (``Method.check``); for fedkt's own
+    """The method's ``check`` of a whole run config (``Behaviour.check``); for fedkt's own
     methods only the module that defines it is imported, where the sources name it."""
     if name not in _REGISTRY and name in _built_in():
         found = _declared_object(name, "check")
         if found is not ...:
             return found
-    return get_method(name).check
+    return get_method(name).behaviour.check
 
 
 def plugin_module(name: str) -> str | None:

@@ -31,7 +31,7 @@ from fedkt.methods import get_method
 method = get_method("fedmkt")  # the whole method now, with the same classes
 import fedkt.methods.fedmkt as package
 print(json.dumps({"after_load": after_load, "same_class": type(cfg.method) is method.config,
-                  "same_check": method.check is package.config.check_config,
+                  "same_check": method.behaviour.check is package.config.check_config,
                   "algorithm": "fedkt.methods.fedmkt.algorithm" in sys.modules}))
 """)
     assert got["after_load"] == {"torch": False, "fedkt.methods.fedmkt": False,
@@ -48,7 +48,7 @@ import json
 from fedkt.methods.registry import _built_in, get_method, method_check, method_config_class
 names = sorted(_built_in())
 found = {n: (method_config_class(n), method_check(n)) for n in names}
-print(json.dumps({n: [found[n][0] is get_method(n).config, found[n][1] is get_method(n).check,
+print(json.dumps({n: [found[n][0] is get_method(n).config, found[n][1] is get_method(n).behaviour.check,
                       found[n][0].__module__] for n in names}))
 """)
     assert {"fedmkt", "fedcollm", "fedavg", "koala", "fedsp", "zero_shot"} <= set(got)
