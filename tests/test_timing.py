@@ -50,3 +50,15 @@ def test_rows_break_a_run_into_phases_that_add_up_to_its_wall_time(name, phases)
     assert spent["saved"] >= 0.0  # what reused results spared is not in the wall time
     table = breakdown_table([(name, spent)])
     assert table.splitlines()[0].count("|") == len(timing.PHASES) + 5
+
+
+def test_a_suite_breakdown_sums_and_averages_its_runs():
+    """suite.md's per-arm row is the mean over seeds, its 'all runs' row the sum over every
+    run; runs without timings are left out of both."""
+    from fedkt.tracking import mean_breakdown, sum_breakdown
+
+    a = {"wall": 10.0, "eval": 4.0, "other": 1.0}
+    b = {"wall": 30.0, "eval": 8.0, "other": 3.0}
+    assert sum_breakdown([a, None, b]) == {"wall": 40.0, "eval": 12.0, "other": 4.0}
+    assert mean_breakdown([a, None, b]) == {"wall": 20.0, "eval": 6.0, "other": 2.0}
+    assert sum_breakdown([None]) is None and mean_breakdown([]) is None

@@ -65,7 +65,7 @@ from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.precision import physical_cores
 from fedkt.tracking.folder import LATEST_FILE
-from fedkt.tracking.rows import mean_breakdown, time_breakdown
+from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
 from fedkt.tracking.tables import breakdown_table, format_table
 
 __all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
@@ -436,10 +436,14 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
             markdown=True), ""]
     text += ["## Where the time went", "",
              "Mean over seeds of each run's seconds per phase (fedkt.timing), summed over "
-             "its participants; other: the wall time no phase covers.", "",
-             breakdown_table([(arm, mean_breakdown([time_breakdown(r.info.rows)
-                                                    for r in g.runs]))
-                              for arm, g in present.items()]), ""]
+             "its participants; other: the wall time no phase covers; all runs: the sum "
+             "over every run of the suite (its runs one after another).", "",
+             breakdown_table([*((arm, mean_breakdown([time_breakdown(r.info.rows)
+                                                      for r in g.runs]))
+                                for arm, g in present.items()),
+                              ("all runs", sum_breakdown([time_breakdown(r.info.rows)
+                                                          for g in present.values()
+                                                          for r in g.runs]))]), ""]
     if cfg.comparison is not None:
         text += [comparison_report(folder, cfg.comparison, present, reps=cfg.bootstrap,
                                    level=cfg.level, seed=cfg.bootstrap_seed)]

@@ -42,6 +42,7 @@ from fedkt.tracking.rows import (
     participant_order,
     read_rows,
     run_wall_time,
+    sum_breakdown,
     time_breakdown,
     without_timings,
 )
@@ -60,6 +61,6 @@ __all__ = [
     "RunFolderBusy", "RunRecorder", "atomic_write", "best_round", "breakdown_table",
     "clear_run_dir", "fmt_mb", "fmt_seconds", "format_table", "is_eval", "is_timing",
     "lower_is_better", "main_metric", "mean_breakdown", "metric_keys", "participant_order",
-    "read_rows", "round_table", "run_lock", "run_wall_time", "summary_markdown",
+    "read_rows", "round_table", "run_lock", "run_wall_time", "sum_breakdown", "summary_markdown",
     "time_breakdown", "without_timings", "write_plots",
 ]

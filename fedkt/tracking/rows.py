@@ -196,7 +196,15 @@ def time_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
 
 def mean_breakdown(runs: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
     """The mean of several runs' :func:`time_breakdown` (those that have one)."""
+    total = sum_breakdown(runs)
+    have = sum(r is not None for r in runs)
+    return None if total is None else {k: v / have for k, v in total.items()}
+
+
+def sum_breakdown(runs: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """The sum of several runs' :func:`time_breakdown` (those that have one): where a
+    suite's run time went, all its runs together."""
     have = [r for r in runs if r is not None]
     if not have:
         return None
-    return {k: sum(r[k] for r in have) / len(have) for k in have[0]}
+    return {k: sum(r[k] for r in have) for k in have[0]}
