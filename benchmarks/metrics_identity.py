@@ -126,6 +126,26 @@ def run_config(code: Path, name: str, out: Path, fallback: Path | None = None
 BYTES = ("bytes_sent", "bytes_received", "eval_bytes")
 
 
+def renamed(rows: list[dict[str, Any]], renames: dict[str, str]) -> list[dict[str, Any]]:
+    """``rows`` with the server's train-row keys renamed (``OLD=NEW``; ``OLD=`` drops OLD),
+    all at once, so ``loss=server_loss client_loss=loss`` swaps meanings; two keys landing
+    on one name is an error."""
+    out = []
+    for row in rows:
+        if row.get("participant") == "server" and row.get("split") == "train" and renames:
+            new: dict[str, Any] = {}
+            for k, v in row.items():
+                name = renames.get(k, k)
+                if name in new:
+                    raise ValueError(f"--rename: two keys of round {row.get('round')}'s "
+                                     f"server train row become {name!r}")
+                if name:
+                    new[name] = v
+            row = new
+        out.append(row)
+    return out
+
+
 def compare(before: list[dict[str, Any]] | str, after: list[dict[str, Any]] | str,
             ignore: frozenset[str] = frozenset()) -> str:
     """``identical``, ``BYTES ONLY`` with the byte changes (every other value identical: a
@@ -163,11 +183,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--ignore", nargs="*", default=[],
                         help="metrics keys not compared (say why where you report it)")
+    parser.add_argument("--rename", nargs="*", default=[], metavar="OLD=NEW",
+                        help="on the before side, rename (or with OLD= drop) these keys of "
+                             "the server's train rows: a key whose meaning moved")
     parser.add_argument("--record", type=Path,
                         help="run only the --after side and keep its rows in this folder")
     parser.add_argument("--against", type=Path,
                         help="compare --after with rows kept by --record (no --before run)")
     args = parser.parse_args()
+    renames = dict(pair.split("=", 1) for pair in args.rename)
     with tempfile.TemporaryDirectory(prefix="fedkt-identity-") as tmp_dir:
         tmp = Path(tmp_dir)
         sides = {"after": checkout(args.after, tmp)}
@@ -208,8 +232,9 @@ def main() -> int:
                                            else f"no rows recorded in {args.against}")
                 if len(got[name]) < 2:
                     continue
-                verdict = compare(got[name]["before"], got[name]["after"],
-                                  frozenset(args.ignore))
+                old = got[name]["before"]
+                verdict = compare(renamed(old, renames) if isinstance(old, list) else old,
+                                  got[name]["after"], frozenset(args.ignore))
                 count = len(rows) if isinstance(rows, list) else "-"
                 print(f"{name:32s} {count!s:>5} rows  {verdict}", flush=True)
                 bad += verdict != "identical"

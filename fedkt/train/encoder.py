@@ -134,8 +134,10 @@ def num_layers(model: nn.Module) -> int:
 
 
 def trainable_state(model: nn.Module) -> dict[str, Tensor]:
-    """Copies of the parameters that train (what a client keeps on disk or sends)."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    """CPU copies of the parameters that train (what a party keeps on disk or sends, on
+    the device of what it receives)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()
+            if p.requires_grad}
 
 
 def load_trainable(model: nn.Module, state: dict[str, Tensor]) -> None:
