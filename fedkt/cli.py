@@ -379,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedkt: error: {exc}", file=sys.stderr)
             return 2
     from fedkt.config import ConfigError
+    from fedkt.methods.errors import RoundError
     from fedkt.payload import PayloadError
     from fedkt.plugins import PLUGINS_ENV, import_plugins
-    from fedkt.runtime.base import RoundError, TransportError
+    from fedkt.runtime.envelope import TransportError
 
     try:  # methods, runtimes, readers registered outside fedkt, before a config is read
         import_plugins()

@@ -173,14 +173,13 @@ def test_cli_configs_explain_unknown_key_names_the_closest_and_exits_nonzero(cap
 
 
 def test_fedkt_configs_explain_imports_neither_torch_nor_the_method():
-    """What `fedkt configs explain` runs (the light path's handler) imports no torch and
-    no method algorithm (the CLI's parser itself imports torch today, through the
-    deploy commands' runtime.base)."""
+    """`fedkt configs explain` through the whole CLI (its parser, the deploy commands, the
+    error handling of `main`) imports no torch and no method algorithm."""
     import subprocess
     import sys
 
-    code = ("import argparse, sys; from fedkt.config_catalog import cmd_configs_explain; "
-            "rc = cmd_configs_explain(argparse.Namespace(key='method.top_k', method='fedmkt')); "
+    code = ("import sys; from fedkt.cli import main; "
+            "rc = main(['configs', 'explain', 'method.top_k', '--method', 'fedmkt']); "
             "print(rc, 'torch' in sys.modules, 'fedkt.methods.fedmkt.algorithm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parents[1], timeout=300)

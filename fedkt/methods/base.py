@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedkt.config import MethodConfig, RunConfig
+from fedkt.methods.errors import RoundError as RoundError  # re-exported: public name
 from fedkt.methods.holdings import Holdings, Version, version_field
 from fedkt.payload import Payload, PayloadError
 from fedkt.tracking.folder import atomic_write
@@ -213,10 +214,6 @@ Handler = Callable[[ClientContext, Payload], Payload]
 
 
 # --------------------------------------------------------------------------- server side
-
-
-class RoundError(RuntimeError):
-    """A call could not complete: fewer clients replied than ``clients.min_replies``."""
 
 
 class Clients(Protocol):

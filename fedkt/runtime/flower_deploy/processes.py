@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from fedkt.runtime.base import TransportError
+from fedkt.runtime.envelope import TransportError
 from fedkt.runtime.flower_sim import FLOWER_ENV_DEFAULTS
 
 DEFAULT_PORT = 9093  # the SuperLink's HTTP port (Fleet, Control and Runtime APIs)
