@@ -19,7 +19,8 @@ import torch
 
 from fedkt.alignment.sequence import Alignment
 
-__all__ = ["PAD_VALUE", "TopKLogits", "project_topk", "sparse_kd_loss", "sparse_kl"]
+__all__ = ["PAD_VALUE", "TENSOR_FIELDS", "TopKLogits", "project_topk", "sparse_kd_loss",
+           "sparse_kl"]
 
 # Value of an empty top-K slot (after merging duplicate ids, or outside the sample):
 # the most negative finite fp16, so its softmax weight is 0 and validation passes.
@@ -32,6 +33,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "lengths": torch.int32,
     "losses": torch.float32,
 }
+TENSOR_FIELDS: tuple[str, ...] = tuple(_DTYPES)  # a TopKLogits' tensors (plus vocab_size)
 
 
 @dataclass

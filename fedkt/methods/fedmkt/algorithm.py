@@ -73,7 +73,7 @@ from fedkt.alignment.knowledge import (
     vocab_size,
 )
 from fedkt.alignment.targets import Received, build_targets, to_receiver
-from fedkt.alignment.topk import TopKLogits
+from fedkt.alignment.topk import TENSOR_FIELDS, TopKLogits
 from fedkt.config import ModelConfig, RunConfig
 from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
@@ -315,9 +315,6 @@ def _client_public(ctx: ClientContext, lm: LM) -> PublicSet:
     return PublicSet.build(ctx.cfg, lm.tokenizer, ctx.data().public)
 
 
-_TOPK_FIELDS = ("sample_ids", "values", "indices", "lengths", "losses")  # a reused S's tensors
-
-
 def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogits | Tensor:
     """A model's knowledge of D_p: its knowledge set S (the top-K logits along the gold
     answers, the paper) or, with ``knowledge: choices``, its [N, C] choice posteriors."""
@@ -327,7 +324,7 @@ def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogit
     def compute() -> dict[str, Tensor]:
         s = knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
                           reduction=m.selection_loss)
-        return {**{f: getattr(s, f) for f in _TOPK_FIELDS},
+        return {**{f: getattr(s, f) for f in TENSOR_FIELDS},
                 "vocab_size": torch.tensor([s.vocab_size])}
 
     with autocast(cfg, lm.model):  # a model, public set and settings seen before: reused
@@ -335,7 +332,7 @@ def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogit
                             {"public": public.seqs, "pad_id": public.pad_id, "k": m.top_k,
                              "batch_size": cfg.eval.batch_size,
                              "reduction": m.selection_loss}, compute)
-    return TopKLogits(vocab_size=int(got["vocab_size"][0]), **{f: got[f] for f in _TOPK_FIELDS})
+    return TopKLogits(vocab_size=int(got["vocab_size"][0]), **{f: got[f] for f in TENSOR_FIELDS})
 
 
 def _mean_reported(replies: dict[int, Payload], field: str, key: str) -> dict[str, float]:
