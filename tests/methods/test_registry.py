@@ -55,3 +55,18 @@ print(json.dumps({n: [found[n][0] is get_method(n).config, found[n][1] is get_me
     wrong = {n: v for n, v in got.items() if not (v[0] and v[1])}
     assert not wrong, wrong
     assert all(v[2].endswith(".config") for v in got.values())
+
+
+def test_validating_a_fedcollm_config_imports_no_algorithm_of_its_own_or_of_fedavg():
+    """FedCoLLM's config extends the adapter-averaging settings it shares with FedAvg; they
+    live outside FedAvg's package, whose ``__init__`` imports FedAvg's algorithm."""
+    got = _python("""
+import json, sys
+from fedkt.config import load_config
+cfg = load_config("fedkt/configs/fedcollm/tiny.yaml")
+print(json.dumps({m: m in sys.modules for m in ("torch", "fedkt.methods.fedavg",
+                  "fedkt.methods.fedavg.algorithm", "fedkt.methods.fedcollm.algorithm")}))
+""")
+    assert got == {"torch": False, "fedkt.methods.fedavg": False,
+                   "fedkt.methods.fedavg.algorithm": False,
+                   "fedkt.methods.fedcollm.algorithm": False}

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from fedkt.methods.averaging import AdapterAveragingConfig
 
-from fedkt.config import MethodConfig
-
-
-class AdapterAveragingConfig(MethodConfig):
-    """Settings of methods whose clients train one shared adapter that the server averages."""
-
-    weighted: bool = Field(True, description=(
-        "Weight each client's adapter by its number of training examples (else equal weights)."))
+__all__ = ["AdapterAveragingConfig", "FedAvgConfig"]
 
 
 class FedAvgConfig(AdapterAveragingConfig):
