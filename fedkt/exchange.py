@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Literal
 
-from pydantic import Field
 from torch import Tensor
 
 from fedkt.compression import (
@@ -37,9 +35,9 @@ from fedkt.compression import (
     from_payload,
     threshold_schedule,
 )
-from fedkt.config import MethodConfig
 from fedkt.methods.base import ClientContext, Clients, mean_number
 from fedkt.methods.holdings import Holdings
+from fedkt.methods.settings import ExchangeSettings as ExchangeSettings  # re-exported
 from fedkt.payload import Payload, PayloadError
 
 __all__ = ["GLOBAL", "ExchangeSettings", "aggregate_updates", "apply_update", "client_adopt",
@@ -47,23 +45,6 @@ __all__ = ["GLOBAL", "ExchangeSettings", "aggregate_updates", "apply_update", "c
 
 State = dict[str, Tensor]
 GLOBAL = "global"  # the held object: each client's copy of the global trainable state
-
-
-class ExchangeSettings(MethodConfig):
-    """How a global model's updates travel: SVD compression (Eqs. 8-9), FedAvg weights."""
-
-    compress: bool = Field(True, description=(
-        "SVD-compress each update before it travels (Eqs. 8-9)."))
-    T_start: float = Field(0.95, ge=0.0, le=1.0, description=(
-        "Eq. 9: the energy threshold T of the first round."))
-    T_end: float = Field(0.98, ge=0.0, le=1.0, description=(
-        "Eq. 9: the energy threshold T of the last round."))
-    schedule: Literal["endpoints", "official"] = Field("endpoints", description=(
-        "Eq. 9's t: \"endpoints\" (round 1 uses T_start, the last T_end) or \"official\" (run.py)."))
-    weighted: bool = Field(True, description=(
-        "Weight each client's update by its number of training examples (FedAvg)."))
-    freeze_embeddings: bool = Field(True, description=(
-        "The embeddings neither train nor travel (official code)."))
 
 
 def round_threshold(method: ExchangeSettings, rnd: int, rounds: int) -> float | None:

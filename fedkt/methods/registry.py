@@ -104,10 +104,29 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
                  for k in node.keywords if k.arg == name), None)
 
 
+def _check_reference(call: ast.Call, tree: ast.Module, names: dict[str, str]) -> str | None:
+    """``module:attribute`` of the ``check`` a ``Method(...)`` call passes, directly or in
+    its ``behaviour=`` (a ``Behaviour(...)`` call, or a module-level name bound to one);
+    ``""`` when it passes none (no check); None when the sources do not tell."""
+    check = _keyword(call, "check")
+    if check is not None:
+        return _reference(check, names)
+    behaviour = _keyword(call, "behaviour")
+    if isinstance(behaviour, ast.Name):  # _BEHAVIOUR = Behaviour(...) at module level
+        bound = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == behaviour.id for t in n.targets)]
+        if len(bound) != 1 or not isinstance(bound[0], ast.Call):
+            return None
+        check = _keyword(bound[0], "check")
+        return "" if check is None else _reference(check, names)
+    return "" if behaviour is None or isinstance(behaviour, ast.Call) else None
+
+
 @functools.cache
 def _declared() -> dict[str, dict[str, str | None]]:
     """Method name -> ``module`` (whose import registers it) and, as ``module:attribute``,
-    its ``config`` and ``check`` (None where the sources do not say), from the
+    its ``config`` and ``check`` (None where the sources do not say; ``""`` for a check
+    the call does not pass: ``Behaviour.check``'s default, no check), from the
     ``Method("name", ...)`` calls of fedkt/methods/."""
     found: dict[str, dict[str, str | None]] = {}
     for path in sorted(_PACKAGE.rglob("*.py")):
@@ -122,7 +141,7 @@ def _declared() -> dict[str, dict[str, str | None]]:
                     config = node.args[1]
                 found.setdefault(name, {"module": module,
                                         "config": _reference(config, names),
-                                        "check": _reference(_keyword(node, "check"), names)})
+                                        "check": _check_reference(node, tree, names)})
     return found
 
 
@@ -163,6 +182,8 @@ def _declared_object(name: str, what: str) -> Any:
     reference = _declared().get(name, {}).get(what)
     if reference is None or name in _REGISTRY:
         return ...
+    if reference == "":  # no check passed: the default, none
+        return None
     module, _, attribute = reference.partition(":")
     if not module.startswith("fedkt.methods.") or module in _built_in().values():
         return ...  # defined in the registering module itself: import it

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
-from fedkt.config import MethodConfig, ModelConfig, RunConfig, TrainingConfig
+from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
+from fedkt.methods.settings import EncoderHead as EncoderHead  # re-exported
 from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, pick_device, step, trainable
@@ -47,15 +47,6 @@ __all__ = [
 ]
 
 _PRISTINE: dict[str, tuple[nn.Module, Any]] = {}
-
-
-class EncoderHead(MethodConfig):
-    """The classification head of every encoder method (FedKD and its baselines)."""
-
-    pooling: Literal["attention", "mean", "cls"] = Field("attention", description=(
-        "attention: attentive pooling + a dense layer (the paper's SMM4H head); mean: masked mean "
-        "pooling + a dense layer; cls: the [CLS] state through BERT's pooler (the "
-        "*ForSequenceClassification head). The pooling weights train and travel with the model."))
 
 
 def encoder_config(cfg: RunConfig) -> ModelConfig:

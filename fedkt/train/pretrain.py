@@ -16,48 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from fedkt.config import DatasetConfig, ModelConfig, _Strict
+from fedkt.config import DatasetConfig, ModelConfig
 from fedkt.data.images import DataSpec, image_tensors
 from fedkt.errors import ConfigError
+from fedkt.methods.settings import VisionPretrain as VisionPretrain  # re-exported
 from fedkt.models.vision import build_model, head_module
 from fedkt.precision import resolve_precision
 from fedkt.train.vision import device_of, train_vision
 
 __all__ = ["VisionPretrain", "check_pretrain_source", "pretrained_model",
            "server_pretrain_records", "split_server_data"]
-
-
-class VisionPretrain(_Strict):
-    """A server model's backbone, trained before round 1 on data the federation never labels.
-
-    Stands in for the ImageNet pretraining the papers start from, and must not learn
-    from the federated task's labels: ``dataset`` is a labelled image dataset whose
-    classes are disjoint from the task's (another dataset, or other classes of the same
-    one, e.g. ``{name: digits, fields: {classes: "5-9"}}`` for a task on digits 0-4;
-    :func:`check_pretrain_source` refuses a class overlap with ``data.dataset``). The
-    backbone trains with a temporary linear head for the pretraining classes; the task
-    head (the adapter) is then freshly initialised, so federated training starts from
-    chance. The server's whole public split, labels removed, is the proxy set.
-
-    ``enabled: false`` is refused for the plain-torch models: a random frozen backbone's
-    eval-mode features collapse (about 1e-9) and every method on it lands at chance. It
-    is accepted for ``torchvision:``/``timm:`` models with ``pretrained: true``.
-    """
-
-    enabled: bool = Field(True, description="Pretrain the server model's backbone before round 1.")
-    dataset: DatasetConfig | None = Field(None, description=(
-        "Labelled images whose classes are disjoint from the task's, e.g. {name: digits, fields: "
-        "{classes: '5-9'}}."))
-    epochs: float = Field(30.0, gt=0, description="Pretraining passes over that dataset.")
-    lr: float = Field(1e-3, gt=0, description="Pretraining learning rate.")
-    weight_decay: float = Field(1e-6, ge=0, description="Pretraining weight decay.")
-    batch_size: int = Field(64, ge=1, description="Pretraining images per step.")
-    cache: bool = Field(True, description=(
-        "Cache the pretrained weights on disk ($FEDKT_CACHE or ~/.cache/fedkt)."))
 
 
 def _classes_of(ds: DatasetConfig) -> set[int] | None:

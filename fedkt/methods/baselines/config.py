@@ -7,9 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from fedkt.config import MethodConfig, RunConfig
-from fedkt.exchange import ExchangeSettings
-from fedkt.train.encoder import EncoderHead
-from fedkt.train.pretrain import VisionPretrain
+from fedkt.methods.settings import EncoderHead, ExchangeSettings, VisionPretrain
 
 # ------------------------------------------------------------------ causal LMs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedkt.methods.averaging import AdapterAveragingConfig
+from fedkt.methods.settings import AdapterAveragingConfig
 
 __all__ = ["AdapterAveragingConfig", "FedAvgConfig"]
 

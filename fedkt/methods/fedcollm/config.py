@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from fedkt.config import RunConfig
-from fedkt.methods.averaging import AdapterAveragingConfig
+from fedkt.methods.settings import AdapterAveragingConfig
 
 
 class FedCoLLMConfig(AdapterAveragingConfig):

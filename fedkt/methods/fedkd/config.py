@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from fedkt.exchange import ExchangeSettings
-from fedkt.train.encoder import EncoderHead
+from fedkt.methods.settings import EncoderHead, ExchangeSettings
 
 # eta_s / eta_t of the paper's Table 6 (SMM4H: 1e-5 / 2e-6).
 STUDENT_LR_RATIO = 5.0

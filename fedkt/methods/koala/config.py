@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from fedkt.config import MethodConfig
-from fedkt.train.pretrain import VisionPretrain
+from fedkt.methods.settings import VisionPretrain
 
 
 class KoalaConfig(MethodConfig):
