@@ -19,7 +19,9 @@ of them, and a repeated key reads the stored result instead of running the model
   temperature;
 * the precision (the autocast dtype in force, if any) and the device;
 * the code (:func:`code_digest`): every fedkt source file, the versions of torch,
-  transformers and peft, and the CPU's instruction set (torch's CPU capability).
+  transformers and peft, and what picks the kernels (torch's CPU capability, the CPU's
+  matrix flags such as AMX, ``ONEDNN_MAX_CPU_ISA``, the GPU:
+  :func:`fedkt.environment.kernels`).
 
 Entries live under ``$FEDKT_REUSE_CACHE`` (default ``$FEDKT_CACHE/reuse``): ``eval/`` one
 gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set.
@@ -54,6 +56,7 @@ from typing import Any
 import torch
 
 from fedkt.cache import CACHE_ERRORS, cache_dir, cached
+from fedkt.environment import kernels
 from fedkt.eval import predictions
 from fedkt.timing import now, phase, saved
 
@@ -233,13 +236,15 @@ def tokenizer_digest(tokenizer: Any) -> str:
 
 @functools.cache
 def code_digest() -> str:
-    """fedkt's source files, the versions of torch, transformers and peft, and the CPU's
-    instruction set: a result computed by other code or kernels is never reused."""
+    """fedkt's source files, the versions of torch, transformers and peft, and what picks
+    the kernels (:func:`fedkt.environment.kernels`: the CPU's capability and matrix flags
+    such as AMX, oneDNN's ISA cap, the GPU): a result computed by other code or kernels is
+    never reused."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    versions = [torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    versions = [torch.__version__, json.dumps(kernels(), sort_keys=True)]
     for package in ("transformers", "peft"):
         try:
             versions.append(__import__(package).__version__)

@@ -8,6 +8,7 @@ one.  :func:`run` picks the transport the config names.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from fedkt import progress
 from fedkt.config import RunConfig
+from fedkt.environment import ENVIRONMENT_FILE, environment
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
@@ -121,6 +123,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
     else:
         recorder.save_config(cfg.to_yaml())
+    _record_environment(run_dir, start)
     tracking.config()
 
     clients = RuntimeClients(cfg, transport)
@@ -432,6 +435,21 @@ def _record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
     with (recorder.run_dir / RESUMES_FILE).open("a", encoding="utf-8") as fh:
         fh.write(line + "\n")
     recorder.save_config(cfg.to_yaml())
+
+
+def _record_environment(run_dir: Path, start: int) -> None:
+    """``environment.json``: where the rounds from ``start`` on are computed (a list: a run
+    resumed elsewhere gets a second entry; rounds before it came from the first)."""
+    path = run_dir / ENVIRONMENT_FILE
+    entries = []
+    if start > 1 and path.is_file():
+        with contextlib.suppress(ValueError):
+            entries = [e for e in json.loads(path.read_text()) if e.get("from_round", 1) < start]
+    here = environment()
+    if entries and {k: v for k, v in entries[-1].items() if k != "from_round"} == here:
+        return
+    entries.append({"from_round": start, **here})
+    atomic_write(path, json.dumps(entries, indent=1) + "\n")
 
 
 def run(cfg: RunConfig, *, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:

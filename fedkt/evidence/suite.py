@@ -53,6 +53,7 @@ from fedkt.config import (
     parse_config,
 )
 from fedkt.config_catalog import UnknownConfigError, resolve_config
+from fedkt.environment import describe
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
 from fedkt.evidence.method_table import (
@@ -66,6 +67,7 @@ from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.precision import physical_cores
 from fedkt.tracking.folder import LATEST_FILE
 from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
+from fedkt.tracking.summary import read_environment
 from fedkt.tracking.tables import breakdown_table, format_table
 
 __all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
@@ -428,6 +430,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         text.append(f"- test examples per run: {n_items}")
     if missing:
         text.append(f"- not finished: {', '.join(missing)}")
+    text += environment_lines([r.path for g in present.values() for r in g.runs])
     text += ["", format_table(header, table, markdown=True), ""]
     if verdicts:
         text += ["## Claims", "", format_table(
@@ -454,6 +457,22 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
          "claims": verdicts, "missing": missing}, indent=2, default=float) + "\n")
     suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
     return out
+
+
+def environment_lines(folders: list[Path]) -> list[str]:
+    """``- environment: ...`` of suite.md: where its runs were computed, and a warning when
+    they come from more than one (kernels that round differently move final numbers by
+    more than a seed does: docs/evidence.md, "Machines")."""
+    seen: dict[str, int] = {}
+    for folder in folders:
+        for entry in read_environment(folder) or [{}]:
+            line = describe(entry) if entry else "not recorded (a run made before fedkt kept it)"
+            seen[line] = seen.get(line, 0) + 1
+    if len(seen) == 1:
+        return [f"- environment: {next(iter(seen))}"]
+    return [f"- **runs from {len(seen)} environments**; compare across them with care "
+            "(docs/evidence.md, \"Machines\"):",
+            *(f"  - {n} run(s): {line}" for line, n in seen.items())]
 
 
 def _round0_group(suite: Suite, arms: list[str]) -> tuple[str, Group] | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedkt.environment import ENVIRONMENT_FILE, describe
 from fedkt.tracking.rows import (
     best_round,
     is_eval,
@@ -19,7 +21,25 @@ from fedkt.tracking.rows import (
 )
 from fedkt.tracking.tables import fmt, fmt_mb, fmt_seconds, format_table
 
-__all__ = ["summary_markdown"]
+__all__ = ["environment_facts", "read_environment", "summary_markdown"]
+
+
+def read_environment(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``environment.json`` entries (none for a run made before fedkt kept it)."""
+    path = run_dir / ENVIRONMENT_FILE
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def environment_facts(run_dir: Path) -> list[str]:
+    """``- environment: ...`` lines of summary.md (one per entry of a run resumed elsewhere)."""
+    entries = read_environment(run_dir)
+    if len(entries) == 1:
+        return [f"- environment: {describe(entries[0])}"]
+    return [f"- environment from round {e.get('from_round')}: {describe(e)}" for e in entries]
 
 
 def summary_markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any], run_dir: Path) -> str:
@@ -36,6 +56,7 @@ def summary_markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any], run_di
     wall = run_wall_time(rows)
     if wall is not None:
         facts.append(f"- wall time: {wall:.1f} s")
+    facts += environment_facts(run_dir)
     keys = metric_keys(rows)
     main = main_metric(rows)
     header = ["participant", "last eval round", "train loss", "test loss", *keys,

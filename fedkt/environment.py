@@ -1,0 +1,74 @@
+"""Where a run's numbers were computed: library versions and the kernels' instruction set.
+
+The same seed and config give the same numbers on one machine kind, not across kinds: a
+CPU with AMX and one without run other bf16 matrix kernels (oneDNN), whose rounding moves
+a fine-tuning run's final accuracy by more than a second seed does
+(docs/evidence.md, "Machines"). Each run folder keeps ``environment.json``; ``summary.md``
+and a suite's ``suite.md`` name it, and the reuse keys (:mod:`fedkt.reuse`) include
+:func:`kernels`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENVIRONMENT_FILE", "describe", "environment", "kernels"]
+
+ENVIRONMENT_FILE = "environment.json"
+# CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
+_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16",
+          "amx_int8", "amx_tile")
+
+
+@functools.cache
+def _cpu_flags() -> tuple[str, ...]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: the capability below still tells the ISA torch uses
+        return ()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    have = set(line.partition(":")[2].split())
+    return tuple(f for f in _FLAGS if f in have)
+
+
+def kernels() -> dict[str, Any]:
+    """What decides which kernels compute a result on this machine: torch's CPU capability,
+    the CPU's matrix-relevant flags, oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``) and the GPU."""
+    import torch
+
+    cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_flags": list(_cpu_flags()),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+            "cuda": cuda}
+
+
+def environment() -> dict[str, Any]:
+    """Versions (fedkt, Python, torch, transformers, peft), :func:`kernels` and threads."""
+    import torch
+
+    from fedkt import __version__
+
+    out: dict[str, Any] = {"fedkt": __version__, "python": platform.python_version(),
+                           "torch": torch.__version__}
+    for package in ("transformers", "peft"):
+        try:
+            out[package] = __import__(package).__version__
+        except ImportError:
+            out[package] = None
+    return {**out, **kernels(), "torch_threads": torch.get_num_threads()}
+
+
+def describe(env: dict[str, Any]) -> str:
+    """One line: versions and kernels (what summary.md and suite.md print)."""
+    flags = ", ".join(f for f in env.get("cpu_flags") or [] if f.startswith(("amx", "avx512_bf")))
+    cpu = f"CPU {env.get('cpu_capability')}" + (f" ({flags})" if flags else "")
+    if env.get("onednn_max_cpu_isa"):
+        cpu += f", ONEDNN_MAX_CPU_ISA={env['onednn_max_cpu_isa']}"
+    gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
+    return (f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
+            f"peft {env.get('peft')}; {cpu}{gpu}")

@@ -1,0 +1,75 @@
+"""Where a run's numbers were computed: environment.json, summary.md, suite.md, reuse keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from fedkt import runner
+from fedkt.environment import describe, environment, kernels
+from fedkt.evidence.suite import environment_lines
+from fedkt.runner import run
+from fedkt.tracking.summary import read_environment, summary_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_config):
+    cfg = make_config("rounds=1")
+    run(cfg, quiet=True)
+    [entry] = read_environment(cfg.run_dir)
+    assert entry["from_round"] == 1
+    assert entry["torch"] == torch.__version__
+    assert entry["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(entry["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16",
+                                       "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
+    assert f"- environment: torch {torch.__version__}" in (cfg.run_dir / "summary.md").read_text()
+
+
+def test_a_run_resumed_elsewhere_records_a_second_environment(make_config, monkeypatch):
+    cfg = make_config("rounds=2")
+    run(cfg, quiet=True)
+    runner._record_environment(cfg.run_dir, 2)  # resumed on the same machine: no new entry
+    assert len(read_environment(cfg.run_dir)) == 1
+    other = {**environment(), "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}  # no AMX
+    monkeypatch.setattr(runner, "environment", lambda: other)
+    runner._record_environment(cfg.run_dir, 2)
+    first, second = read_environment(cfg.run_dir)
+    assert (first["from_round"], second["from_round"]) == (1, 2)
+    text = summary_markdown([], {"name": "x"}, cfg.run_dir)
+    assert "- environment from round 2: " in text and "(avx512_bf16)" in text
+
+
+def test_a_suite_names_one_environment_or_warns_of_several(tmp_path):
+    env = environment()
+    folders = []
+    for i, flags in enumerate((env["cpu_flags"], env["cpu_flags"], ["avx2"])):
+        folder = tmp_path / f"run{i}"
+        folder.mkdir()
+        (folder / "environment.json").write_text(json.dumps(
+            [{"from_round": 1, **env, "cpu_flags": flags}]))
+        folders.append(folder)
+    assert environment_lines(folders[:2]) == [f"- environment: {describe(env)}"]
+    lines = environment_lines(folders)
+    assert lines[0].startswith("- **runs from 2 environments**")
+    assert sorted(line.split(" run(s)")[0].strip() for line in lines[1:]) == ["- 1", "- 2"]
+
+
+def test_the_reuse_key_changes_with_the_kernels_not_only_the_cpu_capability():
+    """AMX and AVX512-BF16 kernels round bf16 differently under one CPU capability
+    (AVX512): an entry from one must not be read on the other."""
+    code = "from fedkt.reuse import code_digest; print(code_digest())"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, check=True).stdout
+    capped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+                            check=True).stdout
+    assert plain.strip() and capped.strip() and plain != capped
+    assert kernels()["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
