@@ -8,7 +8,6 @@ one.  :func:`run` picks the transport the config names.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -45,6 +44,7 @@ from fedkt.tracking.folder import (
     atomic_write,
     run_lock,
 )
+from fedkt.tracking.summary import read_environment
 
 log = logging.getLogger("fedkt")
 RESUMES_FILE = "resumes.jsonl"  # each resume that changed the config: the keys, old and new
@@ -439,17 +439,16 @@ def _record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
 
 def _record_environment(run_dir: Path, start: int) -> None:
     """``environment.json``: where the rounds from ``start`` on are computed (a list: a run
-    resumed elsewhere gets a second entry; rounds before it came from the first)."""
-    path = run_dir / ENVIRONMENT_FILE
-    entries = []
-    if start > 1 and path.is_file():
-        with contextlib.suppress(ValueError):
-            entries = [e for e in json.loads(path.read_text()) if e.get("from_round", 1) < start]
+    resumed elsewhere gets a second entry; rounds before it came from the first). It is
+    the server process's machine: in the local and flower-sim runtimes every participant's,
+    deployed (`flower`) only the server's."""
+    entries = [e for e in read_environment(run_dir) if start > 1
+               and int(e.get("from_round", 1)) < start]
     here = environment()
     if entries and {k: v for k, v in entries[-1].items() if k != "from_round"} == here:
         return
     entries.append({"from_round": start, **here})
-    atomic_write(path, json.dumps(entries, indent=1) + "\n")
+    atomic_write(run_dir / ENVIRONMENT_FILE, json.dumps(entries, indent=1) + "\n")
 
 
 def run(cfg: RunConfig, *, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
