@@ -95,8 +95,8 @@ def _tiny_run(config: str, work: Path, device: str, precision: str) -> dict:
 
     config, _, method = config.partition("@")
     out = work / f"{config.replace('/', '_')}-{method}-{device}-{precision}"
-    sets = [*([f"method.name={method}"] if method else []), "rounds=1", "eval.plots=false", f"runtime.device={device}",
-            f"training.precision={precision}"]
+    sets = [*([f"method.name={method}"] if method else []), "rounds=1", "eval.plots=false",
+            f"runtime.device={device}", f"training.precision={precision}"]
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         rc = main(["run", config, "-q", "--overwrite", "--output-dir", str(out),
