@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fedkt import compression as C
+from tests.conftest import load_benchmark
 
 # sigma = [3, 2, 1]: energies 9, 4, 1 (total 14); prefix ratios
 #   k=1: 9/14 = 0.642857, k=2: 13/14 = 0.928571, k=3: 14/14 = 1
@@ -179,20 +180,8 @@ def test_payload_round_trip_and_bytes():
         C.from_payload(payload)
 
 
-def _load_benchmark():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "svd_compression.py"
-    spec = importlib.util.spec_from_file_location("svd_compression_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmark_measure_rows_by_hand():
-    bench = _load_benchmark()
+    bench = load_benchmark("svd_compression")
     g = torch.Generator().manual_seed(5)
     rank2 = torch.randn(20, 2, generator=g) @ torch.randn(2, 10, generator=g)
     rounds = [{"w": rank2, "b": torch.ones(10)}, {"w": rank2, "b": torch.ones(10)}]

@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-
-def _module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "metrics_identity.py"
-    spec = importlib.util.spec_from_file_location("metrics_identity_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_benchmark
 
 
 def _rows(server_train: dict, test_loss: float = 2.0) -> list[dict]:
@@ -23,7 +13,7 @@ def _rows(server_train: dict, test_loss: float = 2.0) -> list[dict]:
 
 
 def test_a_moved_meaning_differs_until_it_is_renamed_and_only_on_the_server_train_row():
-    mi = _module()
+    mi = load_benchmark("metrics_identity")
     before = _rows({"loss": 0.5, "client_loss": 1.5, "bytes_sent": 10})
     after = _rows({"server_loss": 0.5, "loss": 1.5, "bytes_sent": 10})
     assert mi.compare(before, after).startswith("DIFFERS at row 0")
@@ -38,7 +28,7 @@ def test_a_moved_meaning_differs_until_it_is_renamed_and_only_on_the_server_trai
 
 
 def test_a_dropped_key_and_a_byte_change_are_reported_as_such():
-    mi = _module()
+    mi = load_benchmark("metrics_identity")
     before = _rows({"loss": 0.7, "reverse_kl": 0.7, "client_loss": 1.5, "bytes_sent": 10})
     after = _rows({"reverse_kl": 0.7, "loss": 1.5, "bytes_sent": 9})
     kept = mi.renamed(before, {"loss": "", "client_loss": "loss"})

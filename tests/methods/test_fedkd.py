@@ -6,7 +6,6 @@ The one slow test runs a round on the real all-MiniLM-L6-v2.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.encoder import text_batches, trainable_state
-from tests.conftest import needs_models
+from tests.conftest import load_benchmark, needs_models
 from tests.fault_injection import client_faults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,10 +178,7 @@ def test_eq_5_wiring_by_hand(tmp_path):
 
 
 def test_benchmark_fedkd_table_by_hand():
-    spec = importlib.util.spec_from_file_location(
-        "svd_bench", ROOT / "benchmarks" / "svd_compression.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("svd_compression")
     g = torch.Generator().manual_seed(0)
     rank2 = torch.randn(20, 2, generator=g) @ torch.randn(2, 10, generator=g)
     update = {"w": rank2, "b": torch.ones(10)}

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fedkt.config import load_config
+from tests.conftest import load_benchmark
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def probe():
-    """benchmarks/fedsp_probe.py as a module (registered: it defines a dataclass)."""
-    name = "fedsp_probe_benchmark"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "fedsp_probe.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """benchmarks/fedsp_probe.py as a module."""
+    return load_benchmark("fedsp_probe")
 
 
 def test_slot_cosines_are_per_prefix_layer():

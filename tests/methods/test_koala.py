@@ -33,6 +33,7 @@ from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 from fedkt.train.pretrain import VisionPretrain, pretrained_model, server_pretrain_records
 from fedkt.train.vision import predict_logits
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"name": "mobilenet_v3_small", "tiny": {"width_mult": 0.25}}
@@ -548,13 +549,7 @@ def test_shipped_configs_homo_is_mobilenet_v2_and_reductions_are_counted(tmp_pat
 
 
 def _bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("koala_tables",
-                                                  ROOT / "benchmarks" / "koala_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("koala_tables")
 
 
 def test_pretrained_external_models_get_imagenet_normalisation():

@@ -25,7 +25,7 @@ from fedkt.models.offline import (
     ResolvedAlias,
     check_sha256,
 )
-from tests.conftest import ROOT, needs_models
+from tests.conftest import ROOT, load_benchmark, needs_models
 
 
 def _uninstalled(monkeypatch, name: str) -> OfflineAlias:
@@ -131,10 +131,7 @@ def test_a_config_needing_a_missing_model_names_the_command(monkeypatch, tmp_pat
 
 def test_benchmark_stops_with_the_command(monkeypatch, capsys):
     _uninstalled(monkeypatch, "qwen2.5-0.5b")
-    spec = importlib.util.spec_from_file_location("vocab_bench", ROOT / "benchmarks" /
-                                                  "vocab_mapping.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("vocab_mapping")
     monkeypatch.setattr(sys, "argv", ["vocab_mapping.py", "--pairs", "qwen-smol"])
     with pytest.raises(SystemExit) as exc:
         inst.run_script(bench.main)
