@@ -16,7 +16,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENVIRONMENT_FILE", "describe", "environment", "kernels"]
+__all__ = ["ENVIRONMENT_FILE", "describe", "environment", "kernels", "libraries"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
@@ -47,20 +47,25 @@ def kernels() -> dict[str, Any]:
             "cuda": cuda}
 
 
-def environment() -> dict[str, Any]:
-    """Versions (fedkt, Python, torch, transformers, peft), :func:`kernels` and threads."""
-    import torch
-
-    from fedkt import __version__
-
-    out: dict[str, Any] = {"fedkt": __version__, "python": platform.python_version(),
-                           "torch": torch.__version__}
-    for package in ("transformers", "peft"):
+def libraries() -> dict[str, str | None]:
+    """Versions of torch, transformers and peft (None for one not installed)."""
+    out: dict[str, str | None] = {}
+    for package in ("torch", "transformers", "peft"):
         try:
             out[package] = __import__(package).__version__
         except ImportError:
             out[package] = None
-    return {**out, **kernels(), "torch_threads": torch.get_num_threads()}
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """Versions (fedkt, Python, :func:`libraries`), :func:`kernels` and threads."""
+    import torch
+
+    from fedkt import __version__
+
+    return {"fedkt": __version__, "python": platform.python_version(), **libraries(),
+            **kernels(), "torch_threads": torch.get_num_threads()}
 
 
 def describe(env: dict[str, Any]) -> str:

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from fedkt.cache import CACHE_ERRORS, cache_dir, cached
-from fedkt.environment import kernels
+from fedkt.environment import kernels, libraries
 from fedkt.eval import predictions
 from fedkt.timing import now, phase, saved
 
@@ -244,13 +244,7 @@ def code_digest() -> str:
     root = Path(__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    versions = [torch.__version__, json.dumps(kernels(), sort_keys=True)]
-    for package in ("transformers", "peft"):
-        try:
-            versions.append(__import__(package).__version__)
-        except ImportError:
-            versions.append("-")
-    h.update("|".join(versions).encode())
+    h.update(json.dumps({**libraries(), **kernels()}, sort_keys=True).encode())
     return h.hexdigest()
 
 
