@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import json
 import math
@@ -207,12 +208,14 @@ def _participant(name: str, model_cfg, cfg, steps: int = 4, seq: int = 256) -> N
     from fedkt.train.optim import make_optimizer, step, trainable
 
     clear_cache()
+    gc.collect()  # a 4-bit model's modules hold reference cycles: free the last one first
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() / GIB  # what an earlier model left: should be ~0
     start = time.perf_counter()
     lm = get_lm(model_cfg, cfg.training, 0, "cuda")
     load_s = time.perf_counter() - start
-    loaded = torch.cuda.memory_allocated() / GIB
+    loaded = torch.cuda.memory_allocated() / GIB - before
     params = trainable(lm.model)
     opt, sched = make_optimizer(params, cfg.training, steps)
     b = cfg.training.batch_size
@@ -233,10 +236,11 @@ def _participant(name: str, model_cfg, cfg, steps: int = 4, seq: int = 256) -> N
     total = sum(p.numel() for p in lm.model.parameters())
     print(f"  {name:<8} {total / 1e9:5.2f} B params  load {load_s:5.1f} s  weights "
           f"{loaded:6.2f} GiB  peak {torch.cuda.max_memory_allocated() / GIB:6.2f} GiB  "
-          f"train {tps:8.0f} tokens/s (batch {b} x {seq}, step {sum(warm) / len(warm):.2f} s)",
-          flush=True)
+          f"train {tps:8.0f} tokens/s (batch {b} x {seq}, step {sum(warm) / len(warm):.2f} s)"
+          f"{f'; {before:.2f} GiB held before loading' if before > 0.01 else ''}", flush=True)
     del lm, opt
     clear_cache()
+    gc.collect()
     torch.cuda.empty_cache()
 
 
@@ -256,6 +260,7 @@ def part_big(work: Path, quant: bool) -> None:
     cfg = parse_config(_big_config(work, server, client, quant))
     _participant("server", cfg.server, cfg)
     _participant("client", cfg.clients.model_for(0), cfg)
+    gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()

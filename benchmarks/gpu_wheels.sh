@@ -12,6 +12,8 @@
 # tiny configs without plots). Binary wheels (pydantic-core, rapidfuzz) are fetched for each Python in
 # PYVERS (default "3.10 3.11 3.12"), manylinux x86_64. WITH_VISION=1 adds scikit-learn and
 # scipy (the image configs' digits; about 50 MiB, one Python: the first of PYVERS).
+# WITH_BNB=1 adds bitsandbytes (43 MiB, every Python and CUDA version in one wheel) for
+# gpu_check's big4 part; with WITH_VISION too it is over the carry limit.
 set -euo pipefail
 DIR="$(cd "$(dirname "$0")" && pwd)/.gpu_wheels"
 if [[ "${1:-}" == "--install" ]]; then
@@ -42,6 +44,10 @@ if [[ "${WITH_VISION:-0}" == "1" ]]; then
     python -m pip download --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 --python-version "$v" --implementation cp \
         -d "$DIR" scikit-learn==1.9.1 scipy==1.17.1 joblib==1.6.0 threadpoolctl==3.8.0
+fi
+if [[ "${WITH_BNB:-0}" == "1" ]]; then
+    python -m pip download --no-deps --only-binary=:all: --platform manylinux_2_24_x86_64 \
+        --python-version "${PYVERS%% *}" -d "$DIR" bitsandbytes==0.50.2
 fi
 size=$(du -sm "$DIR" | cut -f1)
 echo "$DIR: $(ls "$DIR"/*.whl | wc -l) wheels, ${size} MiB (carry limit 64 MiB)"
