@@ -27,6 +27,7 @@ from fedkt import progress
 from fedkt.eval import predictions
 from fedkt.eval.groups import group_accuracies, resolve_groups
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
+from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
 from fedkt.timing import timed_evaluation
 
 __all__ = [
@@ -446,13 +447,13 @@ def _score_chunk(model: torch.nn.Module, chunk: list[tuple[int, list[int], list[
     width = max(len(cont) for _, cont in rows) - 1
     later = None
     if width > 0:
-        cache = first.past_key_values
+        cache = returned_cache(first)
         cache.batch_select_indices(torch.tensor([e for e, _ in rows], device=device))
         ids, mask = _pad([cont[:-1] or [pad_id] for _, cont in rows], pad_id, "right")
         mask[[len(cont) <= 1 for _, cont in rows]] = 0
         mask = torch.cat([torch.ones(len(rows), ctx.shape[1], dtype=mask.dtype), mask], 1)
         later = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                      past_key_values=cache, use_cache=True).logits
+                      **{CACHE_KWARG: cache}, use_cache=True).logits
     scores: list[tuple[float, int]] = []
     for r, (e, cont) in enumerate(rows):
         if not cont:

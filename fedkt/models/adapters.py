@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from fedkt.config import ConfigError, TrainingConfig
+from fedkt.models.kv_cache import returned_cache
 from fedkt.models.offline import ModelError
 from fedkt.models.tiny import seeded
 
@@ -213,7 +214,7 @@ def text_prefix(model: nn.Module, tokenizer: Any, text: str, tokens: int) -> tor
     base = get_base() if callable(get_base) else model
     device = next(base.parameters()).device
     with torch.no_grad():
-        cache = base(input_ids=torch.tensor([ids], device=device), use_cache=True).past_key_values
+        cache = returned_cache(base(input_ids=torch.tensor([ids], device=device), use_cache=True))
     layers = [torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers]
     kv = torch.stack(layers)  # [L, 2, kv_heads, T, head_dim]
     return kv.permute(3, 0, 1, 2, 4).reshape(tokens, -1).to("cpu").clone()

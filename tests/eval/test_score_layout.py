@@ -151,3 +151,19 @@ def test_head_share_of_a_tied_and_an_untied_head():
         body -= model.get_input_embeddings().weight.numel()
     assert _head_share(model) == pytest.approx(head / body)
     assert _head_share(model) > 0
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_cache_is_passed_under_the_installed_releases_name(name):
+    """The shared layout hands the context's cache on as the forward's own keyword
+    (``cache`` from transformers 5.2x, ``past_key_values`` before; the old name goes in
+    5.40), and reads it back from the output under the same name."""
+    import inspect
+
+    from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
+
+    model, _ = build_tiny_causal_lm(name, seed=0)
+    assert CACHE_KWARG in inspect.signature(model.forward).parameters
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True)
+    assert returned_cache(out).get_seq_length() == 3
