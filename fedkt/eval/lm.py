@@ -270,6 +270,15 @@ def score_choices(
 # * "pairs": each context + choice as one sequence, batched by length (lm-eval's way);
 # * "auto": per batch of shared examples, the one with the lower estimated cost.
 LAYOUTS = ("auto", "shared", "pairs")
+# What a layout costs besides its token positions, in positions through the model (the
+# body's work per position), fitted to 272 timed forwards of SmolLM2-135M (fp32, one CPU
+# thread; 200 PIQA-style and 100 intent items, each layout forced: docs/performance.md).
+# A forward call's fixed cost (small matrix products, per-layer overheads): it is what
+# makes a chunk of a few short contexts dearer than its positions say.
+CALL_COST = 54.0
+# Attention, per (row, new token, position attended to): what makes long rows dearer per
+# position than short ones.
+ATTENTION_COST = 0.0026
 
 
 @dataclass
@@ -314,6 +323,8 @@ def plan_layout(
     layout: str = "auto",
     head: float = 0.0,
     logits_to_keep: bool = True,
+    call: float = 0.0,
+    attention: float = 0.0,
 ) -> LayoutPlan:
     """Choose per batch between a shared context and whole sequences (:data:`LAYOUTS`).
 
@@ -324,7 +335,10 @@ def plan_layout(
     padded to the chunk's longest choice.  The same rows as whole sequences cost each
     row's batch width (the rows batched by length as :func:`_score_sequences` batches
     them: padding included).  ``head`` weights the positions that also run the output
-    layer (:func:`_head_share`).  ``auto`` keeps a chunk shared when it costs less.
+    layer (:func:`_head_share`); ``call`` is each forward call's fixed cost (a chunk
+    makes two, a batch of whole sequences one, shared by its rows) and ``attention`` the
+    cost of each (row, token, attended position) (:data:`CALL_COST`,
+    :data:`ATTENTION_COST`).  ``auto`` keeps a chunk shared when it costs less.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
@@ -343,7 +357,8 @@ def plan_layout(
         keep = (width - min(lengths[k] - seqs[rows[k]][1] for k in batch)
                 if logits_to_keep else width)
         for k in batch:
-            pair_cost[rows[k]] = width + head * keep
+            pair_cost[rows[k]] = (width + head * keep + call / len(batch)
+                                  + attention * width * (width + 1) / 2)
     by_length: dict[int, list[int]] = {}
     for i in eligible:
         by_length.setdefault(len(encoded[i][0][0]), []).append(i)
@@ -361,6 +376,9 @@ def plan_layout(
             positions = len(chunk) * length + size * max(0, width)
             own = positions + head * (len(chunk) * (1 if logits_to_keep else length)
                                       + size * max(0, width))
+            own += call * (2 if width > 0 else 1) + attention * (
+                len(chunk) * length * (length + 1) / 2
+                + size * max(0, width) * (length + (max(0, width) + 1) / 2))
             whole = sum(pair_cost[(e, c)] for e in chunk for c in range(len(encoded[e])))
             cost["shared"] += own
             cost["pairs"] += whole
@@ -395,7 +413,8 @@ def _score_grouped(
                for context, conts in zip(contexts, continuations_per_example, strict=True)]
     plan = plan_layout(encoded, batch_size=batch_size, max_length=max_length,
                        layout=layout if _shares_context(model) else "pairs",
-                       head=_head_share(model), logits_to_keep=takes_logits_to_keep(model))
+                       head=_head_share(model), logits_to_keep=takes_logits_to_keep(model),
+                       call=CALL_COST, attention=ATTENTION_COST)
     out: list[list[tuple[float, int]]] = [[(0.0, 0)] * len(pairs) for pairs in encoded]
     device = _device(model)
     pad_id = _pad_id(tokenizer)

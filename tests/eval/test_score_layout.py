@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from fedkt.eval.lm import (
+    ATTENTION_COST,
+    CALL_COST,
     _encode_example,
     _head_share,
     _special_prefix,
@@ -167,3 +169,30 @@ def test_cache_is_passed_under_the_installed_releases_name(name):
     with torch.no_grad():
         out = model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True)
     assert returned_cache(out).get_seq_length() == 3
+
+
+def test_a_forward_calls_cost_keeps_small_savings_whole():
+    # Two 3-token contexts with 20-token choices: sharing saves 6 positions and costs a
+    # second forward call; counted, the rows go whole; long contexts still share.
+    small = _examples(2, 3, [20, 20])
+    assert plan_layout(small, batch_size=32, max_length=256).shared  # positions alone
+    priced = plan_layout(small, batch_size=32, max_length=256, call=CALL_COST,
+                         attention=ATTENTION_COST)
+    assert not priced.shared and len(priced.pairs) == 4
+    assert priced.cost["shared"] - priced.cost["pairs"] > CALL_COST / 2
+    intents = _examples(16, 40, [4, 5, 3, 4, 6, 4, 5])
+    assert not plan_layout(intents, batch_size=32, max_length=256, head=0.27,
+                           call=CALL_COST, attention=ATTENTION_COST).pairs
+
+
+def test_attention_makes_long_rows_dearer_per_position():
+    one_long = _examples(1, 60, [59])
+    two_short = _examples(2, 30, [30])
+    for plan in (plan_layout(one_long, batch_size=8, max_length=256, layout="pairs"),
+                 plan_layout(two_short, batch_size=8, max_length=256, layout="pairs")):
+        assert plan.cost["pairs"] == 118  # 118 positions either way
+    long_cost = plan_layout(one_long, batch_size=8, max_length=256, layout="pairs",
+                            attention=ATTENTION_COST).cost["pairs"]
+    short_cost = plan_layout(two_short, batch_size=8, max_length=256, layout="pairs",
+                             attention=ATTENTION_COST).cost["pairs"]
+    assert long_cost > short_cost > 118
