@@ -199,17 +199,27 @@ def _big_config(work: Path, server: Path, client: Path, quant: bool) -> dict:
     }
 
 
+def _free_gpu() -> None:
+    """Drop fedkt's model cache and free what it held (a 4-bit model's modules hold
+    reference cycles, so collect them first)."""
+    import torch
+
+    from fedkt.train.lm import clear_cache
+
+    clear_cache()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def _participant(name: str, model_cfg, cfg, steps: int = 4, seq: int = 256) -> None:
     """Peak GPU memory of loading this model and training ``steps`` steps of
     batch_size x seq tokens, and its training tokens/s."""
     import torch
 
-    from fedkt.train.lm import clear_cache, get_lm
+    from fedkt.train.lm import get_lm
     from fedkt.train.optim import make_optimizer, step, trainable
 
-    clear_cache()
-    gc.collect()  # a 4-bit model's modules hold reference cycles: free the last one first
-    torch.cuda.empty_cache()
+    _free_gpu()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated() / GIB  # what an earlier model left: should be ~0
     start = time.perf_counter()
@@ -239,9 +249,6 @@ def _participant(name: str, model_cfg, cfg, steps: int = 4, seq: int = 256) -> N
           f"train {tps:8.0f} tokens/s (batch {b} x {seq}, step {sum(warm) / len(warm):.2f} s)"
           f"{f'; {before:.2f} GiB held before loading' if before > 0.01 else ''}", flush=True)
     del lm, opt
-    clear_cache()
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def part_big(work: Path, quant: bool) -> None:
@@ -260,8 +267,7 @@ def part_big(work: Path, quant: bool) -> None:
     cfg = parse_config(_big_config(work, server, client, quant))
     _participant("server", cfg.server, cfg)
     _participant("client", cfg.clients.model_for(0), cfg)
-    gc.collect()
-    torch.cuda.empty_cache()
+    _free_gpu()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):

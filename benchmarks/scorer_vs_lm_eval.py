@@ -151,10 +151,8 @@ def worker(items_path: str, out_path: str, batch_size: int, layouts: list[str]) 
         prefix = lm._special_prefix(tokenizer)
         encoded = [encode(tokenizer, c, cs, prefix) for c, cs in zip(contexts, conts,
                                                                      strict=True)]
-        plan = lm.plan_layout(encoded, batch_size=batch_size, max_length=MAX_LENGTH,
-                              layout=layout, head=lm._head_share(model),
-                              logits_to_keep=lm.takes_logits_to_keep(model),
-                              call=lm.CALL_COST, attention=lm.ATTENTION_COST)
+        plan = lm.model_plan(model, encoded, batch_size=batch_size, max_length=MAX_LENGTH,
+                             layout=layout)
         out["layouts"][layout] = {
             "seconds": seconds, "cpu": cpu, "scores": [[s for s, _ in row] for row in scored],
             "shared_items": sum(len(c) for c in plan.shared),

@@ -390,6 +390,18 @@ def plan_layout(
     return LayoutPlan(shared, [r for r in rows if r[0] not in taken], cost)
 
 
+def model_plan(model: torch.nn.Module,
+               encoded: Sequence[Sequence[tuple[list[int], list[int]]]], *,
+               batch_size: int, max_length: int, layout: str = "auto") -> LayoutPlan:
+    """:func:`plan_layout` priced for ``model``: its output layer's share, whether it keeps
+    only the logits asked for, the fitted call and attention costs; a soft-prompt model
+    scores whole sequences."""
+    return plan_layout(encoded, batch_size=batch_size, max_length=max_length,
+                       layout=layout if _shares_context(model) else "pairs",
+                       head=_head_share(model), logits_to_keep=takes_logits_to_keep(model),
+                       call=CALL_COST, attention=ATTENTION_COST)
+
+
 def _score_grouped(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -411,10 +423,8 @@ def _score_grouped(
     prefix = _special_prefix(tokenizer)
     encoded = [_encode_example(tokenizer, context, conts, prefix)
                for context, conts in zip(contexts, continuations_per_example, strict=True)]
-    plan = plan_layout(encoded, batch_size=batch_size, max_length=max_length,
-                       layout=layout if _shares_context(model) else "pairs",
-                       head=_head_share(model), logits_to_keep=takes_logits_to_keep(model),
-                       call=CALL_COST, attention=ATTENTION_COST)
+    plan = model_plan(model, encoded, batch_size=batch_size, max_length=max_length,
+                      layout=layout)
     out: list[list[tuple[float, int]]] = [[(0.0, 0)] * len(pairs) for pairs in encoded]
     device = _device(model)
     pad_id = _pad_id(tokenizer)

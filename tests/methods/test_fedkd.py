@@ -7,7 +7,6 @@ The one slow test runs a round on the real all-MiniLM-L6-v2.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,8 +29,6 @@ from fedkt.runtime.local import LocalTransport
 from fedkt.train.encoder import text_batches, trainable_state
 from tests.conftest import load_benchmark, needs_models
 from tests.fault_injection import client_faults
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
