@@ -24,7 +24,8 @@ of them, and a repeated key reads the stored result instead of running the model
   :func:`fedkt.environment.kernels`).
 
 Entries live under ``$FEDKT_REUSE_CACHE`` (default ``$FEDKT_CACHE/reuse``): ``eval/`` one
-gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set.
+gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set,
+``train/`` one per plain training (:func:`fedkt.train.lm.train_lm`: the trained adapter).
 They are written through :func:`fedkt.cache.cached` (one builder per key, the others
 wait and read; published by one rename), so ``fedkt suite run --jobs N``, several suites
 and a killed run are safe.  Deleting the folder is always safe.
@@ -72,7 +73,7 @@ _lock = threading.Lock()
 
 
 def store(kind: str) -> Path:
-    """The folder of ``kind``'s entries (``eval``, ``knowledge``)."""
+    """The folder of ``kind``'s entries (``eval``, ``knowledge``, ``train``)."""
     root = os.environ.get(ENV)
     path = Path(root).expanduser() / kind if root else cache_dir("reuse", kind)
     path.mkdir(parents=True, exist_ok=True)
@@ -350,11 +351,12 @@ def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
 
 
 def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: Any,
-            parts: Mapping[str, Any], compute: Callable[[], dict[str, torch.Tensor]]
-            ) -> dict[str, torch.Tensor]:
-    """``compute()`` (named CPU tensors: a model's knowledge on a fixed set), or the stored
-    tensors of the same key (``kind``, ``model``, ``tokenizer``, ``parts``, precision and
-    code).  Reused, its original seconds count as ``knowledge_saved_seconds``."""
+            parts: Mapping[str, Any], compute: Callable[[], dict[str, torch.Tensor]],
+            *, phase_name: str = "knowledge") -> dict[str, torch.Tensor]:
+    """``compute()`` (named CPU tensors: a model's knowledge on a fixed set, or its trained
+    weights), or the stored tensors of the same key (``kind``, ``model``, ``tokenizer``,
+    ``parts``, precision and code).  Reused, its original seconds count as
+    ``<phase_name>_saved_seconds``; hashing and reading count as ``phase_name``."""
     if not enabled:
         return compute()
     from safetensors import SafetensorError, safe_open
@@ -376,9 +378,9 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
                   str(tmp), metadata={"seconds": repr(seconds)})
         return computed, seconds
 
-    with phase("knowledge"):
+    with phase(phase_name):
         try:
-            path = store("knowledge") / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
+            path = store(phase_name) / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
             values, seconds = cached(path, build, load, (*CACHE_ERRORS, SafetensorError))
         except OSError as exc:  # an unwritable cache never stops the computation
             _log.warning("eval.reuse: the reuse store failed (%s); computing without it", exc)
@@ -388,7 +390,7 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
     if values is computed:
         _count("computed")
         return values
-    saved("knowledge", seconds)
+    saved(phase_name, seconds)
     _count("reused")
     return values
 

@@ -35,7 +35,7 @@ __all__ = ["PHASES", "SAVED", "Clock", "clocks", "eval_clock", "evaluating", "no
 PHASES = ("eval", "train", "distill", "knowledge", "align", "comm", "checkpoint")
 # What reused results saved (fedkt.reuse): the seconds their computation took when it ran,
 # reported as ``<phase>_saved_seconds``; not part of the run's wall time.
-SAVED = ("eval_saved", "knowledge_saved")
+SAVED = ("eval_saved", "knowledge_saved", "train_saved")
 
 _state = threading.local()
 

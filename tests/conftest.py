@@ -55,7 +55,9 @@ def small_config(run_dir: Path, *overrides: str, method: str = "fedavg") -> RunC
         "data": {"dataset": {"name": "intent_recognition"},
                  "split": {"scheme": "holdout", "test_size": 24},
                  "max_private_per_client": 32, "max_length": 64},
-        "training": {"lr": 2e-3, "batch_size": 8},
+        # training.reuse off: a test that patches training must see it run (tests of the
+        # reuse itself turn it on)
+        "training": {"lr": 2e-3, "batch_size": 8, "reuse": False},
         "runtime": {"torch_threads": 1},
         "eval": {"batch_size": 32, "plots": False},  # curves only where a test reads them
     }

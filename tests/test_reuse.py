@@ -382,8 +382,8 @@ def test_saved_seconds_are_their_own_clock_reported_beside_the_phases():
     spent = timing.phase_seconds(before, timing.clocks())
     assert spent["eval_saved_seconds"] == pytest.approx(2.5)
     assert spent["eval_seconds"] < 1.0  # the spared time is not spent time
-    with pytest.raises(ValueError, match="unknown saved phase 'train_saved'"):
-        timing.saved("train", 1.0)
+    with pytest.raises(ValueError, match="unknown saved phase 'align_saved'"):
+        timing.saved("align", 1.0)
 
 
 def test_an_unusable_store_never_stops_an_evaluation(make_config, monkeypatch, tmp_path):
@@ -420,3 +420,39 @@ def test_a_reused_table_goes_to_the_scope_of_its_caller(make_config):
     assert reuse.stats()["reused"] == before["reused"] + 2
     assert list(first) == ["aux"] and list(second) == [""] and list(third) == ["aux"]
     assert first["aux"].to_json() == second[""].to_json() == third["aux"].to_json()
+
+
+def test_training_before_the_exchange_is_reused_with_identical_rows(
+        make_config, reuse_store, monkeypatch, tmp_path):
+    """FedMKT's arms of one seed share the clients' local training and the LLM's own-data
+    epochs before the exchange: a second arm (another teacher) reads them from the store,
+    and its rows and prediction files equal the same arm computed from an empty store; with
+    training.reuse off nothing is stored or reused, and the models end the same."""
+    common = ("server={name: tiny-llama, tiny: {hidden_size: 96, num_layers: 3}}",
+              "clients.models=[{name: tiny-llama}]",
+              "data.split={scheme: fedmkt, test_size: 16, server_size: 16}",
+              "data.max_public=8", "data.max_private_per_client=8", "data.public_labels=false",
+              "method.knowledge=choices", "method.selection=entropy", "method.ft_weight=0",
+              "rounds=1", "training.reuse=true")
+    _run(make_config(*common, method="fedmkt", name="real"))
+    before = reuse.stats()
+    on = make_config(*common, "method.teacher=shuffled", method="fedmkt", name="on")
+    rows_on = _run(on)
+    after = reuse.stats()
+    monkeypatch.setenv("FEDKT_REUSE_CACHE", str(tmp_path / "empty"))
+    fresh = make_config(*common, "method.teacher=shuffled", method="fedmkt", name="fresh")
+    rows_fresh = _run(fresh)
+    assert without_timings(rows_on) == without_timings(rows_fresh)
+    assert _prediction_bytes(on.run_dir) == _prediction_bytes(fresh.run_dir)
+    off = make_config(*common, "method.teacher=shuffled", "training.reuse=false",
+                      method="fedmkt", name="off")
+    rows_off = _run(off)
+    assert not (tmp_path / "empty" / "train").exists() or len(list(
+        (tmp_path / "empty" / "train").glob("*.safetensors"))) == 3  # fresh's, none added
+    assert _prediction_bytes(on.run_dir) == _prediction_bytes(off.run_dir)
+    entries = sorted(p.name.split("-")[0] for p in (reuse_store / "train").glob("*.safetensors"))
+    assert entries == ["train"] * 3  # the LLM's own-data epochs and each client's local epochs
+    spared = [r for r in rows_on if r.get("train_saved_seconds")]
+    assert {r["participant"] for r in spared} == {"server", "client_0", "client_1"}
+    assert after["reused"] > before["reused"]
+    assert not any(r.get("train_saved_seconds") for r in rows_off)

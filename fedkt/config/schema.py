@@ -230,6 +230,20 @@ class SplitConfig(_Strict):
         "before the scheme's public / private parts (0: none; the splits are then unchanged)."))
     test_dataset: DatasetConfig | None = Field(None, description=(
         "Optional: the test set comes from another dataset (e.g. a dedicated test file)."))
+    folds: int | None = Field(None, ge=2, description=(
+        "Cross-fitted folds: the records are cut once into this many folds (fold_seed), and a "
+        "run with seed k tests on fold k and trains on the rest, so over seeds 0..folds-1 "
+        "every record is tested exactly once and never in the training part of its own fold "
+        "(test_size is then not used; seeds must be 0..folds-1). None: a seeded holdout."))
+    fold_seed: int = Field(0, description=(
+        "folds: the seed of the one cut into folds, shared by every seed (fold) of a suite."))
+
+    @model_validator(mode="after")
+    def _folds_or_test_dataset(self) -> SplitConfig:
+        if self.folds is not None and self.test_dataset is not None:
+            raise ValueError("folds: the test set comes from split.test_dataset, so there is "
+                             "nothing to cut into test folds; set one of folds or test_dataset")
+        return self
 
 
 class PartitionConfig(_Strict):
@@ -401,6 +415,13 @@ class TrainingConfig(_Strict):
         "Share of a training's steps with a linear learning-rate warm-up."))
     max_grad_norm: float | None = Field(1.0, gt=0, description=(
         "Clip the gradient's L2 norm to this (None: no clipping)."))
+    reuse: bool = Field(True, description=(
+        "Reuse a plain local training that starts from a model's initial adapter (a client's "
+        "local epochs, an LLM's own-data epochs before any exchange) when the model, tokenizer, "
+        "batches, training settings, learning rate, seed, precision and fedkt code were all "
+        "seen before: the suite arms of one seed then compute it once (stored in "
+        "$FEDKT_CACHE/reuse/train). Rows equal those of a run with reuse: false, but for "
+        "timings (train_saved_seconds)."))
     peft: Literal["lora", "prefix", "full", "none"] = Field("lora", description=(
         "What trains: a LoRA adapter, a prefix (prefix tuning), every weight (full), or nothing "
         "(none: a frozen model)."))
@@ -922,6 +943,14 @@ class RunConfig(_Strict):
                 value = {**value, own[0]: {}}
             return runtime.model_validate(value)
         return handler(value)
+
+    @model_validator(mode="after")
+    def _seed_has_a_fold(self) -> RunConfig:
+        folds = self.data.split.folds
+        if folds is not None and not 0 <= self.seed < folds:
+            raise ValueError(f"seed: {self.seed} has no fold: data.split.folds is {folds}, and "
+                             f"seed k tests on fold k (seeds 0..{folds - 1})")
+        return self
 
     @model_validator(mode="after")
     def _precision_fits_device(self) -> RunConfig:

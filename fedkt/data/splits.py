@@ -18,7 +18,7 @@ from fedkt.data.public import load_public_texts, without_labels
 from fedkt.data.records import load_dataset_records
 
 # Purposes, so that each random draw has its own stream.
-_SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER, _BY_FIELD = 1, 2, 3, 4, 5, 6
+_SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER, _BY_FIELD, _FOLDS = 1, 2, 3, 4, 5, 6, 7
 MAX_DIRICHLET_TRIES = 100
 
 
@@ -46,7 +46,10 @@ def make_splits(
 ) -> dict[str, list[dict[str, Any]]]:
     """Cut a dataset into ``server``, ``public``, ``private_pool`` and ``test`` record lists.
 
-    ``test`` is ``split.test_dataset`` if given, else a seeded holdout of ``test_size``.
+    ``test`` is ``split.test_dataset`` if given; with ``split.folds`` K, fold ``seed`` of one
+    cut of the records into K folds (seeded by ``split.fold_seed``, the same for every seed),
+    the other folds in the seed's random order being the training part; else a seeded
+    holdout of ``test_size``.
     Then ``server`` is the first ``split.server_size`` of the rest (none by default).
     Scheme ``fedmkt``: what is left is cut into ``num_clients + 1`` equal parts, the first
     public and the others, in order, the private pool (client k's part is the pool's
@@ -64,6 +67,10 @@ def make_splits(
         order = _rng(seed, _TEST_ORDER).permutation(len(test_ds.records))
         test = [test_ds.records[i] for i in order]
         train_idx = perm
+    elif split.folds is not None:
+        test_idx, train_idx = fold_indices(n, split.folds, seed, split.fold_seed)
+        test = [records[i] for i in test_idx]
+        train_idx = train_idx[_rng(seed, _SPLIT).permutation(len(train_idx))]
     else:
         n_test = _count(split.test_size, n, "split.test_size")
         test = [records[i] for i in perm[:n_test]]
@@ -95,6 +102,22 @@ def make_splits(
         "private_pool": [records[i] for i in pool_idx],
         "test": test,
     }
+
+
+def fold_indices(n: int, folds: int, fold: int, fold_seed: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(test, train)`` record indices of fold ``fold`` of ``n`` records cut into ``folds``
+    near-equal folds of one permutation (``fold_seed``): the test indices in the
+    permutation's order, the training ones in record order."""
+    if not 0 <= fold < folds:
+        raise DataError(f"split.folds: fold {fold} of {folds} does not exist (seeds 0..{folds - 1})")
+    if n < folds:
+        raise DataError(f"split.folds: {n} records cannot be cut into {folds} folds")
+    parts = np.array_split(_rng(fold_seed, _FOLDS).permutation(n), folds)
+    test = parts[fold]
+    inside = np.zeros(n, dtype=bool)
+    inside[test] = True
+    return test, np.flatnonzero(~inside)
 
 
 def _check_compatible(train: Dataset, test: Dataset) -> None:

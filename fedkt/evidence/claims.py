@@ -10,7 +10,10 @@ Grammar (spaces optional)::
   (``+-`` or ``±``), e.g. a control at chance: ``shuffled.server.accuracy ~= 0.2 +- 0.1``;
 * ``GROUP`` is ``server``, ``clients`` (mean over clients, paired client by
   client), ``client_K`` or another participant name;
-* ``ARM@0`` is that arm's round-0 evaluation (``eval.round0``), the zero-shot row.
+* ``ARM@0`` is that arm's round-0 evaluation (``eval.round0``), the zero-shot row;
+* ``max(ARM1, ARM2).GROUP.METRIC`` (right-hand side) is the larger of the arms, paired
+  item by item and taken on each resample: a claim against the stronger of two controls,
+  e.g. ``fedmkt.server.accuracy_cli > max(shuffled, marginal).server.accuracy_cli``.
 
 Examples: ``fedmkt.clients.accuracy > standalone.clients.accuracy``,
 ``fedmkt.server.accuracy >= 0.9 * centralized.server.accuracy``,
@@ -22,7 +25,20 @@ The claim is the sign of ``D = LHS - (FACTOR * RHS + OFFSET)``.  For ``>``/``>=`
 * **contradicted** when the whole CI is below 0,
 * **not resolved** when the CI contains 0 (it straddles or touches the boundary).
 
-``<``/``<=`` mirror this.  ``>`` and ``>=`` are decided alike: an interval that
+``<``/``<=`` mirror this.  That is the interval's verdict (:func:`verdict`); a suite's
+verdict (:func:`decide`) asks more of the seeds (or folds) before it says reproduced or
+contradicted:
+
+* at least ``MIN_SEEDS`` (4) seeds;
+* their own differences agree with the interval's side in all but at most one seed;
+* the seeds' t-interval (:func:`fedkt.evidence.stats.seed_interval`) is on that side too.
+
+An interval that decides but seeds that do not is **fragile**, with the reason
+(``fragile: 2 seeds (4 needed)``, ``fragile: 2 of 5 seeds disagree``, ``fragile: the
+seeds' t-interval contains 0``).  A **not resolved** verdict says whether the estimate lies
+below the claim's detection floor (the smallest true difference its items and seeds detect
+with 80% power: :func:`fedkt.evidence.stats.detection_floor`).  A quantity that no
+resample and no seed moves (a model's size, bytes by design) is decided by its interval.  ``>`` and ``>=`` are decided alike: an interval that
 touches the boundary decides neither way.  For ``~=`` (|D| < TOLERANCE):
 
 * **reproduced** when the whole CI of D lies inside (-TOLERANCE, +TOLERANCE),
@@ -35,17 +51,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ClaimError", "Ref", "parse_claim", "verdict"]
+__all__ = ["Claim", "ClaimError", "Decision", "Ref", "decide", "parse_claim", "verdict"]
 
 REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradicted"
+FRAGILE = "fragile"
+MIN_SEEDS = 4  # seeds (or folds) a suite's "reproduced" / "contradicted" needs
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_\-]*"
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _REF = rf"{_NAME}(?:@\d+)?\.{_NAME}\.{_NAME}"
+_MAX = rf"max\(\s*{_NAME}(?:\s*,\s*{_NAME})+\s*\)(?:@\d+)?\.{_NAME}\.{_NAME}"
 _POS = r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _CLAIM = re.compile(
     rf"^\s*(?P<lhs>{_REF})\s*(?P<op>>=|<=|~=|>|<)\s*(?:(?P<factor>{_NUM})\s*\*\s*)?"
-    rf"(?P<rhs>{_REF}|{_NUM})\s*(?:(?P<sign>[+-])\s*(?P<offset>\d+\.?\d*(?:[eE][-+]?\d+)?))?"
+    rf"(?P<rhs>{_MAX}|{_REF}|{_NUM})\s*(?:(?P<sign>[+-])\s*(?P<offset>\d+\.?\d*(?:[eE][-+]?\d+)?))?"
     rf"\s*(?:(?:\+-|±)\s*(?P<tol>{_POS}))?\s*$"
 )
 
@@ -56,22 +75,35 @@ class ClaimError(ValueError):
 
 @dataclass(frozen=True)
 class Ref:
-    """``ARM[@ROUND].GROUP.METRIC``."""
+    """``ARM[@ROUND].GROUP.METRIC``, or ``max(ARM, ARM...)[@ROUND].GROUP.METRIC`` (the
+    larger of the arms on each resample; right-hand side only)."""
 
     arm: str
     round: int | None
     group: str
     metric: str
+    others: tuple[str, ...] = ()  # max(arm, *others)
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return (self.arm, *self.others)
 
     @classmethod
     def parse(cls, text: str) -> Ref:
+        text = re.sub(r"\s+", "", text)
+        if text.startswith("max("):
+            inside, _, rest = text[4:].partition(")")
+            names = inside.split(",")
+            rnd, group, metric = re.fullmatch(r"(?:@(\d+))?\.([^.]+)\.([^.]+)", rest).groups()
+            return cls(names[0], int(rnd) if rnd else None, group, metric, tuple(names[1:]))
         arm_part, group, metric = text.split(".")
         arm, _, rnd = arm_part.partition("@")
         return cls(arm, int(rnd) if rnd else None, group, metric)
 
     def __str__(self) -> str:
         at = f"@{self.round}" if self.round is not None else ""
-        return f"{self.arm}{at}.{self.group}.{self.metric}"
+        head = f"max({', '.join(self.arms)})" if self.others else self.arm
+        return f"{head}{at}.{self.group}.{self.metric}"
 
 
 @dataclass(frozen=True)
@@ -89,7 +121,7 @@ class Claim:
         return self.op in (">", ">=")
 
     def arms(self) -> set[str]:
-        return {self.lhs.arm} | ({self.rhs.arm} if isinstance(self.rhs, Ref) else set())
+        return {self.lhs.arm} | (set(self.rhs.arms) if isinstance(self.rhs, Ref) else set())
 
 
 def parse_claim(text: str, arms: set[str] | None = None) -> Claim:
@@ -107,7 +139,8 @@ def parse_claim(text: str, arms: set[str] | None = None) -> Claim:
     if tol is not None and tol <= 0:
         raise ClaimError(f"claim {text!r}: the tolerance must be positive")
     rhs_text = m["rhs"]
-    rhs: Ref | float = Ref.parse(rhs_text) if re.fullmatch(_REF, rhs_text) else float(rhs_text)
+    rhs: Ref | float = (Ref.parse(rhs_text) if re.fullmatch(_REF, rhs_text)
+                        or re.fullmatch(_MAX, rhs_text) else float(rhs_text))
     offset = float(m["offset"] or 0.0) * (-1 if m["sign"] == "-" else 1)
     claim = Claim(text.strip(), Ref.parse(m["lhs"]), m["op"], rhs,
                   float(m["factor"]) if m["factor"] else 1.0, offset, tol)
@@ -135,3 +168,53 @@ def verdict(claim: Claim, low: float, high: float) -> str:
     if high < 0:
         return CONTRADICTED
     return NOT_RESOLVED
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A suite's verdict on a claim and, unless it is plain, why (:func:`decide`)."""
+
+    verdict: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.verdict}: {self.reason}" if self.reason else self.verdict
+
+
+def _seed_side(claim: Claim, value: float, side: str) -> bool:
+    """Whether one seed's difference lies on the side the interval decided (``side``)."""
+    if claim.tolerance is not None:
+        inside = abs(value) < claim.tolerance
+        return inside if side == REPRODUCED else not inside
+    if not claim.greater:
+        value = -value
+    return value > 0 if side == REPRODUCED else value < 0
+
+
+def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | list[float],
+           *, seed_interval: tuple[float, float] | None = None, estimate: float | None = None,
+           floor: float | None = None, min_seeds: int = MIN_SEEDS) -> Decision:
+    """A suite's verdict: the interval's (:func:`verdict`) if the seeds carry it, else
+    ``fragile`` with the reason; ``not resolved`` says when the estimate is below the
+    detection ``floor`` (module docstring)."""
+    side = verdict(claim, low, high)
+    if side == NOT_RESOLVED:
+        if floor is not None and estimate is not None and claim.tolerance is None:
+            d = estimate if claim.greater else -estimate
+            if abs(d) < floor:
+                return Decision(NOT_RESOLVED, f"|estimate| below the detection floor {floor:.3f}")
+        return Decision(NOT_RESOLVED, "the interval contains the boundary")
+    k = len(per_seed)
+    if high == low and len(set(per_seed)) <= 1:  # exact: no resample or seed moves it (bytes)
+        return Decision(side)
+    if k < min_seeds:
+        return Decision(FRAGILE, f"{side} by the interval, but {k} seed{'s' * (k != 1)} "
+                                 f"({min_seeds} needed)")
+    against = sum(not _seed_side(claim, v, side) for v in per_seed)
+    if against > 1:
+        return Decision(FRAGILE, f"{side} by the interval, but {against} of {k} seeds disagree")
+    if seed_interval is not None and verdict(claim, *seed_interval) != side:
+        return Decision(FRAGILE, f"{side} by the interval, but the seeds' t-interval "
+                                 f"[{seed_interval[0]:+.3f}, {seed_interval[1]:+.3f}] does not "
+                                 "agree")
+    return Decision(side)

@@ -26,6 +26,7 @@ from fedkt.evidence.stats import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_LEVEL,
     Difference,
+    Largest,
     Sample,
     bootstrap_difference,
     components,
@@ -301,20 +302,39 @@ def check_same_examples(a: Run, b: Run, sa: Sample, sb: Sample) -> None:
             "the second (same data and seed give the same test split)")
 
 
-def compare(a: Group, b: Group, group: str, metric: str, *, b_group: str | None = None,
+def compare(a: Group, b: Group | Sequence[Group], group: str, metric: str, *,
+            b_group: str | None = None,
             b_metric: str | None = None, factor: float = 1.0, offset: float = 0.0,
             reps: int = DEFAULT_BOOTSTRAP, level: float = DEFAULT_LEVEL, seed: int = 0
             ) -> tuple[Difference, float | None] | None:
     """``A.group.metric - factor * B.group.metric - offset`` with its paired CI, and
-    McNemar's exact p when both sides are one run's accuracy of one participant."""
-    runs_a, runs_b = paired(a, b)
+    McNemar's exact p when both sides are one run's accuracy of one participant.  ``b``
+    several groups: the larger of them on each resample (``max(B1, B2)``, on their
+    common seeds)."""
+    if isinstance(b, Group):
+        runs_a, runs_b = paired(a, b)
+        others: list[list[Run]] = []
+    else:  # the larger of several groups (Largest), on the seeds all of them have
+        first, *rest = b
+        common = set.intersection(*(set(g.seeds) for g in (a, *b)))
+        a = Group([r for r in a.runs if r.seed in common])
+        runs_a, runs_b = paired(a, first)
+        others = [paired(a, g)[1] for g in rest]
     sides_a, sides_b = [], []
-    for ra, rb in zip(runs_a, runs_b, strict=True):
+    for k, (ra, rb) in enumerate(zip(runs_a, runs_b, strict=True)):
         ma = measure(ra, group, metric)
         mb = measure(rb, b_group or group, b_metric or metric)
         if ma is None or mb is None:
             return None
-        if isinstance(ma, Sample) != isinstance(mb, Sample):
+        if others:
+            more = [(o[k], measure(o[k], b_group or group, b_metric or metric)) for o in others]
+            if not isinstance(ma, Sample) or not isinstance(mb, Sample) or not all(
+                    isinstance(m, Sample) for _, m in more):
+                raise ValueError("max(...) compares per-example metrics of every arm")
+            for run, m in [(rb, mb), *more]:
+                check_same_examples(ra, run, ma, m)
+            mb = Largest((mb, *(m for _, m in more)))
+        elif isinstance(ma, Sample) != isinstance(mb, Sample):
             ma, mb = value_of(ma), value_of(mb)
         if isinstance(ma, Sample) and isinstance(mb, Sample):
             check_same_examples(ra, rb, ma, mb)

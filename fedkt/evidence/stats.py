@@ -31,17 +31,21 @@ from fedkt.eval.groups import GROUP_PREFIX, group_metric
 from fedkt.eval.predictions import Predictions
 
 __all__ = [
+    "Largest",
     "Metric",
     "Sample",
     "bootstrap_difference",
+    "detection_floor",
     "mcnemar_exact",
     "metric_names",
     "normal_difference",
     "sample",
+    "seed_interval",
 ]
 
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_LEVEL = 0.95
+DEFAULT_POWER = 0.80  # the detection floor: the effect found with this probability
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -217,10 +221,19 @@ class Difference:
     seeds: int
     a: float
     b: float
+    per_seed: tuple[float, ...] = ()  # each seed's (or fold's) own difference, in seed order
+
+    def seed_interval(self) -> tuple[float, float] | None:
+        """The t-interval over :attr:`per_seed` at :attr:`level` (None below 2 seeds)."""
+        return seed_interval(self.per_seed, self.level)
+
+    def floor(self, power: float = DEFAULT_POWER) -> float:
+        """The smallest true difference this design detects (:func:`detection_floor`)."""
+        return detection_floor(self, power)
 
 
 def bootstrap_difference(
-    a: Sequence[Sample | float], b: Sequence[Sample | float], *, factor: float = 1.0,
+    a: Sequence[Sample | float], b: Sequence[Sample | Largest | float], *, factor: float = 1.0,
     offset: float = 0.0, reps: int = DEFAULT_BOOTSTRAP, level: float = DEFAULT_LEVEL,
     seed: int = 0,
 ) -> Difference:
@@ -234,17 +247,19 @@ def bootstrap_difference(
     ``np.random.default_rng(seed)``; with several, each seed draws its example
     resamples in turn, then ``rng.integers(0, seeds, size=(reps, seeds))`` picks
     the seeds of each replicate.  The interval is the percentile one.  One side
-    may be a plain number against a :class:`Sample` (a claim against a constant).
+    may be a plain number against a :class:`Sample` (a claim against a constant); ``b``
+    may be a :class:`Largest` of samples on ``a``'s examples (the larger on each resample).
     """
     if len(a) != len(b) or not a:
         raise ValueError(f"paired seeds: {len(a)} and {len(b)} runs; give the same number (>0)")
     rng = np.random.default_rng(seed)
     per_seed_reps, per_seed_point, a_vals, b_vals, sizes = [], [], [], [], []
     for sa, sb in zip(a, b, strict=True):
-        ref = sa if isinstance(sa, Sample) else sb if isinstance(sb, Sample) else None
+        ref = sa if isinstance(sa, Sample) else sb if isinstance(sb, (Sample, Largest)) \
+            else None
         counts = None
         if ref is not None:
-            if isinstance(sa, Sample) and isinstance(sb, Sample):
+            if isinstance(sa, Sample) and isinstance(sb, (Sample, Largest)):
                 if set(sa.ids) != set(sb.ids):
                     raise ValueError("the two sides are not on the same examples")
                 sb = sb.aligned(sa.ids) if sb.ids != sa.ids else sb
@@ -267,12 +282,66 @@ def bootstrap_difference(
     low, high = np.quantile(replicates, [alpha, 1 - alpha])
     return Difference(float(np.mean(per_seed_point)), float(low), float(high), level,
                       min(sizes) if sizes else 0, k, float(np.mean(a_vals)),
-                      float(np.mean(b_vals)))
+                      float(np.mean(b_vals)), tuple(float(v) for v in per_seed_point))
 
 
-def _replicates(side: Sample | float, counts: np.ndarray | None, reps: int
+def seed_interval(per_seed: Sequence[float], level: float = DEFAULT_LEVEL
+                  ) -> tuple[float, float] | None:
+    """Student's t-interval of the mean of per-seed differences: ``m ± t(k-1) * sd / √k``.
+
+    It counts only the spread between seeds (each seed's own item noise shows in that
+    spread), with the small-sample t quantile, so with few seeds it is wide where the
+    two-level bootstrap, which can only redraw the seeds it has, is not.  None below 2.
+    """
+    k = len(per_seed)
+    if k < 2:
+        return None
+    from scipy.stats import t as student_t
+
+    values = np.asarray(per_seed, dtype=float)
+    half = float(student_t.ppf(1 - (1 - level) / 2, k - 1) * values.std(ddof=1) / math.sqrt(k))
+    mean = float(values.mean())
+    return mean - half, mean + half
+
+
+def detection_floor(diff: Difference, power: float = DEFAULT_POWER) -> float:
+    """The smallest true difference that the design behind ``diff`` (its items and seeds)
+    would show as an interval excluding 0 with probability ``power``:
+    ``h * (1 + z(power) / z(level))``, where ``h`` is the larger half-width of the bootstrap
+    interval and the seeds' t-interval (the normal approximation of a power analysis,
+    with the spread this run measured)."""
+    half = (diff.high - diff.low) / 2
+    seeds = diff.seed_interval()
+    if seeds is not None:
+        half = max(half, (seeds[1] - seeds[0]) / 2)
+    z_level = _normal_quantile(1 - (1 - diff.level) / 2)
+    return float(half * (1 + _normal_quantile(power) / z_level))
+
+
+@dataclass
+class Largest:
+    """The larger of several samples on the same examples, resample by resample: a claim
+    against the stronger of two controls (``max(shuffled, marginal)``)."""
+
+    samples: tuple[Sample, ...]
+
+    @property
+    def ids(self) -> list[str]:
+        return self.samples[0].ids
+
+    def aligned(self, ids: Sequence[str]) -> Largest:
+        return Largest(tuple(s.aligned(ids) if s.ids != list(ids) else s for s in self.samples))
+
+    def value(self) -> float:
+        return max(float(s.value()) for s in self.samples)
+
+
+def _replicates(side: Sample | Largest | float, counts: np.ndarray | None, reps: int
                 ) -> tuple[np.ndarray, float]:
     """A side's value on each resample (constant for a plain number) and on the data."""
+    if isinstance(side, Largest):
+        got = [_replicates(s, counts, reps) for s in side.samples]
+        return np.max([g[0] for g in got], axis=0), max(g[1] for g in got)
     if isinstance(side, Sample):
         assert counts is not None
         return np.asarray(side.value([counts @ p for p in side.parts]), float), \

@@ -9,8 +9,9 @@ A suite YAML::
     arms:                            # name -> overrides of the base (dotted keys or nested)
       fedavg: {}
       standalone: {method: {name: standalone}}
-    claims:
-      - fedavg.clients.accuracy > standalone.clients.accuracy
+    primary: fedavg.clients.accuracy > standalone.clients.accuracy   # declared before it runs
+    claims:                          # secondary claims
+      - fedavg.server.accuracy > standalone.server.accuracy
     metrics: [accuracy]              # table columns (default: each group's per-example metrics)
     groups: [server, clients]        # participant groups in the table
     bootstrap: 2000                  # resamples; level: 0.95; bootstrap_seed: 0
@@ -55,14 +56,22 @@ from fedkt.config import (
 from fedkt.config_catalog import UnknownConfigError, resolve_config
 from fedkt.environment import describe
 from fedkt.eval.predictions import read_predictions
-from fedkt.evidence.claims import Claim, ClaimError, parse_claim, verdict
+from fedkt.evidence.claims import Claim, ClaimError, decide, parse_claim
 from fedkt.evidence.method_table import (
     ComparisonConfig,
     check_comparison,
     comparison_report,
 )
 from fedkt.evidence.plots import suite_plots
-from fedkt.evidence.runs import Group, Run, available_metrics, compare, fmt_mean_std, open_run
+from fedkt.evidence.runs import (
+    Group,
+    Run,
+    available_metrics,
+    compare,
+    fmt_mean_std,
+    open_run,
+    paired,
+)
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.precision import physical_cores
 from fedkt.tracking.folder import LATEST_FILE
@@ -84,6 +93,9 @@ class SuiteConfig(_Strict):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     arms: dict[str, dict[str, Any]] = Field(..., min_length=1)
     baseline: str | None = None
+    # The one claim the suite is run to decide, written in the file before it runs; the
+    # others are secondary, and suite.md says so.  A suite without one says that too.
+    primary: str | None = None
     claims: list[str] = Field(default_factory=list)
     metrics: list[str] | None = None
     groups: list[str] = Field(default_factory=lambda: ["server", "clients"], min_length=1)
@@ -122,8 +134,9 @@ class Suite:
     cfg: SuiteConfig
     folder: Path
     runs: dict[tuple[str, int], RunConfig]  # (arm, seed) -> validated run config
-    claims: list[Claim]
+    claims: list[Claim]  # the primary claim first, if the file declares one
     source: Path  # the suite file
+    primary: Claim | None = None
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.folder / arm / f"seed_{seed}"
@@ -207,12 +220,15 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
             except ConfigError as exc:
                 raise ConfigError(str(exc)) from None
     try:
+        primary = parse_claim(cfg.primary, set(cfg.arms)) if cfg.primary else None
         claims = [parse_claim(c, set(cfg.arms)) for c in cfg.claims]
     except ClaimError as exc:
         raise ConfigError(f"suite {path}: {exc}") from None
+    if primary is not None:  # first, and once
+        claims = [primary, *(c for c in claims if c.text != primary.text)]
     if isinstance(cfg.base, str):  # the copy in the suite folder must find its base too
         cfg = cfg.model_copy(update={"base": base})
-    return Suite(cfg, folder, runs, claims, path)
+    return Suite(cfg, folder, runs, claims, path, primary)
 
 
 def _suite_tracking(tracking: Any, suite: str, folder: Path, arm: str, seed: int) -> Any:
@@ -433,10 +449,13 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     text += environment_lines([r.path for g in present.values() for r in g.runs])
     text += ["", format_table(header, table, markdown=True), ""]
     if verdicts:
-        text += ["## Claims", "", format_table(
-            ["claim", "estimate", f"{int(cfg.level * 100)}% CI", "verdict"],
-            [[v["claim"], v["estimate"], v["ci"], v["verdict"]] for v in verdicts],
-            markdown=True), ""]
+        pct = int(cfg.level * 100)
+        text += ["## Claims", "", _claims_preamble(suite), "", format_table(
+            ["", "claim", "estimate", f"{pct}% CI (items, seeds)", f"seeds' {pct}% t-interval",
+             "per seed", "floor", "verdict"],
+            [[v["role"], v["claim"], v["estimate"], v["ci"], v["seed_ci"], v["per_seed_text"],
+              v["floor_text"], v["verdict"] + (f": {v['reason']}" if v.get("reason") else "")]
+             for v in verdicts], markdown=True), ""]
     text += ["## Where the time went", "",
              "Mean over seeds of each run's seconds per phase (fedkt.timing), summed over "
              "its participants; other: the wall time no phase covers; all runs: the sum "
@@ -494,7 +513,29 @@ def _items(run: Run) -> int | None:
     return None
 
 
+def _claims_preamble(suite: Suite) -> str:
+    """What the claims table's columns mean, and which claim is the primary one."""
+    lead = ("The **primary** claim (first row) was declared in the suite file before it ran; "
+            "the others are secondary." if suite.primary is not None else
+            "No primary claim is declared in the suite file: every claim is secondary.")
+    return (f"{lead} CI: the paired bootstrap over seeds and, within each drawn seed, its test "
+            "items; t-interval: Student's t over the per-seed differences; floor: the smallest "
+            "true difference these items and seeds detect with 80% power. Reproduced or "
+            "contradicted needs the CI on one side, at least 4 seeds, all but at most one of "
+            "them on that side, and the t-interval on it too; an interval that decides without "
+            "the seeds is *fragile* (docs/evidence.md, \"Verdicts\").")
+
+
 def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
+    out = _decide_interval(suite, claim)
+    out["role"] = "primary" if suite.primary is not None and claim is suite.claims[0] \
+        else "secondary"
+    for key in ("seed_ci", "per_seed_text", "floor_text"):
+        out.setdefault(key, "-")
+    return out
+
+
+def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
     cfg = suite.cfg
     out: dict[str, Any] = {"claim": claim.text, "estimate": "-", "ci": "-",
                            "verdict": "not run"}
@@ -502,8 +543,12 @@ def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
         lhs = _arm_group(suite, claim.lhs.arm, claim.lhs.round)
         rhs = lhs if isinstance(claim.rhs, float) else _arm_group(
             suite, claim.rhs.arm, claim.rhs.round)
+        largest = [] if isinstance(claim.rhs, float) or not claim.rhs.others else [
+            rhs, *(_arm_group(suite, arm, claim.rhs.round) for arm in claim.rhs.others)]
     except ValueError as exc:  # e.g. ARM@0 of an arm without round 0
         return {**out, "verdict": f"error: {exc}"}
+    if any(not g.runs for g in largest):
+        return out
     if not lhs.runs:
         return out
     if isinstance(claim.rhs, float):
@@ -516,7 +561,7 @@ def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
         if not rhs.runs:
             return out
     try:
-        got = compare(lhs, rhs, claim.lhs.group, claim.lhs.metric, b_group=b_group,
+        got = compare(lhs, largest or rhs, claim.lhs.group, claim.lhs.metric, b_group=b_group,
                       b_metric=b_metric, factor=factor, offset=offset, reps=cfg.bootstrap,
                       level=cfg.level, seed=cfg.bootstrap_seed)
     except ValueError as exc:
@@ -524,9 +569,22 @@ def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
     if got is None:
         return {**out, "verdict": "no data"}
     d, _ = got
+    seeds = d.seed_interval()
+    floor = d.floor()
+    decision = decide(claim, d.low, d.high, d.per_seed, seed_interval=seeds,
+                      estimate=d.estimate, floor=floor)
+    common = set.intersection(*(set(g.seeds) for g in (lhs, *largest)))
+    seed_labels = [r.seed for r in paired(Group([r for r in lhs.runs if r.seed in common]),
+                                          rhs)[0]]
     return {"claim": claim.text, "estimate": f"{d.estimate:+.4f}",
-            "ci": f"[{d.low:+.4f}, {d.high:+.4f}]", "verdict": verdict(claim, d.low, d.high),
-            "low": d.low, "high": d.high, "value": d.estimate}
+            "ci": f"[{d.low:+.4f}, {d.high:+.4f}]", "verdict": decision.verdict,
+            "reason": decision.reason, "low": d.low, "high": d.high, "value": d.estimate,
+            "per_seed": dict(zip((str(s) for s in seed_labels), d.per_seed, strict=False)),
+            "seed_low": seeds[0] if seeds else None, "seed_high": seeds[1] if seeds else None,
+            "floor": floor,
+            "seed_ci": f"[{seeds[0]:+.3f}, {seeds[1]:+.3f}]" if seeds else "-",
+            "per_seed_text": ", ".join(f"{v:+.3f}" for v in d.per_seed),
+            "floor_text": f"{floor:.3f}"}
 
 
 def suite_status(path: str | Path) -> list[tuple[str, int, str]]:

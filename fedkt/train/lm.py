@@ -168,7 +168,71 @@ def train_lm(
     schedule) over the trainable weights to continue (e.g. kept across rounds) instead of a
     fresh :func:`~fedkt.train.optim.make_optimizer`.
     Returns the mean loss, the number of steps and of examples.
+
+    Plain training from the model's initial adapter (no ``extra_loss``, a fresh optimiser)
+    is reused under ``training.reuse``: the trained weights are stored under a key of
+    everything that decides them (the model as it starts, tokenizer, the batches' tokens,
+    the training settings, learning rate, seed, precision, code: :mod:`fedkt.reuse`), so
+    the local training that every arm of a suite's seed does before its exchange is
+    computed once.  A reused result loads the weights and torch's random state the
+    training left, and reports the seconds it spared as ``train_saved_seconds``.
     """
+    if cfg.training.reuse and extra_loss is None and optimizer is None \
+            and cfg.training.peft in ("lora", "prefix") and _at_initial(lm):
+        return _reused_training(cfg, lm, records, seed=seed, task_weight=task_weight, lr=lr,
+                                desc=desc)
+    return _train_lm(cfg, lm, records, seed=seed, extra_loss=extra_loss,
+                     task_weight=task_weight, lr=lr, desc=desc, optimizer=optimizer)
+
+
+def _at_initial(lm: LM) -> bool:
+    """Whether ``lm``'s trainable weights are its initial adapter (before any training)."""
+    now = lm.trainable()
+    return now.keys() == lm.initial.keys() and all(
+        torch.equal(now[k], lm.initial[k].to(now[k].device)) for k in now)
+
+
+_RNG = "__torch_rng_state__"  # entries of a reused training beside the weights
+_STATS = "__train_stats__"  # [loss, steps, num_examples]
+
+
+def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
+                     task_weight: float, lr: float | None, desc: str) -> dict[str, float]:
+    """:func:`train_lm`'s plain training through the reuse store (its docstring)."""
+    from fedkt import reuse
+
+    tcfg = cfg.training
+    epochs = max(1, math.ceil(tcfg.local_epochs))
+    batches = [b for epoch in range(epochs)
+               for b in lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch)]
+    parts = {"batches": hashlib.sha256(b"".join(
+                 reuse.tensor_digest(t).encode() for b in batches for t in b.values()
+             )).hexdigest(),
+             "records": len(records), "training": tcfg.model_dump(mode="json"),
+             "lr": lr if lr is not None else lm.lr, "seed": seed, "task_weight": task_weight}
+
+    def compute() -> dict[str, torch.Tensor]:
+        stats = _train_lm(cfg, lm, records, seed=seed, task_weight=task_weight, lr=lr,
+                          desc=desc)
+        return {**lm.trainable(), _RNG: torch.get_rng_state(),
+                _STATS: torch.tensor([stats["loss"], stats["steps"], stats["num_examples"]],
+                                     dtype=torch.float64)}
+
+    got = reuse.tensors(True, "train", lm.model, lm.tokenizer, parts, compute,
+                        phase_name="train")
+    # The computation's end state (a no-op right after computing it): weights, torch's RNG
+    lm.reset({k: v for k, v in got.items() if k not in (_RNG, _STATS)})
+    torch.set_rng_state(got[_RNG])
+    lm.model.eval()
+    loss, steps, n = got[_STATS].tolist()
+    return {"loss": loss, "steps": int(steps), "num_examples": int(n)}
+
+
+def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
+              extra_loss: ExtraLoss | None = None, task_weight: float = 1.0,
+              lr: float | None = None, desc: str = "train",
+              optimizer: tuple[torch.optim.Optimizer, Any] | None = None) -> dict[str, float]:
+    """:func:`train_lm` itself (the computation, never reused)."""
     tcfg = cfg.training
     model = lm.model
     device = next(model.parameters()).device

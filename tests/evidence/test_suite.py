@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from fedkt.eval.predictions import prediction_files, read_predictions
-from fedkt.evidence.claims import parse_claim, verdict
+from fedkt.evidence.claims import decide, parse_claim
+from fedkt.evidence.stats import seed_interval
 from fedkt.evidence.suite import load_suite, run_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,16 +75,18 @@ def _hand_ci(pairs: list[tuple[np.ndarray, np.ndarray]], reps: int, seed: int):
         reps_ = stacked[pick, np.arange(reps)[:, None]].mean(1)
     else:
         reps_ = stacked[0]
-    est = float(np.mean([a.mean() - b.mean() for a, b in pairs]))
+    per_seed = [a.mean() - b.mean() for a, b in pairs]
     lo, hi = np.quantile(reps_, [0.025, 0.975])
-    return est, lo, hi
+    return float(np.mean(per_seed)), lo, hi, per_seed
 
 
 def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
     suite = load_suite(QUICK, finished)
     report = json.loads((finished / "suite.json").read_text())
     assert (finished / "suite.md").read_text().startswith("# Suite quick")
-    assert {c["claim"] for c in report["claims"]} == set(suite.cfg.claims)
+    assert [c["claim"] for c in report["claims"]] == [suite.cfg.primary, *suite.cfg.claims]
+    assert [c["role"] for c in report["claims"]] == ["primary"] + ["secondary"] * len(
+        suite.cfg.claims)
     for result in report["claims"]:
         claim = parse_claim(result["claim"])
         pairs = []
@@ -92,10 +95,13 @@ def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
             ids_b, b = _correct(finished, claim.rhs.arm, seed, claim.rhs.round, claim.rhs.group)
             order = {i: k for k, i in enumerate(ids_b)}
             pairs.append((a, b[[order[i] for i in ids_a]]))
-        est, lo, hi = _hand_ci(pairs, suite.cfg.bootstrap, suite.cfg.bootstrap_seed)
+        est, lo, hi, per_seed = _hand_ci(pairs, suite.cfg.bootstrap, suite.cfg.bootstrap_seed)
         assert result["value"] == pytest.approx(est, abs=1e-12)
         assert (result["low"], result["high"]) == pytest.approx((lo, hi), abs=1e-12)
-        assert result["verdict"] == verdict(claim, lo, hi)
+        assert list(result["per_seed"].values()) == pytest.approx(per_seed, abs=1e-12)
+        expected = decide(claim, lo, hi, per_seed, seed_interval=seed_interval(per_seed),
+                          estimate=est, floor=result["floor"])
+        assert (result["verdict"], result["reason"]) == (expected.verdict, expected.reason)
     # Per-example files of every run, at round 0 and the final round; table; plots.
     for arm in suite.cfg.arms:
         for seed in suite.cfg.seeds:
@@ -132,6 +138,43 @@ def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
         return (p / "suite.md").read_text().replace(str(p), "").split("## Where the time")[0]
 
     assert "| fedavg |" in strip(folder) and strip(folder) == strip(finished)
+
+
+def test_a_claim_against_the_larger_of_two_arms_follows_from_the_files(finished, tmp_path):
+    """``A > max(B, C)`` through ``fedkt suite report``: on each seed's resample the larger
+    of the two arms, from the prediction files, by hand."""
+    import shutil
+
+    import yaml
+
+    from fedkt.evidence.suite import report_suite
+
+    folder = tmp_path / "copy"
+    shutil.copytree(finished, folder)
+    raw = yaml.safe_load((folder / "suite.yaml").read_text())
+    raw["claims"] = ["fedavg.clients.accuracy > max(standalone, fedavg).clients.accuracy"]
+    (folder / "suite.yaml").write_text(yaml.safe_dump(raw))
+    report_suite(folder)
+    got = json.loads((folder / "suite.json").read_text())["claims"][1]
+    suite = load_suite(folder / "suite.yaml", folder)
+    rng = np.random.default_rng(suite.cfg.bootstrap_seed)
+    reps, per_seed, draws = suite.cfg.bootstrap, [], []
+    for seed in suite.cfg.seeds:
+        ids, a = _correct(folder, "fedavg", seed, None, "clients")
+        sides = []
+        for arm in ("standalone", "fedavg"):
+            ids_b, b = _correct(folder, arm, seed, None, "clients")
+            order = {i: k for k, i in enumerate(ids_b)}
+            sides.append(b[[order[i] for i in ids]])
+        idx = rng.integers(0, len(a), size=(reps, len(a)))
+        draws.append(a[idx].mean(1) - np.maximum(sides[0][idx].mean(1), sides[1][idx].mean(1)))
+        per_seed.append(a.mean() - max(sides[0].mean(), sides[1].mean()))
+    pick = rng.integers(0, len(draws), size=(reps, len(draws)))
+    reps_ = np.stack(draws)[pick, np.arange(reps)[:, None]].mean(1)
+    assert (got["low"], got["high"]) == pytest.approx(tuple(np.quantile(reps_, [.025, .975])),
+                                                      abs=1e-12)
+    assert list(got["per_seed"].values()) == pytest.approx(per_seed, abs=1e-12)
+    assert got["high"] <= 1e-12  # A against the larger of B and A itself: never above
 
 
 def test_report_groups_seeds_and_refuses_runs_on_other_examples(finished, tmp_path):
