@@ -174,7 +174,7 @@ class FedMKTServer(Server[FedMKTConfig]):
         got = self.client_update2(msgs, clients)
         if exchange:
             self.holdings.confirm(msgs, got, S0, self.s0_version)
-        metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
+            metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
         return metrics
 
     def client_update2(self, msgs: dict[int, Payload], clients: Clients) -> dict[int, Payload]:
