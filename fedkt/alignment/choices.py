@@ -18,9 +18,14 @@ choices in its own tokens, so the [N, C] posteriors of two models compare as the
   ``always``, or ``min_ce`` on a gold label, DualMinCE's rule on posteriors);
 * :func:`shuffled`: a teacher's rows permuted across samples (the shuffled-teacher
   control: the same bytes, marginals and entropies, no per-sample information);
+* :func:`marginal`: every row the sender's mean posterior (the marginal-teacher control:
+  the class marginal alone, the average of the shuffled teacher over permutations);
+* :func:`sent`: what a sender sends under a ``teacher`` control;
 * :func:`pack` / :func:`unpack`: the wire format (fp32 [N, C]) and its validation;
 * :func:`distill_choices`: a student's KD steps, KL(teacher || student) over the choices
-  (plus, where labels exist and ``ft_weight > 0``, CE on the gold choice).
+  (plus, where labels exist and ``ft_weight > 0``, CE on the gold choice), with the
+  receiving-side options of :mod:`fedkt.alignment.receiving` (anchoring, T**2,
+  rehearsal on the student's own records).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedkt.alignment.receiving import OWN, interleave, kl_rows
 from fedkt.config import RunConfig
 from fedkt.errors import ConfigError
 from fedkt.payload import Payload, PayloadError, check_tensor
@@ -44,7 +50,7 @@ from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
 
 __all__ = ["FIELD", "choice_knowledge", "choice_logprobs", "distill_choices", "encode", "entropy",
-           "pack", "require_choice_task", "select", "shuffled", "unpack"]
+           "marginal", "pack", "require_choice_task", "select", "sent", "shuffled", "unpack"]
 
 FIELD = "choices"  # the payload field: {"posteriors": fp32 [N, C]}
 _ROW_SUM_TOL = 1e-3
@@ -189,6 +195,25 @@ def shuffled(knowledge: Tensor, seed: int) -> Tensor:
     return knowledge[torch.from_numpy(perm)]
 
 
+def marginal(knowledge: Tensor) -> Tensor:
+    """Every row ``knowledge``'s mean row: each sample gets the sender's mean posterior
+    over the samples (the class marginal, no per-sample information; the average of
+    :func:`shuffled` over every permutation).  Averaged in float64."""
+    mean = knowledge.double().mean(0, keepdim=True).to(knowledge.dtype)
+    return mean.expand_as(knowledge).clone()
+
+
+def sent(knowledge: Tensor, teacher: str, seed: int) -> Tensor:
+    """What a sender's ``knowledge`` becomes before it travels under ``method.teacher``:
+    permuted across the samples (``shuffled``), every row the mean (``marginal``), or as
+    it is (``real``; ``self`` is the receiver's choice, not the sender's)."""
+    if teacher == "shuffled":
+        return shuffled(knowledge, seed)
+    if teacher == "marginal":
+        return marginal(knowledge)
+    return knowledge
+
+
 def pack(knowledge: Tensor) -> dict[str, Tensor]:
     """The wire format: ``{"posteriors": float32 [N, C]}``."""
     return {"posteriors": knowledge.float().contiguous()}
@@ -215,18 +240,30 @@ def unpack(packed: Any, n: int, c: int, source: str) -> Tensor:
 def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
                     taken: Tensor, *, epochs: float, lr: float | None, seed: int,
                     kd_weight: float, ft_weight: float = 0.0, temperature: float = 1.0,
-                    max_steps: int | None = None, desc: str = "kd") -> dict[str, float]:
-    """Train ``lm`` on ``records``: ``kd_weight * KL(target || student)`` over the choices
-    of the samples ``taken``, plus ``ft_weight * CE`` on the gold choice of every sample
-    (only where labels exist: ``ft_weight`` 0 reads none).
+                    max_steps: int | None = None, desc: str = "kd", scale: float = 1.0,
+                    anchor: Tensor | None = None, anchor_weight: float = 0.0,
+                    rehearse: Sequence[dict] = (), rehearsal_ratio: float = 0.0
+                    ) -> dict[str, float]:
+    """Train ``lm`` on ``records``: ``scale * kd_weight * KL(target || student)`` over the
+    choices of the samples ``taken``, plus ``ft_weight * CE`` on the gold choice of every
+    sample (only where labels exist: ``ft_weight`` 0 reads none).
 
-    Samples are batched in a seeded order (``training.batch_size``), ``ceil(epochs)``
+    Receiving-side options (:mod:`fedkt.alignment.receiving`, all off by default):
+    ``scale`` multiplies the KD and anchoring terms (T**2: :func:`~.receiving.kd_scale`);
+    ``anchor_weight * scale * KL(anchor || student)`` over every sample keeps the student
+    near ``anchor`` [N, C], its own posteriors before the exchange; ``rehearsal_ratio``
+    own steps per KD step (:func:`~.receiving.interleave`) train CE on the gold choice of
+    the student's own labelled ``rehearse`` records (at T = 1: the task as it is scored).
+
+    KD samples are batched in a seeded order (``training.batch_size``), ``ceil(epochs)``
     passes cut at ``epochs`` of them (and at ``max_steps``), with the run's AdamW and
-    schedule.
+    schedule over all the steps, rehearsal included.
     Returns the mean loss and KL, the steps and the share of samples taken.
     """
     n = len(records)
-    use = list(range(n)) if ft_weight > 0 else [i for i in range(n) if bool(taken[i])]
+    anchored = anchor is not None and anchor_weight > 0
+    use = (list(range(n)) if ft_weight > 0 or anchored
+           else [i for i in range(n) if bool(taken[i])])
     out = {"loss": float("nan"), "kd_loss": float("nan"), "steps": 0,
            "kd_taken": float(taken.float().mean()) if n else 0.0}
     if not use:
@@ -241,31 +278,51 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
         batches += [[use[j] for j in order[s : s + bs]] for s in range(0, len(use), bs)]
     total = min(len(batches), max(1, math.ceil(epochs * math.ceil(len(use) / bs))),
                 max_steps or len(batches))
+    plan = interleave(batches[:total], len(rehearse), rehearsal_ratio, bs, seed)
+    own_enc = encode(cfg, lm.tokenizer, rehearse) if len(plan) > total else []
+    own_gold = torch.tensor([int(r["label"]) for r in rehearse]) if own_enc else None
     model = lm.model
     params = trainable(model)
-    opt, sched = make_optimizer(params, cfg.training, total, lr=lr if lr is not None else lm.lr)
+    opt, sched = make_optimizer(params, cfg.training, len(plan),
+                                lr=lr if lr is not None else lm.lr)
     device = next(model.parameters()).device
     scaler = grad_scaler(cfg.training, device)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    tgt = targets.double().clamp_min(1e-30)
+    kd_sums = {"kd_loss": 0.0, "anchor_loss": 0.0}
+    own_losses: list[float] = []
 
-    def batch_loss(i: int, idx: list[int]) -> tuple[Tensor, dict[str, Tensor]]:
+    def batch_loss(i: int, item: tuple[str, list[int]]) -> tuple[Tensor, dict[str, Tensor]]:
+        kind, idx = item
+        if kind == OWN:  # rehearsal: the gold choice of the student's own records
+            with autocast(cfg.training, device):
+                logq = choice_logprobs(model, [own_enc[j] for j in idx], pad)
+            ce = F.nll_loss(logq, own_gold[torch.tensor(idx)].to(logq.device))
+            own_losses.append(float(ce.detach()))
+            return ce, {}
         with autocast(cfg.training, device):
             logq = choice_logprobs(model, [encoded[j] for j in idx], pad, temperature)
         rows = torch.tensor(idx)
         w = taken[rows].to(logq.device, torch.float32)
-        t = tgt[rows].to(logq.device)
-        kl_rows = (t * (t.log() - logq.double())).sum(-1).float()
-        kl = (kl_rows * w).sum() / w.sum().clamp_min(1.0)
-        loss = kd_weight * kl
+        kl = (kl_rows(targets[rows], logq) * w).sum() / w.sum().clamp_min(1.0)
+        kd_sums["kd_loss"] += float(kl.detach())
+        loss = scale * kd_weight * kl
+        if anchored:  # Learning without Forgetting: KL to its own pre-exchange posteriors
+            a = kl_rows(anchor[rows], logq).mean()
+            kd_sums["anchor_loss"] += float(a.detach())
+            loss = loss + scale * anchor_weight * a
         if gold is not None:
             loss = loss + ft_weight * F.nll_loss(logq, gold[rows].to(logq.device))
-        return loss, {"kd_loss": kl}
+        return loss, {}
 
-    stats = run_steps(batches[:total], batch_loss,
+    stats = run_steps(plan, batch_loss,
                       lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
                                         max_grad_norm=cfg.training.max_grad_norm, scaler=scaler),
-                      modules=[model], seed=seed, total=total, desc=desc)
-    out.update(loss=stats.loss, kd_loss=stats.means().get("kd_loss", float("nan")),
-               steps=stats.steps)
+                      modules=[model], seed=seed, total=len(plan), desc=desc)
+    out.update(loss=stats.loss, kd_loss=kd_sums["kd_loss"] / total, steps=stats.steps)
+    if rehearsal_ratio > 0:
+        out.update(kd_steps=total, rehearsal_steps=len(own_losses))
+    if anchored:
+        out["anchor_loss"] = kd_sums["anchor_loss"] / total
+    if own_losses:
+        out["rehearsal_loss"] = sum(own_losses) / len(own_losses)
     return out

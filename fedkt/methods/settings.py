@@ -11,10 +11,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from fedkt.config import DatasetConfig, MethodConfig
+from fedkt.config import DatasetConfig, MethodConfig, RunConfig
 from fedkt.config.schema import _Strict
 
-__all__ = ["AdapterAveragingConfig", "EncoderHead", "ExchangeSettings", "VisionPretrain"]
+__all__ = ["AdapterAveragingConfig", "EncoderHead", "ExchangeSettings", "ReceivingOptions",
+           "VisionPretrain", "check_rehearsal"]
 
 
 class AdapterAveragingConfig(MethodConfig):
@@ -77,3 +78,61 @@ class VisionPretrain(_Strict):
     batch_size: int = Field(64, ge=1, description="Pretraining images per step.")
     cache: bool = Field(True, description=(
         "Cache the pretrained weights on disk ($FEDKT_CACHE or ~/.cache/fedkt)."))
+
+
+class ReceivingOptions(_Strict):
+    """How a receiver takes in the other side's choice posteriors while keeping its own
+    knowledge: options beyond the papers (FedMKT, LLM2SLM, FedCoLLM), each off by default.
+
+    The mechanics are :mod:`fedkt.alignment.receiving`; every option but ``t_squared``
+    needs ``knowledge: choices`` and none applies to ``teacher: none`` (no KD step).
+    """
+
+    rehearsal_ratio: float = Field(0.0, ge=0, description=(
+        "Rehearsal: steps on the receiver's own labelled data (the server's records for the "
+        "LLM, a client's private data for its SLM) per KD step, interleaved with the KD steps "
+        "(0: none; 1: one after every KD step; 0.5: one after every second). Each is a step of "
+        "CE on the gold choice of its own records; never on the public set."))
+    anchor_weight: float = Field(0.0, ge=0, description=(
+        "Anchoring (Learning without Forgetting, Li & Hoiem 2016): the weight of "
+        "KL(own || learner) over every public sample, own = the receiver's posteriors before "
+        "the exchange (0: none)."))
+    t_squared: bool = Field(False, description=(
+        "Multiply every KD and anchoring term by T**2, T = method.temperature (Hinton et al. "
+        "2015), so their gradients keep their size as T grows; false: the papers' loss at T."))
+    take: Literal["all", "confident"] = Field("all", description=(
+        'Which of the samples the method\'s own selection gives a teacher are distilled: "all" '
+        '(the papers) or "confident", only those where the teacher\'s largest posterior is at '
+        "least teacher_confidence and the receiver's is below learner_confidence."))
+    teacher_confidence: float = Field(0.9, gt=0, le=1, description=(
+        "take: confident: the teacher's largest choice posterior must reach this."))
+    learner_confidence: float = Field(0.5, gt=0, le=1, description=(
+        "take: confident: the receiver's own largest choice posterior must lie below this."))
+
+    def check(self, knowledge: str, teacher: str) -> None:
+        """Refuse an option the method's settings leave nothing to act on (ValueError
+        naming the field): any with ``teacher: none`` (no KD step), and any but
+        ``t_squared`` with ``knowledge: logits``."""
+        for key in self.active():
+            if teacher == "none":
+                raise ValueError(f"{key}: teacher: none skips the distillation step, so "
+                                 "there is nothing to receive; leave it at its default or "
+                                 "choose another teacher")
+            if knowledge != "choices" and not key.endswith("t_squared"):
+                raise ValueError(f"{key} acts on posteriors over the task's choices; set "
+                                 "knowledge: choices")
+
+    def active(self) -> list[str]:
+        """The options set away from their defaults, as ``method.receiving.<field>``."""
+        return [f"method.receiving.{k}" for k in ("rehearsal_ratio", "anchor_weight",
+                                                  "t_squared", "take")
+                if getattr(self, k) != type(self).model_fields[k].default]
+
+
+def check_rehearsal(cfg: RunConfig, llm_receives: bool) -> None:
+    """``receiving.rehearsal_ratio > 0`` where the LLM receives: it rehearses on the
+    server's own records, so ``data.split.server_size`` must give it some."""
+    if cfg.method.receiving.rehearsal_ratio > 0 and llm_receives and not cfg.data.split.server_size:
+        raise ValueError(f"method.receiving.rehearsal_ratio: {cfg.method.name}'s LLM rehearses on "
+                         "the server's own labelled records and data.split.server_size is 0; set "
+                         "it, or rehearsal_ratio: 0")

@@ -130,6 +130,23 @@ def test_each_adapter_descends_only_its_own_loss(make_config):
     torch.testing.assert_close(parts.kd_llm, kl_div(g, f, 1.0, mask), rtol=1e-4, atol=1e-6)
 
 
+def test_t_squared_scales_both_kd_terms_by_t_squared(make_config):
+    """receiving.t_squared (an extension): L^f = L_FT^f + lambda T**2 KL_T(g || f), and the
+    same for L^g; the KL terms themselves (as logged) are those at T."""
+    parts = {}
+    for t2 in (False, True):
+        cfg = fedcollm_config(make_config, "method.temperature=2", "method.kd_weight=0.5",
+                              f"method.receiving.t_squared={str(t2).lower()}", name=f"t{t2}")
+        _, parts[t2] = _cotune_parts(cfg, _server(cfg))
+    plain, squared = parts[False], parts[True]
+    torch.testing.assert_close(squared.kd_llm, plain.kd_llm)
+    torch.testing.assert_close(squared.kd_slm, plain.kd_slm)
+    assert float(plain.kd_llm) > 0 and float(plain.kd_slm) > 0
+    torch.testing.assert_close(squared.llm, squared.ft_llm + 0.5 * 4 * squared.kd_llm)
+    torch.testing.assert_close(squared.slm, squared.ft_slm + 0.5 * 4 * squared.kd_slm)
+    torch.testing.assert_close(plain.llm, plain.ft_llm + 0.5 * plain.kd_llm)
+
+
 def test_joint_gradients_also_train_each_adapter_on_the_other_kd_term(make_config):
     """``cotune_gradients: joint`` (the former default) differs from the paper's update by
     exactly the other model's KD term: grad_omega = grad L^f + lambda grad_omega KL(f||g)."""

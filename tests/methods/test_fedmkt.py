@@ -23,6 +23,7 @@ from fedkt.config import ConfigError
 from fedkt.methods import get_method
 from fedkt.methods.fedmkt import FedMKTConfig, distill, dual_min_ce
 from fedkt.methods.fedmkt.algorithm import other_losses
+from fedkt.methods.settings import ReceivingOptions
 from fedkt.payload import Payload, PayloadError, dumps, loads
 from fedkt.precision import autocast
 from fedkt.runner import run_job
@@ -273,6 +274,12 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     lam1 = cfg.model_copy(update={"method": cfg.method.model_copy(update={"ft_weight": 1.0})})
     assert distill(lam1, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
                        desc="kd")["kd_grad_ratio"] == 0.0  # the control: no KD gradient
+    # receiving.t_squared (an extension): at T = 2, L_KD and so its gradient are 4x
+    hot = [lam_cfg.model_copy(update={"method": lam_cfg.method.model_copy(update={
+        "temperature": 2.0, "receiving": ReceivingOptions(t_squared=t2)})}) for t2 in (0, 1)]
+    plain, squared = (distill(c, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
+                              desc="kd")["kd_grad_ratio"] for c in hot)
+    assert squared == pytest.approx(4 * plain, rel=1e-5) and plain > 0
     assert 0.0 <= got["kd_teacher_top1"] <= 1.0
     llm.reset(start)
     # lam = 0: training on L_KD alone moves the LLM towards the client's distribution.

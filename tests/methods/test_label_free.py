@@ -1,23 +1,29 @@
-"""The label-free setting (issue 27): public data without labels, choice knowledge, and
-the shuffled-teacher and no-exchange controls for FedMKT, LLM2SLM and FedCoLLM."""
+"""The label-free setting: public data without labels, choice knowledge, the controls
+(shuffled, marginal, self, none) and the receiving-side options for FedMKT, LLM2SLM and
+FedCoLLM."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import fedkt.data.splits as splits_module
+from fedkt.alignment import choices
 from fedkt.config import ConfigError
 from fedkt.data.splits import run_data
 from fedkt.methods import get_method
-from fedkt.payload import dumps
+from fedkt.methods.fedavg import average_client_adapters
+from fedkt.payload import Payload, dumps
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 
 torch.set_num_threads(1)
+cotune_module = importlib.import_module("fedkt.methods.fedcollm.cotune")
 
 LLM = "server={name: tiny-llama, tiny: {hidden_size: 96, num_layers: 3}}"
 SLM = "clients.models=[{name: tiny-gpt2}]"
@@ -140,12 +146,15 @@ def _rows_sorted(t):
     return sorted(map(tuple, t.tolist()))
 
 
+@pytest.mark.parametrize("teacher", ["shuffled", "marginal"])
 @pytest.mark.parametrize("method", ["fedmkt", "llm2slm"])
-def test_shuffled_teacher_sends_the_same_bytes_with_its_samples_permuted(make_config, method):
+def test_shuffled_and_marginal_teachers_send_the_same_bytes(make_config, method, teacher):
+    """shuffled: the sender's rows permuted; marginal: every row the sender's mean
+    posterior (exactly), in the same bytes as the real teacher's."""
     two = "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2}]"
     real_cfg = label_free(make_config, method, two, "clients.num_clients=2", name="real")
     shuf_cfg = label_free(make_config, method, two, "clients.num_clients=2",
-                          "method.teacher=shuffled", name="shuffled")
+                          f"method.teacher={teacher}", name=teacher)
     _, real = _one_round(real_cfg)
     _, shuf = _one_round(shuf_cfg)
     def knowledge(reply):  # its tensors (its numbers' JSON text varies with their digits)
@@ -158,13 +167,18 @@ def test_shuffled_teacher_sends_the_same_bytes_with_its_samples_permuted(make_co
                 (handler, cid)
     (_, _, up_r), (_, down_r, _) = real
     (_, _, up_s), (_, down_s, _) = shuf
-    if method == "fedmkt":  # clients' posteriors: the same rows, in another order
-        for cid in up_r:
-            p_r, p_s = up_r[cid]["choices"]["posteriors"], up_s[cid]["choices"]["posteriors"]
+    def same_but(p_r, p_s):
+        if teacher == "marginal":  # every row the mean of the real teacher's rows
+            assert torch.equal(p_s, choices.marginal(p_r)) and not torch.equal(p_r, p_s)
+            assert all(torch.equal(row, p_r.double().mean(0).float()) for row in p_s)
+        else:  # the same rows, in another order
             assert _rows_sorted(p_r) == _rows_sorted(p_s) and not torch.equal(p_r, p_s)
-    else:  # LLM2SLM's frozen LLM: its S_0 is the same up to the order of its rows
-        s_r, s_s = down_r[0]["s0"]["posteriors"], down_s[0]["s0"]["posteriors"]
-        assert _rows_sorted(s_r) == _rows_sorted(s_s) and not torch.equal(s_r, s_s)
+
+    if method == "fedmkt":  # clients' posteriors (the same local training in both arms)
+        for cid in up_r:
+            same_but(up_r[cid]["choices"]["posteriors"], up_s[cid]["choices"]["posteriors"])
+    else:  # LLM2SLM's frozen LLM: its S_0
+        same_but(down_r[0]["s0"]["posteriors"], down_s[0]["s0"]["posteriors"])
 
 
 def test_self_teacher_learns_nothing_from_the_other_side(make_config):
@@ -191,3 +205,149 @@ def test_fedcollm_co_tunes_by_kd_over_the_choices(make_config):
     assert train and train[0]["cotune_steps"] > 0 and "server_own_loss" in train[0]
     assert 0.0 <= train[0]["cotune_agreement"] <= 1.0
     assert train[0]["cotune_kd_llm"] >= 0 and train[0]["cotune_kd_slm"] >= 0
+
+
+def _client_adapters(cfg):
+    """Each client's latest adapter on its disk (file names sort by round and step)."""
+    out = {}
+    for path in sorted(default_state_root(cfg).rglob("adapter.r*.safetensors")):
+        out[path.parent.name] = load_file(str(path))
+    return out
+
+
+def _equal(a, b):
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("method", ["fedmkt", "llm2slm"])
+def test_no_exchange_arm_is_the_round_without_its_kd_step(make_config, method):
+    """teacher: none: the adapters after the round are those of local training and the
+    LLM's own-data epochs alone; nothing but the loss travels, no KD step runs."""
+    cfg = label_free(make_config, method, "method.teacher=none", name="none")
+    server = get_method(method).server(cfg, cfg.run_dir)
+    server.setup()
+    recording = Recording(cfg, LocalTransport(default_state_root(cfg)))
+    recording.start_round(1, evaluate=False)
+    server_metrics = server.round(1, recording)
+    calls = recording.calls
+    # the same round without steps 2-7: local training, then the LLM's own data
+    ref_cfg = label_free(make_config, method, name="ref")
+    ref = get_method(method).server(ref_cfg, ref_cfg.run_dir)
+    ref.setup()
+    clients = RuntimeClients(ref_cfg, LocalTransport(default_state_root(ref_cfg)))
+    clients.start_round(1, evaluate=False)
+    clients.call("train_and_share", {cid: Payload(share=False) for cid in clients.ids})
+    ref.learn_own_data(1)
+    assert _equal(server.adapter, ref.adapter)
+    assert not _equal(server.adapter, server.llm.initial)  # the own-data epochs ran
+    mine, theirs = _client_adapters(cfg), _client_adapters(ref_cfg)
+    assert mine and mine.keys() == theirs.keys()
+    assert all(_equal(mine[c], theirs[c]) for c in mine)
+    # bytes and steps: the requests say share: false, S_0 never travels, replies carry
+    # the loss and metrics only; every client reports 0 KD steps
+    (h1, sent1, got1), (h2, sent2, got2) = calls
+    assert (h1, h2) == ("train_and_share", "distill")
+    assert all(dict(m) == {"share": False} for m in sent1.values())
+    assert all(set(r) <= {"train_loss", "metrics"} for r in got1.values())
+    assert all(dict(m) == {} for m in sent2.values())
+    assert all(dict(r) == {} for r in got2.values())  # its metrics go to the client's row
+    assert all(recording.traffic.metrics[c]["train/kd_steps"] == 0 for c in got2)
+    assert "train/server_own_loss" in server_metrics
+    assert server_metrics.get("train/kd_steps", 0) == 0 and "train/kd_loss" not in server_metrics
+
+
+def test_fedcollm_no_exchange_arm_skips_co_tuning_only(make_config):
+    cfg = label_free(make_config, "fedcollm", "clients.num_clients=2", "method.teacher=none",
+                     name="none")
+    server = get_method("fedcollm").server(cfg, cfg.run_dir)
+    server.setup()
+    clients = RuntimeClients(cfg, LocalTransport(default_state_root(cfg)))
+    clients.start_round(1, evaluate=False)
+    metrics = server.round(1, clients)
+    assert metrics["train/cotune_steps"] == 0 and metrics["train/theta_shift_cotune"] == 0
+    ref_cfg = label_free(make_config, "fedcollm", "clients.num_clients=2", name="ref")
+    ref = get_method("fedcollm").server(ref_cfg, ref_cfg.run_dir)
+    ref.setup()
+    ref_clients = RuntimeClients(ref_cfg, LocalTransport(default_state_root(ref_cfg)))
+    ref_clients.start_round(1, evaluate=False)
+    theta, _ = average_client_adapters(ref, ref_clients, ref.theta)  # steps 1-3: FedAvg
+    ref.learn_own_data(1)  # the LLM's own-data epochs
+    assert _equal(server.theta, theta) and _equal(server.omega, ref.omega)
+    assert not _equal(server.omega, server.llm.initial)
+
+
+def test_fedcollm_marginal_teacher_is_the_others_mean_posterior(make_config, monkeypatch):
+    seen = {"knowledge": [], "targets": []}
+    real_knowledge, real_distill = cotune_module.choice_knowledge, cotune_module.distill_choices
+
+    def knowledge(*args, **kwargs):
+        seen["knowledge"].append(real_knowledge(*args, **kwargs))
+        return seen["knowledge"][-1]
+
+    def distill(cfg, lm, records, targets, taken, **kwargs):
+        seen["targets"].append(targets)
+        return real_distill(cfg, lm, records, targets, taken, **kwargs)
+
+    monkeypatch.setattr(cotune_module, "choice_knowledge", knowledge)
+    monkeypatch.setattr(cotune_module, "distill_choices", distill)
+    _one_round(label_free(make_config, "fedcollm", "method.teacher=marginal"))
+    p_f, p_g = seen["knowledge"]
+    t_f, t_g = seen["targets"]
+    assert torch.equal(t_f, choices.marginal(p_g)) and torch.equal(t_g, choices.marginal(p_f))
+    assert all(torch.equal(row, p_g.double().mean(0).float()) for row in t_f)
+
+
+RECEIVING = ("method.temperature=2", "method.receiving={rehearsal_ratio: 1, anchor_weight: "
+             "0.5, t_squared: true, take: confident, teacher_confidence: 0.2, "
+             "learner_confidence: 1.0}")
+
+
+@pytest.mark.parametrize("method", ["fedmkt", "fedcollm"])
+def test_receiving_options_read_no_withheld_public_label(make_config, monkeypatch, method):
+    """With every receiving option on, poisoned public labels change nothing while they
+    are withheld: rehearsal reads only the receiver's own records."""
+    clean = label_free(make_config, method, *RECEIVING, name="clean")
+    rows = run_job(clean, LocalTransport(default_state_root(clean)), quiet=True)
+    train = [r for r in rows if r["split"] == "train"]
+    key = "rehearsal_steps" if method == "fedmkt" else "cotune_rehearsal_steps_llm"
+    assert any(r.get(key, 0) > 0 for r in train), key  # the options did run
+    _poison(monkeypatch)
+    dirty = label_free(make_config, method, *RECEIVING, name="dirty")
+    run_job(dirty, LocalTransport(default_state_root(dirty)), quiet=True)
+    assert _metric_rows(dirty) == _metric_rows(clean)
+    monkeypatch.undo()
+    splits_module._SPLITS_CACHE.clear()
+
+
+def test_controls_and_receiving_options_refuse_what_they_cannot_act_on(make_config):
+    base = (LLM, SLM, "data.split={scheme: fedmkt, test_size: 16}")
+    choice = ("method.knowledge=choices", "method.selection=entropy")
+    bad = [  # (method, overrides, the field the error must name)
+        ("fedmkt", ("method.teacher=marginal",), "knowledge: choices"),
+        ("fedcollm", ("method.teacher=marginal",), "knowledge: choices"),
+        ("fedmkt", ("method.receiving.take=confident",), "method.receiving.take"),
+        ("fedcollm", ("method.receiving.anchor_weight=1",), "method.receiving.anchor_weight"),
+        ("fedmkt", (*choice, "method.teacher=none", "method.receiving.anchor_weight=1"),
+         "method.receiving.anchor_weight"),
+        ("fedcollm", ("method.knowledge=choices", "method.teacher=none",
+                      "method.receiving.t_squared=true"), "method.receiving.t_squared"),
+        # the LLM rehearses on the server's own records: without them, refused
+        ("fedmkt", (*choice, "method.receiving.rehearsal_ratio=1"),
+         "method.receiving.rehearsal_ratio"),
+        ("fedcollm", ("method.knowledge=choices", "method.receiving.rehearsal_ratio=1"),
+         "data.split.server_size"),
+        ("fedmkt", (*choice, "method.receiving.teacher_confidence=1.5"), "teacher_confidence"),
+        ("fedmkt", (*choice, "method.teacher=nobody"), "teacher"),
+    ]
+    for i, (method, overrides, field) in enumerate(bad):
+        with pytest.raises(ConfigError) as err:
+            make_config(*base, *overrides, method=method, name=f"bad{i}")
+        assert field in str(err.value), (method, overrides, str(err.value))
+    # accepted: none on top-K logits, T**2 on top-K logits, LLM2SLM's rehearsal (its LLM
+    # does not receive), and every option with choices and server records
+    for i, (method, overrides) in enumerate([
+            ("fedmkt", ("method.teacher=none",)), ("fedcollm", ("method.teacher=none",)),
+            ("fedmkt", ("method.temperature=2", "method.receiving.t_squared=true")),
+            ("llm2slm", (*choice, "method.receiving.rehearsal_ratio=1")),
+            ("fedmkt", (*choice, "data.split.server_size=20", *RECEIVING))]):
+        make_config(*base, *overrides, method=method, name=f"ok{i}")

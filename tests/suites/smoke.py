@@ -32,6 +32,7 @@ def shipped_suite(name: str, arms: tuple[str, ...]) -> dict[str, Any]:
     base = suite["base"]
     base["rounds"] = 1
     base["clients"]["num_clients"] = 2
+    base["data"]["split"].pop("folds", None)  # one seed on a small holdout
     base["data"]["split"]["test_size"] = 24
     base["data"]["max_private_per_client"] = 8
     base["data"]["max_public"] = 8

@@ -29,6 +29,12 @@ the paper's Algorithm 1.  Every round:
    omega and theta, each with its own learning rate (``llm_lr``, ``slm_lr``);
 5. the distilled theta goes back to the clients in the next round (its step 1).
 
+Controls (extensions, ``teacher``, with ``knowledge: choices`` but ``none``): each model's
+target is the other's posteriors permuted across D_a (``shuffled``), their mean on every
+sample (``marginal``) or its own (``self``); ``none`` skips step 4, so each round is
+FedAvg and the LLM's own-data epochs alone.  The receiving-side options (``receiving``:
+rehearsal, anchoring, T**2, selective taking) are :mod:`fedkt.alignment.receiving`'s.
+
 The server row's ``train/loss`` is the clients' mean task loss of step 2 (the convention
 of every method, docs/architecture.md); the co-tuning objectives are ``cotune_llm`` and
 ``cotune_slm``.
@@ -103,9 +109,11 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         # step 4 (Alg. 1 l. 14-20): co-tune LLM (omega) and global SLM (theta) on D_a
         # (Eqs. 4-6)
         llm, slm = self.llm.reset(self.omega), self.slm.reset(self.theta)
-        if self.method.knowledge == "choices":  # an extension: KL over the task's choices
+        if self.method.teacher == "none":  # the no-exchange control: no co-tuning
+            stats = {"cotune_steps": 0}
+        elif self.method.knowledge == "choices":  # an extension: KL over the task's choices
             stats = cotune_choices(self.cfg, llm, slm, self.data().public,
-                                   seed=self.seed(rnd, "cotune"))
+                                   seed=self.seed(rnd, "cotune"), rehearse=self.data().server)
         else:
             stats = cotune(self.cfg, llm, slm, self.data().public,
                            seed=self.seed(rnd, "cotune"), bridge=self.bridge)

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from fedkt.config import RunConfig
-from fedkt.methods.settings import AdapterAveragingConfig
+from fedkt.methods.settings import AdapterAveragingConfig, ReceivingOptions, check_rehearsal
 
 
 class FedCoLLMConfig(AdapterAveragingConfig):
@@ -25,7 +25,8 @@ class FedCoLLMConfig(AdapterAveragingConfig):
         "lambda of Eqs. 4-5's L^f and L^g: the weight of each KD term (the fine-tuning loss has "
         "weight 1). The KL is a mean over the KD positions (FATE-LLM sums it over tokens)."))
     temperature: float = Field(1.0, gt=0, description=(
-        "Softmax temperature of both KL terms (no T**2 factor)."))
+        "Softmax temperature of both KL terms, on both models' logits or choice posteriors (no "
+        "T**2 factor; receiving.t_squared adds it)."))
     cotune_gradients: Literal["own", "joint"] = Field("own", description=(
         "\"own\": each adapter descends its own loss, the other model's output a detached target "
         '(the paper); "joint": one backward of L^f + L^g with nothing detached.'))
@@ -53,20 +54,29 @@ class FedCoLLMConfig(AdapterAveragingConfig):
         "choices (fedkt.alignment.choices: an extension for classification and multiple-choice "
         "tasks that reads no label of D_a). With \"choices\" each model's posteriors are computed "
         "once per round, before co-tuning, and are the other's target."))
-    teacher: Literal["real", "shuffled", "self"] = Field("real", description=(
-        'The controls for transfer (extensions; knowledge: choices): "real" (the paper); '
-        "\"shuffled\", each model's posteriors permuted across D_a's samples, afresh each round, "
-        "before they are the other's target; \"self\", each model distils towards its own "
-        "posteriors (the same steps; nothing comes from the other model: no exchange)."))
+    teacher: Literal["real", "shuffled", "marginal", "self", "none"] = Field("real", description=(
+        'The controls for transfer (extensions): "real" (the paper); "shuffled", each model\'s '
+        "posteriors permuted across D_a's samples, afresh each round, before they are the "
+        'other\'s target; "marginal", each model\'s mean posterior over D_a is the other\'s '
+        'target on every sample; "self", each model distils towards its own posteriors (the '
+        'same steps; nothing comes from the other model); "none", no exchange: step 4 '
+        "(co-tuning) is skipped, the LLM's own-data epochs, FedAvg and evaluation as in every "
+        "arm. shuffled, marginal and self need knowledge: choices."))
+    receiving: ReceivingOptions = Field(default_factory=ReceivingOptions, description=(
+        "How each model takes in the other's posteriors while keeping its own (rehearsal, the "
+        "LLM's only: the server holds no client data; anchoring, T**2, selective taking): "
+        "extensions beyond the paper, each off by default (docs/methods/fedcollm.md, "
+        "receiving-side options)."))
 
     renamed: ClassVar[dict[str, str]] = {"kd_lambda": "kd_weight", "lr_llm": "llm_lr",
                                          "lr_slm": "slm_lr"}
 
     @model_validator(mode="after")
     def _teacher_needs_choices(self) -> FedCoLLMConfig:
-        if self.teacher != "real" and self.knowledge != "choices":
+        if self.teacher not in ("real", "none") and self.knowledge != "choices":
             raise ValueError(f"teacher: {self.teacher!r} permutes or replaces each sample's "
                              "knowledge, which needs knowledge: choices")
+        self.receiving.check(self.knowledge, self.teacher)
         return self
 
 
@@ -74,6 +84,7 @@ def check_config(cfg: RunConfig) -> None:
     """Refuse every path that would read a gold label of D_a when ``data.public_labels``
     is false (the label-free setting, an extension)."""
     m = cfg.method
+    check_rehearsal(cfg, llm_receives=True)
     if cfg.data.public_labels:
         return
     reasons = []

@@ -15,15 +15,18 @@ full next-token distributions position by position (:func:`mutual_kl`); when the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from fedkt.alignment import receiving
 from fedkt.alignment.bridge import TokenBridge
-from fedkt.alignment.choices import choice_knowledge, distill_choices, shuffled
+from fedkt.alignment.choices import choice_knowledge, distill_choices, sent
 from fedkt.alignment.introspect import vocab_hash
+from fedkt.alignment.receiving import kd_scale
 from fedkt.data.lm_batches import IGNORE_INDEX
 from fedkt.losses import kl_div
 from fedkt.methods.base import derive_seed
@@ -127,7 +130,9 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
         kl_fg, kl_gf = bridge.mutual_kl(f_out.logits, g_out.logits, f_batch, g_batch,
                                         method.kd_positions, method.temperature,
                                         detach_targets=detach)
-    lam, ft = method.kd_weight, method.ft_weight
+    # lambda, times T**2 with receiving.t_squared (an extension)
+    lam = method.kd_weight * kd_scale(method.temperature, method.receiving.t_squared)
+    ft = method.ft_weight
     return CoTuneLosses(ft_llm=f_out.loss, ft_slm=g_out.loss, kd_llm=kl_gf, kd_slm=kl_fg,
                         llm=ft * f_out.loss + lam * kl_gf,  # L^f (Eqs. 4-5)
                         slm=ft * g_out.loss + lam * kl_fg)  # L^g
@@ -188,36 +193,45 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
 
 
 @timed("distill")
-def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int
-                   ) -> dict[str, float]:
+def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
+                   rehearse: Sequence[dict] = ()) -> dict[str, float]:
     """Step 4 with ``knowledge: choices`` (an extension, for an unlabelled D_a): each model's
     posteriors over the task's choices on D_a, computed once, are the other's target:
     omega descends ``ft_weight L_FT^f + lambda KL(g || f)``, theta ``ft_weight L_FT^g +
     lambda KL(f || g)`` (L_FT: CE on the gold choice; with ``ft_weight: 0`` no label is
-    read).  ``teacher: shuffled`` permutes each target across D_a's samples, ``self`` makes
-    each model its own target (the controls)."""
+    read).  ``teacher: shuffled`` permutes each target across D_a's samples, ``marginal``
+    makes it the other's mean posterior on every sample, ``self`` makes each model its own
+    target (the controls).  The receiving options (``receiving``) narrow the samples each
+    model takes, anchor each to its own posteriors of the round's start, scale by T**2,
+    and let the LLM rehearse on ``rehearse``, the server's own records (the SLM has none
+    on the server)."""
     m: FedCoLLMConfig = cfg.method
     p_f = choice_knowledge(cfg, llm, records, temperature=m.temperature)
     p_g = choice_knowledge(cfg, slm, records, temperature=m.temperature)
-    if m.teacher == "shuffled":
-        t_f, t_g = shuffled(p_g, derive_seed(seed, "g")), shuffled(p_f, derive_seed(seed, "f"))
-    elif m.teacher == "self":
+    if m.teacher == "self":
         t_f, t_g = p_f, p_g
-    else:
-        t_f, t_g = p_g, p_f  # L_KD^f = KL(g || f): the LLM learns from the SLM, and back
+    else:  # L_KD^f = KL(g || f): the LLM learns from the SLM, and back
+        t_f = sent(p_g, m.teacher, derive_seed(seed, "g"))
+        t_g = sent(p_f, m.teacher, derive_seed(seed, "f"))
     every = torch.ones(len(records), dtype=torch.bool)
     common = {"epochs": m.cotune_epochs, "seed": seed, "kd_weight": m.kd_weight,
               "ft_weight": m.ft_weight, "temperature": m.temperature,
               "max_steps": m.cotune_max_steps}
-    f = distill_choices(cfg, llm, records, t_f, every, lr=m.llm_lr or cfg.training.lr,
-                        desc="fedcollm kd llm", **common)
-    g = distill_choices(cfg, slm, records, t_g, every, lr=m.slm_lr or cfg.training.lr,
-                        desc="fedcollm kd slm", **common)
+    f = distill_choices(cfg, llm, records, t_f, receiving.taken(m.receiving, t_f, p_f, every),
+                        lr=m.llm_lr or cfg.training.lr, desc="fedcollm kd llm", **common,
+                        **receiving.distill_options(m.receiving, m.temperature, p_f, rehearse))
+    g = distill_choices(cfg, slm, records, t_g, receiving.taken(m.receiving, t_g, p_g, every),
+                        lr=m.slm_lr or cfg.training.lr, desc="fedcollm kd slm", **common,
+                        **receiving.distill_options(m.receiving, m.temperature, p_g, ()))
     # how often each model's choice agreed with the other's before co-tuning
     agree = float((p_f.argmax(-1) == p_g.argmax(-1)).float().mean()) if len(records) else 0.0
-    return {"cotune_llm": f["loss"], "cotune_kd_llm": f["kd_loss"], "cotune_slm": g["loss"],
-            "cotune_kd_slm": g["kd_loss"], "cotune_steps": f["steps"],
-            "cotune_agreement": agree}
+    out = {"cotune_llm": f["loss"], "cotune_kd_llm": f["kd_loss"], "cotune_slm": g["loss"],
+           "cotune_kd_slm": g["kd_loss"], "cotune_steps": f["steps"], "cotune_agreement": agree}
+    for side, stats in (("llm", f), ("slm", g)):  # the receiving options that ran
+        out.update({f"cotune_{k}_{side}": stats[k] for k in
+                    ("kd_taken", "kd_steps", "rehearsal_steps", "rehearsal_loss", "anchor_loss")
+                    if k in stats and (k != "kd_taken" or m.receiving.take != "all")})
+    return out
 
 
 def kd_gradient_ratios(parts: CoTuneLosses, f_params: list[Tensor], g_params: list[Tensor]

@@ -44,6 +44,14 @@ Settings: heterogeneous (every client its own model), homogeneous (one client mo
 one-to-one (one client).  ``llm2slm`` is the baseline where the LLM stays frozen and
 only teaches: steps 2-5 are skipped and S_0 travels once (clients keep it on disk).
 
+Controls (extensions, ``teacher``): ``shuffled`` and ``marginal`` change what a sender
+sends (its knowledge permuted across D_p, or every sample its mean posterior), ``self``
+what a learner takes (its own knowledge); ``none`` skips steps 2-7 but the local
+training of step 1, the LLM's own-data epochs and the evaluation: no knowledge is
+computed or sent and nothing is distilled.  The receiving-side options
+(``receiving``: rehearsal, anchoring, T**2, selective taking) are
+:mod:`fedkt.alignment.receiving`'s.
+
 Messages per round and client: one ``train_and_share`` call (steps 1-2) and one
 ``distill`` call (step 7, and the client's evaluation).  S_0 is the held object ``s0``
 (:mod:`fedkt.methods.holdings`, version = the round whose step 6 made it): a client is
@@ -63,7 +71,7 @@ import torch
 from torch import Tensor
 
 from fedkt import reuse
-from fedkt.alignment import choices
+from fedkt.alignment import choices, receiving
 from fedkt.alignment.knowledge import (
     PublicSet,
     knowledge_set,
@@ -148,21 +156,25 @@ class FedMKTServer(Server[FedMKTConfig]):
         calls (:meth:`learn_own_data`, :meth:`client_update2`, :meth:`s0_message`)."""
         m: FedMKTConfig = self.method
         # steps 1-2 (Alg. 1 l. 11, 24-31): clients train on private data (Eq. 4), share S_k
-        msg = Payload(share=m.llm_training)
+        exchange = m.teacher != "none"  # teacher: none (a control): no step 2-7 but step 1
+        msg = Payload(share=m.llm_training and exchange)
         replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
         metrics = _mean_reported(replies, "train_loss", "train/loss")  # the clients' mean
         metrics.update(self.learn_own_data(rnd))  # an extension: needs the server's own data
         # steps 3-5 (Alg. 1 l. 12-18): align each S_k, DualMinCE, train the LLM on L2
         metrics.update(self.learn_from_clients(rnd, replies, clients))
         # step 6 (Alg. 1 l. 19): S_0 of the (new) adapter goes to every client lacking it
-        fields, s0 = self.s0_message()
-        msgs = {cid: self.holdings.offer(Payload(fields), cid, S0, self.s0_version, s0)
-                for cid in replies}
+        msgs = {cid: Payload() for cid in replies}  # teacher: none: no S_0, no KD
+        if exchange:
+            fields, s0 = self.s0_message()
+            msgs = {cid: self.holdings.offer(Payload(fields), cid, S0, self.s0_version, s0)
+                    for cid in replies}
         # step 7 (Alg. 1 l. 20, 33-41): clients align S_0, DualMinCE against their own
         # loss, train on L3
         got = self.client_update2(msgs, clients)
-        self.holdings.confirm(msgs, got, S0, self.s0_version)
-        metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
+        if exchange:
+            self.holdings.confirm(msgs, got, S0, self.s0_version)
+            metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
         return metrics
 
     def client_update2(self, msgs: dict[int, Payload], clients: Clients) -> dict[int, Payload]:
@@ -179,14 +191,14 @@ class FedMKTServer(Server[FedMKTConfig]):
 
     def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
-        control) permutes S_0's samples, by a permutation fixed for each S_0 version."""
+        control) permutes S_0's samples, by a permutation fixed for each S_0 version;
+        ``marginal`` gives every sample S_0's mean posterior."""
         m: FedMKTConfig = self.method
         own = self.own_knowledge()
         if m.knowledge == "logits":
             return {"vocab_size": own.vocab_size, "k": m.top_k}, pack_topk(own)
-        if m.teacher == "shuffled":
-            own = choices.shuffled(own, self.seed(self.s0_version, "shuffle"))
-        return {}, choices.pack(own)
+        return {}, choices.pack(choices.sent(own, m.teacher,
+                                             self.seed(self.s0_version, "shuffle")))
 
     def learn_own_data(self, rnd: int) -> dict[str, float]:
         """An extension (``data.split.server_size``): the LLM trains on the server's own
@@ -204,13 +216,16 @@ class FedMKTServer(Server[FedMKTConfig]):
                            ) -> dict[str, float]:
         """Steps 3-5 (Alg. 1 l. 12-18): validate and align each S_k, DualMinCE, train the
         LLM on L2; its objective is the row's ``server_loss``.  LLM2SLM (``llm_training:
-        false``, the paper's baseline) skips them: the LLM only teaches.
+        false``, the paper's baseline) skips them: the LLM only teaches; so does ``teacher:
+        none`` (the no-exchange control: no S_k came).
 
         A client whose S_k fails validation is excluded from the round (with the reason).
         """
         m: FedMKTConfig = self.method
         if not m.llm_training:
             return {}
+        if m.teacher == "none":
+            return {"train/kd_steps": 0}
         if m.knowledge == "choices":
             return self.learn_from_clients_choices(rnd, replies, clients)
         own = self.own_knowledge()
@@ -266,12 +281,14 @@ class FedMKTServer(Server[FedMKTConfig]):
             "train_and_share")
         stats = learn_choices(self.cfg, self.llm.reset(self.adapter), self.data().public, own,
                               list(checked.values()), epochs=m.server_kd_epochs,
-                              lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"), desc="server kd")
+                              lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"), desc="server kd",
+                              rehearse=self.data().server)
         self.adapter = self.llm.trainable()
         self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
         return _finite({"train/server_loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
                         "train/kd_from_clients": stats["kd_taken"], "train/kd_steps": stats["steps"],
-                        "train/rejected_clients": len(replies) - len(checked)})
+                        "train/rejected_clients": len(replies) - len(checked),
+                        **_receiving_metrics(stats)})
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
@@ -347,6 +364,13 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
 
+def _receiving_metrics(stats: dict[str, float]) -> dict[str, float]:
+    """``train/*`` of the receiving options a distillation ran (:mod:`fedkt.alignment.
+    receiving`): its KD and rehearsal steps, rehearsal CE and anchoring KL."""
+    return {f"train/{k}": stats[k] for k in ("kd_steps", "rehearsal_steps", "rehearsal_loss",
+                                             "anchor_loss") if k in stats}
+
+
 def run_public(cfg: RunConfig) -> list[dict]:
     from fedkt.data.splits import run_data
 
@@ -355,21 +379,25 @@ def run_public(cfg: RunConfig) -> list[dict]:
 
 def learn_choices(cfg: RunConfig, lm: LM, public: list[dict], own: Tensor,
                   others: list[Tensor], *, epochs: float, lr: float | None, seed: int,
-                  desc: str) -> dict[str, float]:
+                  desc: str, rehearse: list[dict]) -> dict[str, float]:
     """Steps 4-5 / 7 with ``knowledge: choices`` (an extension): pick a teacher per sample
     (``selection``: DualMinCE on the gold choice, the lowest entropy, or always), then
     L = lambda CE + (1 - lambda) KL(teacher || learner) over the choices.  ``teacher:
-    self`` (the no-exchange control) distils every sample towards the learner's own
-    posteriors instead of the others'."""
+    self`` (a control) distils every sample towards the learner's own posteriors instead
+    of the others'.  The receiving options (``receiving``) narrow the samples taken, add
+    the anchoring term to ``own`` and T**2, and rehearse on the learner's own labelled
+    records ``rehearse``."""
     m: FedMKTConfig = cfg.method
     rule = {"dual_min_ce": "min_ce"}.get(m.selection, m.selection)
     if m.teacher == "self":
         others, rule = [own], "always"
     gold = (torch.tensor([int(r["label"]) for r in public]) if rule == "min_ce" else None)
-    targets, taken = choices.select(own, others, rule, gold)
-    return choices.distill_choices(cfg, lm, public, targets, taken, epochs=epochs, lr=lr,
-                                   seed=seed, kd_weight=1.0 - m.ft_weight,
-                                   ft_weight=m.ft_weight, temperature=m.temperature, desc=desc)
+    targets, chosen = choices.select(own, others, rule, gold)
+    taken = receiving.taken(m.receiving, targets, own, chosen)
+    return choices.distill_choices(
+        cfg, lm, public, targets, taken, epochs=epochs, lr=lr, seed=seed,
+        kd_weight=1.0 - m.ft_weight, ft_weight=m.ft_weight, temperature=m.temperature,
+        desc=desc, **receiving.distill_options(m.receiving, m.temperature, own, rehearse))
 
 
 def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
@@ -385,12 +413,13 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     loss = stats["loss"] if math.isfinite(stats["loss"]) else 0.0
     metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
     reply = Payload(train_loss=loss, metrics=metrics)
+    if m.teacher == "none":  # the no-exchange control: no knowledge, step 7 distils nothing
+        return reply
     if m.knowledge == "choices":  # an extension: posteriors over the task's choices
         own_p = own_knowledge(ctx.cfg, lm, None)
         ctx.save_state("own_choices", choices.pack(own_p))  # for step 7's selection
         if msg.get("share"):
-            sent = (choices.shuffled(own_p, ctx.seed("shuffle")) if m.teacher == "shuffled"
-                    else own_p)
+            sent = choices.sent(own_p, m.teacher, ctx.seed("shuffle"))
             reply[choices.FIELD] = choices.pack(sent)
         return reply
     own = own_knowledge(ctx.cfg, lm, _client_public(ctx, lm))
@@ -410,6 +439,8 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
     lm.reset(ctx.load_state("adapter"))
+    if m.teacher == "none":  # the no-exchange control: the model of step 1, evaluated
+        return _step7_reply(ctx, lm, Payload(metrics={"train/kd_steps": 0}))
     if m.knowledge == "choices":
         return _client_distill_choices(ctx, msg, lm)
     public = _client_public(ctx, lm)
@@ -434,11 +465,16 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
                "train/kd_from_server": targets.fraction_from_others(),
                "train/kd_one_hot": stats["kd_one_hot"],
                **{f"train/{k}": stats[k] for k in DIAGNOSTICS}}
-    reply = Payload(kd_loss=stats["kd_loss"], metrics=metrics)
-    if m.post_fedavg:  # evaluated in 'adopt', after the averaging
+    return _step7_reply(ctx, lm, Payload(kd_loss=stats["kd_loss"], metrics=metrics))
+
+
+def _step7_reply(ctx: ClientContext, lm: LM, reply: Payload) -> Payload:
+    """Step 7's reply: with ``post_fedavg`` the adapter for the averaging (evaluated in
+    'adopt'), else the client's test metrics added to its ``metrics``."""
+    if ctx.method.post_fedavg:
         reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
     else:
-        metrics.update(client_test_metrics(ctx, lm))
+        reply["metrics"].update(client_test_metrics(ctx, lm))
     return reply
 
 
@@ -456,17 +492,13 @@ def _client_distill_choices(ctx: ClientContext, msg: Payload, lm: LM) -> Payload
     s0 = choices.unpack(ctx.received(msg, S0), *own.shape, "server")
     stats = learn_choices(ctx.cfg, lm, public, own, [s0], epochs=m.client_kd_epochs,
                           lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
-                          seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
+                          seed=ctx.seed("kd"), desc=f"{ctx.name} kd", rehearse=ctx.private)
     ctx.save_state("adapter", lm.trainable())
     metrics = _finite({"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
-                       "train/kd_from_server": stats["kd_taken"], "train/kd_steps": stats["steps"]})
-    reply = Payload(kd_loss=stats["kd_loss"] if math.isfinite(stats["kd_loss"]) else 0.0,
-                    metrics=metrics)
-    if m.post_fedavg:  # evaluated in 'adopt', after the averaging
-        reply.update(adapter=lm.trainable(), num_examples=len(ctx.private))
-    else:
-        metrics.update(client_test_metrics(ctx, lm))
-    return reply
+                       "train/kd_from_server": stats["kd_taken"], "train/kd_steps": stats["steps"],
+                       **_receiving_metrics(stats)})
+    return _step7_reply(ctx, lm, Payload(
+        kd_loss=stats["kd_loss"] if math.isfinite(stats["kd_loss"]) else 0.0, metrics=metrics))
 
 
 def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from fedkt.config import MethodConfig, RunConfig
+from fedkt.methods.settings import ReceivingOptions, check_rehearsal
 
 
 class FedMKTConfig(MethodConfig):
@@ -23,7 +24,8 @@ class FedMKTConfig(MethodConfig):
     top_k: int = Field(128, ge=1, description=(
         "Logits kept per position in S_k and S_0 (FATE-LLM's top_k_logits_keep)."))
     temperature: float = Field(1.0, gt=0, description=(
-        "Softmax temperature of L_KD (no T**2 factor)."))
+        "Softmax temperature of L_KD, on both sides' logits or choice posteriors (no T**2 "
+        "factor, as the paper's T = 1 needs none; receiving.t_squared adds it)."))
     server_kd_epochs: float = Field(1.0, gt=0, description=(
         "Passes over D_p per round in the server's step 5 (the LLM's distillation)."))
     client_kd_epochs: float = Field(1.0, gt=0, description=(
@@ -61,12 +63,19 @@ class FedMKTConfig(MethodConfig):
         "(the other model with the lowest entropy, if below the learner's own: DS-FL's rule, "
         'reads no label) or "always" (the mean of the other models). The last two are extensions '
         "and need knowledge: choices."))
-    teacher: Literal["real", "shuffled", "self"] = Field("real", description=(
-        'The controls for transfer (extensions; knowledge: choices): "real" (the paper); '
-        '"shuffled", every sender permutes its knowledge across the public samples, afresh each '
-        'round (the same bytes, marginals and entropies, no per-sample information); "self", '
-        "every learner distils towards its own knowledge (the same public steps and bytes; "
-        "nothing comes from the other side: the no-exchange arm)."))
+    teacher: Literal["real", "shuffled", "marginal", "self", "none"] = Field("real", description=(
+        'The controls for transfer (extensions): "real" (the paper); "shuffled", every sender '
+        "permutes its knowledge across the public samples, afresh each round (the same bytes, "
+        'marginals and entropies, no per-sample information); "marginal", every sender gives '
+        "every public sample its mean posterior over them (the same bytes; the class marginal "
+        'alone); "self", every learner distils towards its own knowledge (the same public steps '
+        'and bytes; nothing comes from the other side); "none", no exchange: steps 2-7 are '
+        "skipped (no knowledge computed or sent, no KD step; local training, the LLM's own-data "
+        "epochs and evaluation as in every arm). All but real and none need knowledge: choices."))
+    receiving: ReceivingOptions = Field(default_factory=ReceivingOptions, description=(
+        "How a learner takes in the other side's knowledge while keeping its own (rehearsal, "
+        "anchoring, T**2, selective taking): extensions beyond the paper, each off by default "
+        "(docs/methods/fedmkt.md, receiving-side options)."))
 
     renamed: ClassVar[dict[str, str]] = {"lam": "ft_weight"}
 
@@ -85,10 +94,11 @@ class FedMKTConfig(MethodConfig):
                 raise ValueError(f"selection: {self.selection!r} compares posteriors over the "
                                  "task's choices; set knowledge: choices (or selection: "
                                  "dual_min_ce)")
-            if self.teacher != "real":
+            if self.teacher not in ("real", "none"):
                 raise ValueError(f"teacher: {self.teacher!r} permutes or replaces knowledge per "
                                  "public sample, which needs knowledge: choices (top-K logits "
                                  "of samples of different lengths do not permute)")
+        self.receiving.check(self.knowledge, self.teacher)
         return self
 
 
@@ -96,6 +106,7 @@ def check_config(cfg: RunConfig) -> None:
     """Refuse every path that would read a gold label of the public set when
     ``data.public_labels`` is false (the label-free setting, an extension)."""
     m = cfg.method
+    check_rehearsal(cfg, llm_receives=m.llm_training)
     if cfg.data.public_labels:
         return
     reasons = []

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedkt.alignment.receiving import kd_scale
 from fedkt.alignment.targets import KDTargets, kd_loss
 from fedkt.config import RunConfig
 from fedkt.precision import upcast
@@ -70,20 +71,23 @@ def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, 
     client; lambda is ``method.ft_weight``).
 
     :func:`~fedkt.train.lm.train_lm` adds ``task_weight * L_FT`` (Eqs. 5, 6) and the
-    ``extra_loss`` (1 - lambda) L_KD (Eqs. 7, 8), i.e. :func:`lambda_mix`.
+    ``extra_loss`` (1 - lambda) L_KD (Eqs. 7, 8), i.e. :func:`lambda_mix`; with
+    ``receiving.t_squared`` (an extension) L_KD at temperature T is multiplied by T**2.
+    The logged ``kd_loss`` is L_KD before that factor.
     """
     m = cfg.method
     kd_cfg = cfg.model_copy(update={"training": cfg.training.model_copy(
         update={"local_epochs": epochs})})
     kd_sum: list[float] = []
     ratio: list[float] = []
+    scale = kd_scale(m.temperature, m.receiving.t_squared)  # T**2 (an extension) or 1
 
     def extra(model: torch.nn.Module, batch: dict[str, Tensor], outputs: Any, step: int
               ) -> Tensor:
         kd = kd_loss(targets, outputs, batch, temperature=m.temperature,
                      positions=m.kd_positions)
         kd_sum.append(float(kd.detach()))
-        kd_term = lambda_mix(0.0, kd, m.ft_weight)  # (1 - lambda) * L_KD
+        kd_term = lambda_mix(0.0, kd * scale, m.ft_weight)  # (1 - lambda) * L_KD
         if step == 0:  # diagnostic: the KD term's gradient against L_FT's, as weighted
             params = trainable(model)
             ft = lambda_mix(1.0, 0.0, m.ft_weight) * upcast(outputs.loss)
