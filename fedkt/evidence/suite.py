@@ -523,7 +523,7 @@ def _claims_preamble(suite: Suite) -> str:
             "true difference these items and seeds detect with 80% power. Reproduced or "
             "contradicted needs the CI on one side, at least 4 seeds, all but at most one of "
             "them on that side, and the t-interval on it too; an interval that decides without "
-            "the seeds is *fragile* (docs/evidence.md, \"Verdicts\").")
+            "the seeds is *fragile* (docs/evidence.md, \"How verdicts are decided\").")
 
 
 def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
