@@ -1,4 +1,4 @@
-"""The magnitudes of FedKD's loss terms at initialisation (issue 16, item 3).
+"""The magnitudes of FedKD's loss terms at initialisation.
 
 Builds one client's teacher, student and ``W_h`` from a FedKD config and evaluates, on
 the first N training tweets as one batch, the task losses (Eqs. 1-2), the adaptive KL

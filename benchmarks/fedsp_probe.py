@@ -17,7 +17,7 @@ KD steps (Eq. 2, cumulative) and each cut position, from text-initialised prompt
     python benchmarks/fedsp_probe.py                      # the suite's config, client 0
     python benchmarks/fedsp_probe.py --cuts bot:0,150,600 --cuts mid:0,150
 
-**Grid** (``--grid``, issue #30): for each prompt initialisation (``text``, ``random``: the
+**Grid** (``--grid``): for each prompt initialisation (``text``, ``random``: the
 paper's) and each auxiliary model (:func:`grid_cells`: N = 1 with the suite's short
 distillation; N = 1 with the reference's distillation, every auxiliary parameter, batch 16,
 plain MSE, followed by client phase (i) alignment; N = 2 and 5 with the suite's

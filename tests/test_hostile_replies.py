@@ -151,8 +151,8 @@ def test_hostile_reply_is_excluded_named_and_the_run_finishes(tmp_path, clean, c
 
 
 def test_forged_row_keys_change_no_server_row(tmp_path, clean):
-    """The trial of the issue: a client whose metrics carry participant/round/split keys
-    made summary.md report the server at accuracy 1.0 and hid another client's rows."""
+    """The attack this guards against: a client whose metrics carry participant/round/split
+    keys once made summary.md report the server at accuracy 1.0 and hid another client's rows."""
     rows = tampered_run(tmp_path, "fedavg", "train", forged_metrics, "clients.min_replies=2")
     for got in (rows, metrics_file_rows(tmp_path)):
         assert {r["participant"] for r in got} == {"server", "client_0", "client_1", "client_2"}

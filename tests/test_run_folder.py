@@ -278,7 +278,7 @@ def _fedkt(*args: str, pause: int | None = None) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_two_fedkt_runs_into_one_folder_leave_one_runs_rows(tmp_path):
-    """The trial of the issue: two `fedkt run` into one --output-dir both exited 0 with
+    """The failure this guards against: two `fedkt run` into one --output-dir both exited 0 with
     twice the rows.  Now the second (also with --overwrite), and a `fedkt resume` of the
     run that is still going, are refused; the first run's rows are there once each."""
     cfg = small_config(tmp_path / "run", f"rounds={ROUNDS}", "eval.plots=false")

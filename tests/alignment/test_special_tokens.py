@@ -99,7 +99,7 @@ def test_special_tokens_map_by_role_gguf(src, tgt):
 
 @pytest.mark.slow
 def test_smollm2_eos_no_longer_maps_to_a_word():
-    """The issue's case: SmolLM2's <|im_end|> went to GPT-2's 'ĠAmend' through MinED."""
+    """The case that was wrong: SmolLM2's <|im_end|> went to GPT-2's 'ĠAmend' through MinED."""
     smol, gpt2 = tok("smollm2-135m"), tok("gpt2-tokenizer")
     fwd = vocab_mapping(smol, gpt2, cache=False)
     back = vocab_mapping(gpt2, smol, cache=False)

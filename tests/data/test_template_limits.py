@@ -1,9 +1,10 @@
 """Templates are bounded: plain field names, widths and precisions within a limit.
 
-The issue's trials: ``{text:>20000000}`` ran for minutes and took 10 GB, ``{text:>300000000}``
-aborted the process, ``{text.__class__.__mro__}`` was accepted.  Each is now refused when
-the config is parsed (the key named) and, for a template that reaches a client inside
-the server's config, again when a prompt is formatted.
+The templates that got through before: ``{text:>20000000}`` ran for minutes and took
+10 GB, ``{text:>300000000}`` aborted the process, ``{text.__class__.__mro__}`` was
+accepted.  Each is now refused when the config is parsed (the key named) and, for a
+template that reaches a client inside the server's config, again when a prompt is
+formatted.
 """
 
 from __future__ import annotations

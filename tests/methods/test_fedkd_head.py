@@ -1,4 +1,4 @@
-"""FedKD's classification head, learning rates and loss guards (issue 16, items 1-4)."""
+"""FedKD's classification head, learning rates and loss guards."""
 
 from __future__ import annotations
 

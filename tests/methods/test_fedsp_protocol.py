@@ -1,4 +1,4 @@
-"""FedSP issue #18: the paper's protocol (reference FedPrompt-Single / w/o CS prompt
+"""FedSP: the paper's protocol (reference FedPrompt-Single / w/o CS prompt
 transfer, per-method learning rates, the paper's optimiser kept across rounds, server-side
 prompt steps in every shipped config, the server-only control, the KD cache key)."""
 

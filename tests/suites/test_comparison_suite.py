@@ -29,7 +29,7 @@ def _smoke_suite() -> dict[str, Any]:
 
 def test_comparison_suite_smoke(tmp_path):
     smoke = _smoke_suite()
-    assert set(smoke["arms"]) == set(ARMS)  # the shipped suite has every method the issue asks
+    assert set(smoke["arms"]) == set(ARMS)  # the shipped suite has every method
     folder, result = run_suite(smoke, tmp_path)
     rows = {r["arm"]: r for r in json.loads((folder / "comparison.json").read_text())}
     assert set(rows) == set(ARMS)

@@ -25,7 +25,7 @@ def test_shipped_koala_suite_validates_every_run_and_claim():
                                    "random_hete", "untrained_homo", "marginal_homo"}
     assert suite.cfg.seeds == [0, 1, 2, 7] and len(suite.runs) == 32
     assert suite.runs[("random_hete", 0)].method.teacher == "shuffled"
-    # the shuffled controls redraw the permutation every reverse pass (issue 27)
+    # the shuffled controls redraw the permutation every reverse pass
     assert {suite.runs[(a, 7)].method.shuffle_every for a in ("random_homo", "random_hete")} \
         == {"epoch"}
     assert suite.runs[("untrained_homo", 1)].method.teacher == "untrained"

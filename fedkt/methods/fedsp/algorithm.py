@@ -50,7 +50,7 @@ run once, depth N; prompts repeated up / averaged down as FedPrompt-Single's, or
 ``aux_layers: 1..4``.  Control: ``server_only: true`` (the server trains the prompts on
 its own data, the clients take no part).
 
-Protocol (issue #18; defaults are the paper's and the reference scripts'): the server's
+Protocol (defaults are the paper's and the reference scripts'): the server's
 own prompt steps after each aggregation (Sec. 3.2), AdamW with betas (0.9, 0.999), weight
 decay 0.01, warm-up 0.1 then linear decay, one optimiser per client and stage kept across
 rounds (Sec. 4.3), a learning rate per method (FedSP 5e-4, FedPrompt-Single 5e-3,
