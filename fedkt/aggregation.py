@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["AggregationError", "fedavg", "weighted_sum"]
+__all__ = ["AggregationError", "far_beyond", "fedavg", "is_finite", "state_norm",
+           "weighted_sum"]
 
 State = Mapping[str, Tensor]
 
@@ -107,3 +108,38 @@ def fedavg(states: Sequence[State], weights: Sequence[float] | None = None) -> d
     if total <= 0:
         raise AggregationError(f"weights sum to {total}; at least one must be > 0")
     return weighted_sum(states, [x / total for x in w])
+
+
+# ---------------------------------------------------------------------------
+# Bounds on what one client adds
+# ---------------------------------------------------------------------------
+
+
+def state_norm(state: State) -> float:
+    """The L2 norm of all of a state's floating values together, in float64 (``inf`` when
+    even float64 cannot hold it)."""
+    total = 0.0
+    for t in state.values():
+        if t.is_floating_point() or t.is_complex():
+            total += float(torch.linalg.vector_norm(t.detach().to(torch.float64)
+                                                    if t.is_floating_point() else t.detach()
+                                                    ) ** 2)
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def far_beyond(norms: Sequence[float], ratio: float) -> tuple[list[int], float]:
+    """Indices of the norms more than ``ratio`` times the median of ``norms`` (the lower
+    median: with two states, the smaller norm), and that median.  A median of 0 (most
+    states empty) flags only infinite norms."""
+    if not norms:
+        return [], 0.0
+    median = sorted(norms)[(len(norms) - 1) // 2]
+    if median <= 0 or not math.isfinite(median):
+        return [i for i, n in enumerate(norms) if not math.isfinite(n)], median
+    return [i for i, n in enumerate(norms) if not n <= ratio * median], median
+
+
+def is_finite(state: State) -> bool:
+    """Whether every floating value of ``state`` is finite."""
+    return all(torch.isfinite(t).all() for t in state.values()
+               if t.is_floating_point() or t.is_complex())

@@ -152,7 +152,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
                   **_server_phases(phases, traffic.wait_phases)}
         recorder.log_rows(round_rows(rnd, server_metrics, server_eval, clients.ids, traffic,
                                      timing))
-        _write_client_predictions(cfg, recorder, rnd, traffic)
+        _write_client_predictions(cfg, server, recorder, rnd, traffic)
         _mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
@@ -256,12 +256,28 @@ def server_participants(metrics: dict[str, Any] | None) -> dict[str, dict[str, f
     return {"server": metrics}
 
 
-def _write_client_predictions(cfg: RunConfig, recorder: RunRecorder, rnd: int,
+def _write_client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int,
                               traffic: Any) -> None:
-    if cfg.eval.predictions:
-        for cid, tables in sorted(traffic.predictions.items()):
-            if tables:
-                predictions.write_predictions(recorder.run_dir, rnd, f"client_{cid}", tables)
+    """Write each client's per-example predictions of round ``rnd``.  A client's tables
+    whose ids are not all test ids of the run (forged, or another split's) are not
+    written, with a warning naming the client: paired comparisons pair on those ids, and
+    one reply must not make the whole run unpairable."""
+    if not cfg.eval.predictions:
+        return
+    test_ids: set[str] | None = None
+    for cid, tables in sorted(traffic.predictions.items()):
+        if not tables:
+            continue
+        if test_ids is None:
+            test_ids = {str(r["id"]) for r in server.data().test}
+        foreign = sorted({i for t in tables.values() for i in t.ids} - test_ids)
+        if foreign:
+            total = len({i for t in tables.values() for i in t.ids})
+            log.warning("round %d: not writing client %d's predictions: %d of %d ids are not "
+                        "test ids of this run (e.g. %r)", rnd, cid, len(foreign), total,
+                        foreign[0][:40])
+            continue
+        predictions.write_predictions(recorder.run_dir, rnd, f"client_{cid}", tables)
 
 
 def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
@@ -291,7 +307,7 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
             timing = {k: v for k, v in split.get("train", {}).items() if k.endswith("_seconds")}
             recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test",
                           **split["test"], **timing})
-    _write_client_predictions(cfg, recorder, 0, traffic)
+    _write_client_predictions(cfg, server, recorder, 0, traffic)
     if not quiet:
         print(recorder.round_table(0), flush=True)
 

@@ -494,6 +494,10 @@ class ReplyLimits(_Strict):
         "Largest ``num_examples`` a client may report (its weight in example-weighted means)."))
     metrics: int = Field(256, ge=1, description=(
         "Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply."))
+    norm_ratio: float = Field(1000.0, gt=1, description=(
+        "An aggregated upload (adapter, update, prompts) whose L2 norm is more than this many "
+        "times the median of the round's uploads excludes its client (a finite but huge "
+        "upload would poison the mean); not checkable under secure aggregation."))
 
 
 class RuntimeConfig(_Strict):
