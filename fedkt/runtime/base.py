@@ -164,7 +164,11 @@ class RuntimeClients:
         return requests
 
     def _exclude(self, cid: int, handler: str, exc: BaseException | str) -> None:
+        """Exclude ``cid`` from the round with its reason (escaped, bounded); nothing its
+        replies reported this round (metrics, predictions) is kept."""
         reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self.traffic.metrics.pop(cid, None)
+        self.traffic.predictions.pop(cid, None)
         self.traffic.excluded[cid] = error_text(reason)
         log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler,
                     self.traffic.excluded[cid])
