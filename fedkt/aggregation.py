@@ -1,8 +1,10 @@
-"""Aggregation of client updates: FedAvg.
+"""Aggregation of client updates: FedAvg, and the coordinate-wise median.
 
 ``fedavg`` / ``weighted_sum`` accumulate in float64 and return each tensor in its
 input dtype (integer tensors, e.g. BatchNorm's ``num_batches_tracked``, are rounded
-to the nearest integer).
+to the nearest integer).  ``coordinate_median`` (``runtime.aggregation: median``) is the
+robust alternative: per value, the median over the clients (the mean of the two middle
+values for an even count), unweighted.
 
 Secure aggregation (Flower's SecAgg+) lives in :mod:`fedkt.runtime.secagg`: the
 runtime, not the method, decides how a mean is computed.
@@ -16,8 +18,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["AggregationError", "far_beyond", "fedavg", "is_finite", "state_norm",
-           "weighted_sum"]
+__all__ = ["AggregationError", "coordinate_median", "far_beyond", "fedavg", "is_finite",
+           "state_norm", "weighted_sum"]
 
 State = Mapping[str, Tensor]
 
@@ -108,6 +110,22 @@ def fedavg(states: Sequence[State], weights: Sequence[float] | None = None) -> d
     if total <= 0:
         raise AggregationError(f"weights sum to {total}; at least one must be > 0")
     return weighted_sum(states, [x / total for x in w])
+
+
+def coordinate_median(states: Sequence[State]) -> dict:
+    """Per value, the median over ``states`` (the mean of the two middle values when their
+    number is even), computed in float64 and returned in the input dtype.  Raises
+    :class:`AggregationError` as :func:`fedavg` does."""
+    _check_states(states)
+    n = len(states)
+    out: dict[str, Tensor] = {}
+    for key, ref in states[0].items():
+        if ref.is_complex():
+            raise AggregationError(f"key {key!r}: no median of complex values")
+        ordered = torch.stack([st[key].to(torch.float64) for st in states]).sort(dim=0).values
+        middle = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+        out[key] = _cast_back(middle, ref)
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -414,3 +414,47 @@ def test_a_clients_error_text_is_escaped_before_it_is_logged(tmp_path, caplog):
     reason = next(r["excluded"] for r in rows if r.get("excluded"))
     assert reason == r"ClientFailure: boom\x1b[2K\r\nWARNING fedkt: round 1: client 0 " \
                      r"excluded\x07\x00\u202e"
+
+
+def _round1_adapters(tamper: callable) -> list[dict[str, torch.Tensor]]:
+    """The three clients' round-1 adapters as the server receives them (client 1's tampered)."""
+    from fedkt.payload import loads
+
+    replies = [c for c in recorded_run("fedavg").calls if c.handler == "train"][:3]
+    return [(tamper(loads(c.reply)) if c.cid == BAD else loads(c.reply))["adapter"]
+            for c in sorted(replies, key=lambda c: c.cid)]
+
+
+def test_the_median_option_keeps_a_large_upload_within_the_bound_from_moving_the_model(
+        tmp_path):
+    """An adapter x100 is within runtime.limits.norm_ratio, so the mean takes it; with
+    ``runtime.aggregation: median`` the server's adapter is the coordinate-wise median of
+    the three uploads, which the large one does not move."""
+    from safetensors.torch import load_file
+
+    def server_adapter(name: str, *sets: str) -> dict[str, torch.Tensor]:
+        tampered_run(tmp_path, "fedavg", "train", scaled_adapter(100.0),
+                     "clients.min_replies=2", *sets, name=name)
+        return load_file(str(tmp_path / name / "checkpoints" / "round_0001" /
+                              "server.safetensors"))
+
+    uploads = _round1_adapters(scaled_adapter(100.0))
+    median = {k: torch.stack([u[k] for u in uploads]).median(dim=0).values for k in uploads[0]}
+    got = server_adapter("median", "runtime.aggregation=median")
+    meaned = server_adapter("mean")
+    for key, want in median.items():
+        (stored,) = [v for k, v in got.items() if k.endswith(key)]
+        (averaged,) = [v for k, v in meaned.items() if k.endswith(key)]
+        assert torch.equal(stored, want)
+        if want.abs().sum() > 0:
+            assert not torch.allclose(averaged, want)
+
+
+def test_the_median_option_is_refused_with_secure_aggregation(tmp_path):
+    from fedkt.errors import ConfigError
+    from tests.conftest import small_config
+
+    with pytest.raises((ConfigError, ValueError), match=r"runtime.aggregation: median needs "
+                                                        r"each client's upload"):
+        small_config(tmp_path / "x", "runtime.aggregation=median",
+                     "secure_aggregation.enabled=true")

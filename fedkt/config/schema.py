@@ -525,6 +525,11 @@ class RuntimeConfig(_Strict):
         "[cuda:1, cuda:2]); None: runtime.device. A client model's own `device` wins."))
     limits: ReplyLimits = Field(default_factory=ReplyLimits, description=(
         "What a client's reply may hold at most (server side)."))
+    aggregation: Literal["mean", "median"] = Field("mean", description=(
+        "How the server combines the clients' uploads (adapters, updates, prompts) after the "
+        "norm check (runtime.limits.norm_ratio). mean: FedAvg, weighted as the method says. "
+        "median: the coordinate-wise median, unweighted, which no single client can move "
+        "far (robust to a minority of poisoned uploads; not with secure_aggregation)."))
     # The runtimes' sections this class holds: section -> runtime name.
     sections: ClassVar[dict[str, str]] = {}
 
@@ -954,6 +959,9 @@ class RunConfig(_Strict):
         if self.secure_aggregation.enabled and sampled < 2:
             raise ValueError("secure_aggregation.enabled: SecAgg+ needs at least 2 clients per "
                              f"round; clients.fraction gives {sampled}")
+        if self.secure_aggregation.enabled and self.runtime.aggregation == "median":
+            raise ValueError("runtime.aggregation: median needs each client's upload; with "
+                             "secure_aggregation.enabled the server sees only their sum")
 
         dp = self.differential_privacy
         if dp.enabled and dp.noise == "distributed" and not self.secure_aggregation.enabled:

@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from fedkt import progress
-from fedkt.aggregation import far_beyond, fedavg, is_finite, state_norm
+from fedkt.aggregation import coordinate_median, far_beyond, fedavg, is_finite, state_norm
 from fedkt.config import RunConfig, TrackingConfig, parse_config, runtime_config_class
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
@@ -308,7 +308,8 @@ class RuntimeClients:
     def _bounded_mean(self, handler: str, field: str, replies: dict[int, Payload],
                       states: list[dict[str, torch.Tensor]], weights: list[float]
                       ) -> dict[str, torch.Tensor]:
-        """FedAvg of ``states`` (in the order of ``replies``), less the clients whose upload
+        """FedAvg (or with ``runtime.aggregation: median`` the coordinate-wise median) of
+        ``states`` (in the order of ``replies``), less the clients whose upload
         is far beyond the round's others (``runtime.limits.norm_ratio``) or, if the mean is
         still not finite, the largest uploads until it is: each is excluded, named, so one
         finite but huge upload never poisons the model, a checkpoint or a row."""
@@ -328,7 +329,10 @@ class RuntimeClients:
             if not keep:
                 raise RoundError(f"round {self.rnd}, handler '{handler}': no client replied")
             kept = [weights[i] for i in keep]
-            mean = fedavg([states[i] for i in keep], kept if sum(kept) > 0 else None)
+            if self.cfg.runtime.aggregation == "median":  # robust, unweighted
+                mean = coordinate_median([states[i] for i in keep])
+            else:
+                mean = fedavg([states[i] for i in keep], kept if sum(kept) > 0 else None)
             if is_finite(mean):
                 return mean
             worst = max(keep, key=lambda i: norms[i])
