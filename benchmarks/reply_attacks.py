@@ -5,14 +5,21 @@ round on the ``local`` runtime, recorded as its bytes) is the base.  Then N time
 sends a variant of it from :func:`fedkt.faults.hostile_reply` (its ``metrics``, one
 metric, the envelope, its seconds, the ``*_seconds`` timings, ``_error``,
 ``num_examples`` or ``_predictions`` replaced by junk: wrong types, NaN / Infinity,
-huge numbers and strings, the server's own row keys as metric names, gzip bombs),
-while client 1 sends the real reply, through the server's real
-:class:`~fedkt.runtime.base.RuntimeClients` (:func:`fedkt.faults.run_attacks`).
+huge numbers and strings, the server's own row keys as metric names, gzip bombs; or its
+predictions under a scope name that is no file name (``a/../b``, 300 characters) or with
+forged ids; its adapter finite but huge (x1e30, float max, with ``num_examples`` at its
+bound); implausible numbers in ``train_loss`` or a metric (1e300, negative losses);
+error text with ESC, CR, LF and a fake log line), while client 1 sends the real reply,
+through the server's real :class:`~fedkt.runtime.base.RuntimeClients` (its reply
+checks and its aggregation of the adapter) and the run loop's writing of client
+predictions (:func:`fedkt.faults.run_attacks`).
 
 Prints attacks tried, accepted (valid after all), rejected with a reason naming the
-client, rejected without one, crashes (an exception out of the server) and data lost
-(client 1's metrics changed, a forged row key, a non-finite or negative number kept),
-per attacked field, and the longest time one reply took to check.
+client, kept with its predictions refused and a warning naming it, rejected without a
+name, crashes (an exception out of the server) and data lost (client 1's metrics
+changed, a forged row key, a non-finite or negative number kept, a poisoned mean
+adapter, a predictions file out of place or holding ids that are no test ids, unescaped
+text in a log line or reason), per attacked field, and the longest time one reply took.
 
 Usage: python benchmarks/reply_attacks.py [--attacks 5000] [--seed 0]
 """
@@ -77,9 +84,10 @@ def main() -> None:
         wall = time.perf_counter() - t0
     print(f"base reply: {len(good)} bytes (fedavg, tiny-llama, client 1's round-1 train reply)")
     print(f"attacks tried        {report.tried}")
-    print(f"accepted             {report.accepted}  (valid after all, or only a bad predictions "
-          "table, dropped with a warning)")
+    print(f"accepted             {report.accepted}  (valid after all)")
     print(f"rejected, named      {report.rejected}")
+    print(f"predictions refused  {report.refused}  (client kept, its predictions not written, "
+          "a warning naming it)")
     print(f"rejected, unnamed    {report.unnamed}")
     print(f"crashes              {len(report.crashes)}")
     print(f"data lost            {len(report.lost)}")

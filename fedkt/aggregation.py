@@ -1,8 +1,10 @@
-"""Aggregation of client updates: FedAvg.
+"""Aggregation of client updates: FedAvg, and the coordinate-wise median.
 
 ``fedavg`` / ``weighted_sum`` accumulate in float64 and return each tensor in its
 input dtype (integer tensors, e.g. BatchNorm's ``num_batches_tracked``, are rounded
-to the nearest integer).
+to the nearest integer).  ``coordinate_median`` (``runtime.aggregation: median``) is the
+robust alternative: per value, the median over the clients (the mean of the two middle
+values for an even count), unweighted.
 
 Secure aggregation (Flower's SecAgg+) lives in :mod:`fedkt.runtime.secagg`: the
 runtime, not the method, decides how a mean is computed.
@@ -16,7 +18,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["AggregationError", "fedavg", "weighted_sum"]
+__all__ = ["AggregationError", "coordinate_median", "far_beyond", "fedavg", "is_finite",
+           "state_norm", "weighted_sum"]
 
 State = Mapping[str, Tensor]
 
@@ -107,3 +110,54 @@ def fedavg(states: Sequence[State], weights: Sequence[float] | None = None) -> d
     if total <= 0:
         raise AggregationError(f"weights sum to {total}; at least one must be > 0")
     return weighted_sum(states, [x / total for x in w])
+
+
+def coordinate_median(states: Sequence[State]) -> dict:
+    """Per value, the median over ``states`` (the mean of the two middle values when their
+    number is even), computed in float64 and returned in the input dtype.  Raises
+    :class:`AggregationError` as :func:`fedavg` does."""
+    _check_states(states)
+    n = len(states)
+    out: dict[str, Tensor] = {}
+    for key, ref in states[0].items():
+        if ref.is_complex():
+            raise AggregationError(f"key {key!r}: no median of complex values")
+        ordered = torch.stack([st[key].to(torch.float64) for st in states]).sort(dim=0).values
+        middle = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+        out[key] = _cast_back(middle, ref)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Bounds on what one client adds
+# ---------------------------------------------------------------------------
+
+
+def state_norm(state: State) -> float:
+    """The L2 norm of all of a state's floating values together, in float64 (``inf`` when
+    even float64 cannot hold it)."""
+    total = 0.0
+    for t in state.values():
+        if t.is_floating_point() or t.is_complex():
+            total += float(torch.linalg.vector_norm(t.detach().to(torch.float64)
+                                                    if t.is_floating_point() else t.detach()
+                                                    ) ** 2)
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def far_beyond(norms: Sequence[float], ratio: float) -> tuple[list[int], float]:
+    """Indices of the norms more than ``ratio`` times the median of ``norms`` (the lower
+    median: with two states, the smaller norm), and that median.  A median of 0 (most
+    states empty) flags only infinite norms."""
+    if not norms:
+        return [], 0.0
+    median = sorted(norms)[(len(norms) - 1) // 2]
+    if median <= 0 or not math.isfinite(median):
+        return [i for i, n in enumerate(norms) if not math.isfinite(n)], median
+    return [i for i, n in enumerate(norms) if not n <= ratio * median], median
+
+
+def is_finite(state: State) -> bool:
+    """Whether every floating value of ``state`` is finite."""
+    return all(torch.isfinite(t).all() for t in state.values()
+               if t.is_floating_point() or t.is_complex())

@@ -93,11 +93,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from safetensors.torch import load_file
-
     from fedkt.methods import get_method
     from fedkt.runner import server_participants
-    from fedkt.tracking.folder import SERVER_STATE, RunRecorder
+    from fedkt.tracking.checkpoint import read_checkpoint
+    from fedkt.tracking.folder import RunRecorder
 
     run_dir = Path(args.run_dir)
     cfg = _run_config(run_dir, [*args.set, f"output_dir={json.dumps(str(run_dir))}"])
@@ -114,10 +113,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError("--clients, --harness-include and --harness-limit go with --harness")
     rec = RunRecorder(run_dir, resume=True)
     done = rec.last_complete_round()
+    state = read_checkpoint(rec.checkpoints, done, rec.latest())[0] if done else None
     server = get_method(cfg.method.name).server(cfg, run_dir)
     server.setup()
-    if done:
-        server.load_state_dict(load_file(str(rec.checkpoint_dir(done) / SERVER_STATE)))
+    if state is not None:
+        server.load_state_dict(state)
     participants = server_participants(server.evaluate(done))
     if not participants:
         print(f"{cfg.method.name} has no server model to evaluate; see metrics.jsonl for clients")

@@ -86,16 +86,21 @@ def _pick_round(run_dir: Path, rnd: int | None) -> int:
 
 
 def _server(cfg: Any, run_dir: Path, rnd: int) -> Any:
-    from safetensors.torch import load_file
-
+    """The run's server with round ``rnd``'s checkpoint loaded: checked against its recorded
+    SHA-256 and refused when it holds NaN or infinity (both errors name the file)."""
     from fedkt.methods import get_method
+    from fedkt.tracking.checkpoint import check_finite, read_checkpoint
     from fedkt.tracking.folder import SERVER_STATE, RunRecorder
 
+    recorder = RunRecorder(run_dir, resume=True, repair=False)
+    state = None
+    if rnd:
+        state, _ = read_checkpoint(recorder.checkpoints, rnd, recorder.latest())
+        check_finite(state, recorder.checkpoints / f"round_{rnd:04d}" / SERVER_STATE)
     server = get_method(cfg.method.name).server(cfg, run_dir)
     server.setup()
-    if rnd:
-        state = RunRecorder(run_dir, resume=True, repair=False).checkpoint_dir(rnd) / SERVER_STATE
-        server.load_state_dict(load_file(str(state)) if state.exists() else {})
+    if state is not None:
+        server.load_state_dict(state)
     return server
 
 

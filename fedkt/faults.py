@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -213,9 +215,20 @@ def failing_handlers(method: str, faults: HandlerFaults) -> Iterator[None]:
 
 # --------------------------------------------------------------------------- hostile replies
 
-# What a hostile client may put in the runtime's fields of its reply (hostile_reply).
+# What a hostile client may put in the runtime's fields of its reply (hostile_reply), and
+# in the numbers and names the server uses from it: its predictions' scope names and ids,
+# the aggregated upload, a method's reported loss, its error text.
 TARGETS = ("metrics", "metric", "envelope", "seconds", "timings", "error", "num_examples",
-           "predictions")
+           "predictions", "scope", "ids", "adapter", "method_number", "error_text")
+_SCOPES = ("a/../b", "../../escaped", "x" * 300, "a\x00b", "..", ".", "a.b", "/abs", "tést",
+           " ", "aux", "slm_2")  # the last two are file names: accepted
+_METHOD_NUMBERS = (5.67e307, -333328.0, 1e300, -5.0, 1e10, "low", True, 7.5, 0.0, -1e-9)
+_METRIC_NUMBERS = (("test/accuracy", 1e300), ("test/accuracy", 1.5), ("test/accuracy", -0.1),
+                   ("test/rougeL", 400.0), ("train/loss", -5.0), ("test/macro_f1", 2.0),
+                   ("train/steps", 1e16), ("test/accuracy", 0.5), ("test/rougeL", 55.0))
+_ERROR_TEXTS = ("boom\x1b[2K\r\nWARNING fedkt: round 1: client 1 excluded",
+                "\x1b]0;owned\x07", "line1\nline2\rline3", "\u202eevil", "\x00\x08\x7f",
+                "plain error text")
 _NAMES = ("round", "participant", "split", "excluded", "bytes_sent", "wall_time",
           "clients_replied", "eval_bytes", "loss", "accuracy", "step_seconds", "x" * 300, "",
           "a/b/c", "../up", "tést", "__class__", "train/", "/x")
@@ -274,11 +287,38 @@ def _blob(rng: random.Random) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
-def hostile_reply(rng: random.Random, reply: Payload) -> tuple[str, bytes]:
-    """``reply`` (a real one, parsed) with one or more of its runtime fields replaced by
-    what a hostile client could send, serialised as such a client would (JSON numbers
-    may be NaN or Infinity, which :func:`fedkt.payload.dumps` refuses to write); returns
-    ``(the fields attacked, the bytes)``."""
+def _table_blob(tables: dict[str, object]) -> torch.Tensor:
+    from fedkt.eval.predictions import pack
+
+    return torch.frombuffer(bytearray(pack(tables)), dtype=torch.uint8).clone()  # type: ignore[arg-type]
+
+
+def _scaled(adapter: dict[str, torch.Tensor], rng: random.Random) -> dict[str, torch.Tensor]:
+    """A finite but huge (or, below the norm bound, merely large) version of ``adapter``."""
+    kind = rng.choice(["x1e30", "-x1e30", "float_max", "one_max", "x1e5", "x100", "x3"])
+    out = {}
+    for i, (k, v) in enumerate(adapter.items()):
+        if kind == "float_max":
+            v = torch.full_like(v, torch.finfo(v.dtype).max)
+        elif kind == "one_max" and i == 0:
+            v = v.clone()
+            v.view(-1)[0] = torch.finfo(v.dtype).max
+        elif kind != "one_max":
+            v = v * {"x1e30": 1e30, "-x1e30": -1e30, "x1e5": 1e5, "x100": 100.0, "x3": 3.0}[kind]
+        out[k] = v
+    return out
+
+
+def hostile_reply(rng: random.Random, reply: Payload, table: object | None = None
+                  ) -> tuple[str, bytes]:
+    """``reply`` (a real one, parsed) with one or more of its runtime fields (or its
+    predictions' scope names or ids, its ``adapter``, its ``train_loss``, its error text)
+    replaced by what a hostile client could send, serialised as such a client would (JSON
+    numbers may be NaN or Infinity, which :func:`fedkt.payload.dumps` refuses to write);
+    ``table``: a real :class:`~fedkt.eval.predictions.Predictions` table of test ids, for
+    the scope and id attacks.  Returns ``(the fields attacked, the bytes)``."""
+    import copy
+
     reply = Payload(reply)
     env = dict(reply.get(ENVELOPE) or {})
     hit = rng.sample(TARGETS, rng.choice([1, 1, 1, 2, 3]))
@@ -305,6 +345,29 @@ def hostile_reply(rng: random.Random, reply: Payload) -> tuple[str, bytes]:
             reply["num_examples"] = _junk(rng)
         elif target == "predictions":
             reply["_predictions"] = _blob(rng)
+        elif target == "scope" and table is not None:
+            reply["_predictions"] = _table_blob({rng.choice(_SCOPES): table})
+        elif target == "ids" and table is not None:
+            forged = copy.deepcopy(table)
+            ids = forged.columns["id"]  # type: ignore[attr-defined]
+            how = rng.randrange(3)
+            for i in range(len(ids)) if how == 0 else [rng.randrange(len(ids))]:
+                ids[i] = f"forged-{i}" if how < 2 else "../" + ids[i]
+            reply["_predictions"] = _table_blob({"": forged})
+        elif target == "adapter" and isinstance(reply.get("adapter"), dict):
+            reply["adapter"] = _scaled(reply["adapter"], rng)
+            if rng.random() < 0.3:
+                reply["num_examples"] = 10**7  # runtime.limits.num_examples' default
+        elif target == "method_number":
+            if rng.random() < 0.5:
+                reply["train_loss"] = rng.choice(_METHOD_NUMBERS)
+            else:
+                name, value = rng.choice(_METRIC_NUMBERS)
+                metrics = reply.get("metrics")
+                reply["metrics"] = {**(metrics if isinstance(metrics, dict) else {}),
+                                    name: value}
+        elif target == "error_text":
+            reply[ERROR] = rng.choice(_ERROR_TEXTS)
     tensors = {k: v for k, v in reply.items()
                if isinstance(v, torch.Tensor) or (isinstance(v, dict) and v and all(
                    isinstance(t, torch.Tensor) for t in v.values()))}
@@ -324,6 +387,7 @@ class AttackReport:
     tried: int = 0
     accepted: int = 0  # the reply was valid after all (e.g. a metric with a plain number)
     rejected: int = 0  # the client was excluded, its reason naming it
+    refused: int = 0  # kept, but its predictions were not written, a warning naming it
     unnamed: int = 0  # excluded, but the reason does not name the client
     crashes: list[str] = field(default_factory=list)  # an exception escaped the server
     lost: list[str] = field(default_factory=list)  # a row key, another client's data, a NaN
@@ -332,19 +396,56 @@ class AttackReport:
 
 
 def run_attacks(cfg: object, good: bytes, n: int, seed: int = 0) -> AttackReport:
-    """Send ``n`` :func:`hostile_reply` variants of ``good`` (a real reply's bytes) from
-    client 0, with client 1 sending ``good`` itself, through the server's real reply
-    handling (:class:`fedkt.runtime.base.RuntimeClients`); ``cfg``: a run config with
-    ``clients.min_replies: 1`` and 2 clients.  Counts what happened to each."""
-    import math
-    import time
+    """Send ``n`` :func:`hostile_reply` variants of ``good`` (a real FedAvg train reply's
+    bytes) from client 0, with client 1 sending ``good`` itself, through the server's real
+    reply handling and aggregation (:meth:`fedkt.runtime.base.RuntimeClients.aggregate` of
+    the ``adapter``) and the run loop's writing of client predictions into a scratch run
+    folder; ``cfg``: a run config with ``clients.min_replies: 1`` and 2 clients.  Counts
+    what happened to each."""
+    import logging
+    import tempfile
+    from pathlib import Path
 
+    warnings: list[str] = []
+
+    class Warnings(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    handler = Warnings(logging.WARNING)
+    logger = logging.getLogger("fedkt")
+    logger.addHandler(handler)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedkt-attacks-") as scratch:
+            return _attack_loop(cfg, good, n, seed, warnings, Path(scratch))
+    finally:
+        logger.removeHandler(handler)
+
+
+def _attack_loop(cfg: Any, good: bytes, n: int, seed: int, warnings: list[str],
+                 scratch: Path) -> AttackReport:
+    """:func:`run_attacks`' loop; ``warnings`` collects what the server logs meanwhile."""
+    import math
+    import shutil
+    import time
+    from types import SimpleNamespace
+
+    from fedkt.aggregation import is_finite, state_norm
+    from fedkt.data.splits import run_data
+    from fedkt.eval.predictions import Predictions, prediction_files, read_predictions
+    from fedkt.runner import _write_client_predictions
     from fedkt.runtime.base import RuntimeClients
-    from fedkt.runtime.replies import SERVER_ROW_KEYS
+    from fedkt.runtime.replies import SERVER_ROW_KEYS, printable
 
     rng = random.Random(f"attacks/{seed}")
     base = loads(good)
     report = AttackReport()
+    data = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    test_ids = {str(r["id"]) for r in data.test}
+    table = Predictions({"id": sorted(test_ids)[:8], "pred": [0] * min(8, len(test_ids))})
+    server = SimpleNamespace(data=lambda: data)
+    like = base["adapter"]
+    bound = cfg.runtime.limits.norm_ratio * state_norm(like)
 
     class Replies:
         data = b""
@@ -359,15 +460,22 @@ def run_attacks(cfg: object, good: bytes, n: int, seed: int = 0) -> AttackReport
     transport = Replies()
     clients = RuntimeClients(cfg, transport)  # type: ignore[arg-type]
     expected: dict[str, float] | None = None
+    run_dir = scratch / "run"
     for _ in range(n):
-        what, transport.data = hostile_reply(rng, base)
+        what, transport.data = hostile_reply(rng, base, table)
         report.tried += 1
         for target in what.split("+"):
             report.by_target[target] = report.by_target.get(target, 0) + 1
-        clients.start_round(1)
+        clients.start_round(1, evaluate=True)
+        warnings.clear()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
         start = time.perf_counter()
         try:
-            replies = clients.call("train", {0: Payload(), 1: Payload()})
+            replies, mean = clients.aggregate("train", {0: Payload(), 1: Payload()},
+                                              field="adapter", like=like)
+            _write_client_predictions(cfg, server, SimpleNamespace(run_dir=run_dir), 1,
+                                      clients.traffic)
         except Exception as exc:  # noqa: BLE001 - counted: the goal is none
             report.crashes.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
@@ -377,6 +485,21 @@ def run_attacks(cfg: object, good: bytes, n: int, seed: int = 0) -> AttackReport
             expected = dict(traffic.metrics[1])
         if traffic.metrics[1] != expected or 1 not in replies:
             report.lost.append(f"{what}: client 1's metrics or reply changed")
+        if not is_finite(mean) or state_norm(mean) > bound:
+            report.lost.append(f"{what}: the mean adapter is poisoned (norm "
+                               f"{state_norm(mean):.3g})")
+        written = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()]
+        files = prediction_files(run_dir)
+        if any(not w.startswith("predictions/round_0001/") for w in written) \
+                or any(key[1] not in ("client_0", "client_1") for key in files):
+            report.lost.append(f"{what}: a predictions file out of place: {written[:3]}")
+        for key, path in files.items():
+            if set(read_predictions(path).ids) - test_ids:
+                report.lost.append(f"{what}: {key[1]}'s predictions kept ids that are no "
+                                   "test ids")
+        for text in [*warnings, *traffic.excluded.values()]:
+            if printable(text) != text:
+                report.lost.append(f"{what}: unescaped text logged: {text[:60]!r}")
         if 0 in traffic.excluded:
             reason = traffic.excluded[0]
             named = "client 0" in reason or reason.startswith("ClientFailure")
@@ -385,7 +508,12 @@ def run_attacks(cfg: object, good: bytes, n: int, seed: int = 0) -> AttackReport
             if traffic.metrics.get(0):
                 report.lost.append(f"{what}: an excluded reply's metrics were kept")
             continue
-        report.accepted += 1
+        if any("predictions" in w for w in warnings):  # kept, its predictions not written
+            named = any("client 0" in w for w in warnings if "predictions" in w)
+            report.refused += named
+            report.unnamed += not named
+        else:
+            report.accepted += 1
         for key, value in traffic.metrics.get(0, {}).items():
             name = key.rpartition("/")[2]
             if name in SERVER_ROW_KEYS or not isinstance(value, float) \

@@ -30,6 +30,13 @@ They are written through :func:`fedkt.cache.cached` (one builder per key, the ot
 wait and read; published by one rename), so ``fedkt suite run --jobs N``, several suites
 and a killed run are safe.  Deleting the folder is always safe.
 
+Every entry is checked before it is used: it must parse, hold finite metrics (or
+tensors), a finite ``seconds`` and well-formed tables, and carry the SHA-256 of its key
+and content (``check``).  An entry that fails is recomputed and replaced, with a warning
+naming its file.  The check catches damage and an entry copied or edited by hand, not a
+writer that recomputes the hash: whoever may write the store decides results (see
+docs/security.md, the reuse store's trust boundary).
+
 A reused result takes the place of the computation: the rows and prediction files are
 those the computation gives (``eval.reuse: false`` recomputes, rows then equal but for
 timings), and the seconds it took when it was computed are reported as
@@ -50,6 +57,7 @@ import math
 import os
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -66,7 +74,7 @@ __all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats"
 
 # The folder of reuse entries (default: fedkt's cache folder's reuse/).
 ENV = "FEDKT_REUSE_CACHE"
-_VERSION = 1  # of the entries' format and of what the keys cover
+_VERSION = 2  # of the entries' format and of what the keys cover
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -284,21 +292,67 @@ class Unstorable(OSError):
     """A result that cannot be stored (it is then used, not stored)."""
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _content_text(data: Any) -> str:
+    """An entry's content as canonical JSON text (what its ``check`` hashes)."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, sort_keys=True,
+                      default=_plain)
+
+
+def _check(key: str, text: str) -> str:
+    return hashlib.sha256(f"{_VERSION}|{key}|{text}".encode()).hexdigest()
+
+
+def _entry_key(path: Path) -> str:
+    """The key an entry's file name carries (``KEY.json.gz``, ``KIND-KEY.safetensors``)."""
+    return path.name.split(".", 1)[0].rpartition("-")[2]
+
+
+def _write_json(path: Path, data: Any, key: str) -> None:
+    """The entry ``data`` of ``key`` with its ``check``; tables keep their column order
+    (a reused table gives the same bytes as the computed one)."""
     try:
-        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_plain)
+        plain = json.loads(json.dumps(data, ensure_ascii=False, default=_plain))
     except (TypeError, ValueError) as exc:
         raise Unstorable(f"not storable as JSON: {exc}") from None
+    text = json.dumps({**plain, "check": _check(key, _content_text(plain))},
+                      separators=(",", ":"), ensure_ascii=False)
     path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
 
 
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _unusable(path: Path, why: str) -> ValueError:
+    """Warn that the entry at ``path`` is recomputed, and the error that makes it so."""
+    _log.warning("eval.reuse: %s: %s; recomputing it", path, why)
+    return ValueError(f"{path}: {why}")
+
+
 def _read_json(path: Path) -> Any:
+    """A stored evaluation, checked (see the module docstring); else ``ValueError`` naming
+    the file, after a warning."""
     try:
         data = json.loads(gzip.decompress(path.read_bytes()).decode())
-    except (EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a reuse entry ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise ValueError(f"{path}: not a reuse entry")
+    except (EOFError, OSError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _unusable(path, f"not a reuse entry ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise _unusable(path, "not a reuse entry (not a JSON object)")
+    check = data.pop("check", None)
+    metrics, seconds, tables = data.get("metrics"), data.get("seconds"), data.get("tables")
+    if not isinstance(metrics, dict) or not all(
+            isinstance(k, str) and _finite_number(v) for k, v in metrics.items()):
+        raise _unusable(path, "'metrics' is not a mapping of names to finite numbers")
+    if not _finite_number(seconds) or seconds < 0:
+        raise _unusable(path, f"'seconds' is not a finite number >= 0 ({str(seconds)[:40]!r})")
+    if not isinstance(tables, dict) or not all(
+            isinstance(t, dict) and isinstance(t.get("columns"), dict)
+            and isinstance(t.get("meta"), dict) for t in tables.values()):
+        raise _unusable(path, "'tables' is not a mapping of scopes to tables")
+    if check != _check(_entry_key(path), _content_text(data)):
+        raise _unusable(path, "its content or key does not match its recorded hash "
+                              "(changed, copied or planted)")
     return data
 
 
@@ -324,12 +378,13 @@ def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
                     "tables": {("" if name == here else name):
                                {"columns": t.columns, "meta": t.meta}
                                for name, t in tables.items()}}
-        _write_json(tmp, computed)
+        _write_json(tmp, computed, key)
         return computed
 
     with phase("eval"):  # hashing and reading count as evaluation
         try:
-            path = store("eval") / f"{_key('eval', model, tokenizer, parts)}.json.gz"
+            key = _key("eval", model, tokenizer, parts)
+            path = store("eval") / f"{key}.json.gz"
             data = cached(path, build, _read_json)
         except OSError as exc:  # an unwritable cache never stops an evaluation
             _log.warning("eval.reuse: the reuse store failed (%s); evaluating without it", exc)
@@ -365,22 +420,41 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
     computed: dict[str, torch.Tensor] | None = None
 
     def load(p: Path) -> tuple[dict[str, torch.Tensor], float]:
-        with safe_open(str(p), "pt") as fh:
-            seconds = float((fh.metadata() or {}).get("seconds", 0.0))
-        return load_file(str(p)), seconds
+        try:
+            with safe_open(str(p), "pt") as fh:
+                meta = fh.metadata() or {}
+            values = load_file(str(p))
+        except (OSError, SafetensorError) as exc:
+            raise _unusable(p, f"not a reuse entry ({type(exc).__name__}: {exc})") from None
+        try:
+            seconds = float(meta.get("seconds", ""))
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise _unusable(p, f"'seconds' is not a finite number >= 0 "
+                               f"({str(meta.get('seconds'))[:40]!r})")
+        bad = [k for k, v in values.items() if v.is_floating_point() and not v.isfinite().all()]
+        if bad:
+            raise _unusable(p, f"tensor {bad[0]!r} holds NaN or infinity")
+        if meta.get("check") != _check(_entry_key(p), digest(values)):
+            raise _unusable(p, "its content or key does not match its recorded hash "
+                               "(changed, copied or planted)")
+        return values, seconds
 
     def build(tmp: Path) -> tuple[dict[str, torch.Tensor], float]:
         nonlocal computed
         start = now()
         computed = compute()
         seconds = (now() - start).wall
-        save_file({k: v.detach().cpu().contiguous() for k, v in computed.items()},
-                  str(tmp), metadata={"seconds": repr(seconds)})
+        values = {k: v.detach().cpu().contiguous() for k, v in computed.items()}
+        save_file(values, str(tmp), metadata={"seconds": repr(seconds),
+                                              "check": _check(key, digest(values))})
         return computed, seconds
 
     with phase(phase_name):
         try:
-            path = store(phase_name) / f"{kind}-{_key(kind, model, tokenizer, parts)}.safetensors"
+            key = _key(kind, model, tokenizer, parts)
+            path = store(phase_name) / f"{kind}-{key}.safetensors"
             values, seconds = cached(path, build, load, (*CACHE_ERRORS, SafetensorError))
         except OSError as exc:  # an unwritable cache never stops the computation
             _log.warning("eval.reuse: the reuse store failed (%s); computing without it", exc)

@@ -8,7 +8,6 @@ one.  :func:`run` picks the transport the config names.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from fedkt import progress
 from fedkt.config import RunConfig
@@ -36,6 +35,7 @@ from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
 from fedkt.timing import Clock, clocks, eval_clock, now, phase_seconds, timed
 from fedkt.trackers import Tracking, open_tracking
+from fedkt.tracking.checkpoint import read_checkpoint, record_sums, sha256_of  # noqa: F401
 from fedkt.tracking.folder import (
     HOLDINGS,
     LATEST_FILE,
@@ -152,7 +152,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
                   **_server_phases(phases, traffic.wait_phases)}
         recorder.log_rows(round_rows(rnd, server_metrics, server_eval, clients.ids, traffic,
                                      timing))
-        _write_client_predictions(cfg, recorder, rnd, traffic)
+        _write_client_predictions(cfg, server, recorder, rnd, traffic)
         _mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
@@ -256,12 +256,28 @@ def server_participants(metrics: dict[str, Any] | None) -> dict[str, dict[str, f
     return {"server": metrics}
 
 
-def _write_client_predictions(cfg: RunConfig, recorder: RunRecorder, rnd: int,
+def _write_client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int,
                               traffic: Any) -> None:
-    if cfg.eval.predictions:
-        for cid, tables in sorted(traffic.predictions.items()):
-            if tables:
-                predictions.write_predictions(recorder.run_dir, rnd, f"client_{cid}", tables)
+    """Write each client's per-example predictions of round ``rnd``.  A client's tables
+    whose ids are not all test ids of the run (forged, or another split's) are not
+    written, with a warning naming the client: paired comparisons pair on those ids, and
+    one reply must not make the whole run unpairable."""
+    if not cfg.eval.predictions:
+        return
+    test_ids: set[str] | None = None
+    for cid, tables in sorted(traffic.predictions.items()):
+        if not tables:
+            continue
+        if test_ids is None:
+            test_ids = {str(r["id"]) for r in server.data().test}
+        foreign = sorted({i for t in tables.values() for i in t.ids} - test_ids)
+        if foreign:
+            total = len({i for t in tables.values() for i in t.ids})
+            log.warning("round %d: not writing client %d's predictions: %d of %d ids are not "
+                        "test ids of this run (e.g. %r)", rnd, cid, len(foreign), total,
+                        foreign[0][:40])
+            continue
+        predictions.write_predictions(recorder.run_dir, rnd, f"client_{cid}", tables)
 
 
 def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
@@ -291,7 +307,7 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
             timing = {k: v for k, v in split.get("train", {}).items() if k.endswith("_seconds")}
             recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test",
                           **split["test"], **timing})
-    _write_client_predictions(cfg, recorder, 0, traffic)
+    _write_client_predictions(cfg, server, recorder, 0, traffic)
     if not quiet:
         print(recorder.round_table(0), flush=True)
 
@@ -315,7 +331,7 @@ def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     atomic_write(folder / SERVER_STATE, lambda tmp: save_file(tensors, str(tmp)))
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
-    return {name: sha256_of(folder / name) for name in (SERVER_STATE, HOLDINGS)}
+    return record_sums(folder)
 
 
 def _mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
@@ -341,8 +357,9 @@ def resume_point(cfg: RunConfig, recorder: RunRecorder) -> ResumePoint:
     Raises :class:`~fedkt.errors.CheckpointError` naming the file at fault when
     ``latest.json`` is unreadable, names a round the run does not have, or is older than
     the rows and checkpoints in the folder (resuming would delete later rounds); when
-    the checkpoint's files are missing, unreadable or differ from their recorded
-    SHA-256 (flipped bits); or when the config's seed differs from the run's.
+    the checkpoint's files are missing, unreadable, have no recorded SHA-256 or differ
+    from it (:func:`fedkt.tracking.checkpoint.read_checkpoint`); or when the config's
+    seed differs from the run's.
     """
     latest = recorder.checkpoints / LATEST_FILE
     try:
@@ -371,43 +388,8 @@ def resume_point(cfg: RunConfig, recorder: RunRecorder) -> ResumePoint:
     folder = recorder.checkpoints / f"round_{done:04d}"
     if not done:
         return ResumePoint(0, folder, {}, None)
-    state_file, holdings_file = folder / SERVER_STATE, folder / HOLDINGS
-    if not state_file.is_file():
-        raise CheckpointError(f"{state_file}: missing; {latest} marks round {done} complete "
-                              "and its checkpoint is needed to resume")
-    sums = info.get("sha256") if isinstance(info.get("sha256"), dict) else {}
-    for path in (state_file, holdings_file):
-        want = sums.get(path.name)
-        if want is None:
-            continue
-        if not path.is_file():
-            raise CheckpointError(f"{path}: missing ({latest} records its checksum)")
-        if sha256_of(path) != want:
-            raise CheckpointError(f"{path}: its SHA-256 differs from the one recorded in "
-                                  f"{latest} (the file is corrupt or was changed)")
-    try:
-        state = load_file(str(state_file))
-    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint, named
-        raise CheckpointError(f"{state_file}: not a readable safetensors file "
-                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
-    holdings = None
-    if holdings_file.exists():
-        try:
-            holdings = json.loads(holdings_file.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{holdings_file}: not valid JSON ({exc})") from None
-        if not isinstance(holdings, dict):
-            raise CheckpointError(f"{holdings_file}: not a JSON object")
+    state, holdings = read_checkpoint(recorder.checkpoints, done, info)
     return ResumePoint(done, folder, state, holdings)
-
-
-def sha256_of(path: Path) -> str:
-    """A file's SHA-256, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -86,3 +86,15 @@ def _client_updates(n: int, seed: int = 0):
     return [
         {"a": torch.randn(4, 3, generator=g), "b": torch.randn(5, generator=g)} for _ in range(n)
     ]
+
+
+def test_coordinate_median_takes_the_middle_value_and_the_mean_of_the_middle_two():
+    from fedkt.aggregation import coordinate_median
+
+    states = [{"w": torch.tensor([1.0, -4.0]), "n": torch.tensor([1])},
+              {"w": torch.tensor([2.0, 3.0]), "n": torch.tensor([2])},
+              {"w": torch.tensor([1e30, 0.0]), "n": torch.tensor([9])}]
+    got = coordinate_median(states)
+    assert torch.equal(got["w"], torch.tensor([2.0, 0.0])) and got["n"].item() == 2
+    even = coordinate_median([*states, {"w": torch.tensor([4.0, 5.0]), "n": torch.tensor([4])}])
+    assert torch.equal(even["w"], torch.tensor([3.0, 1.5])) and even["n"].item() == 3

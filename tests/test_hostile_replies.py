@@ -212,9 +212,13 @@ def test_reasons_in_metrics_jsonl_are_json_numbers_only(tmp_path):
 
 def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
     """Fuzz (fedkt.faults.hostile_reply, seeded): 400 variants of a real reply with junk in
-    its runtime fields. Each is rejected with a reason naming the client, or is valid after
-    all; none raises out of the server, none changes the other client's data or puts a
-    server row key, NaN, Infinity or a negative time into the accepted values."""
+    its runtime fields, scope names and ids of its predictions, its adapter (finite but
+    huge), its reported loss and its error text. Each is rejected with a reason naming the
+    client, has its predictions refused with a warning naming it, or is valid after all;
+    none raises out of the server, none changes the other client's data, poisons the mean
+    adapter, writes a predictions file out of place or with ids that are no test ids, logs
+    unescaped text, or puts a server row key, NaN, Infinity or a negative time into the
+    accepted values."""
     import logging
 
     from fedkt.faults import run_attacks
@@ -227,9 +231,11 @@ def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
     report = run_attacks(cfg, good, 400, seed=1)
     assert report.tried == 400
     assert report.crashes == [] and report.lost == [] and report.unnamed == 0
-    assert report.rejected > 300 and report.rejected + report.accepted == 400
+    assert report.rejected > 250 and report.refused > 10
+    assert report.rejected + report.refused + report.accepted == 400
     assert set(report.by_target) == {"metrics", "metric", "envelope", "seconds", "timings",
-                                     "error", "num_examples", "predictions"}
+                                     "error", "num_examples", "predictions", "scope", "ids",
+                                     "adapter", "method_number", "error_text"}
 
 
 def test_secure_aggregation_clear_part_goes_through_the_same_check(make_config, monkeypatch):
@@ -259,3 +265,196 @@ def test_secure_aggregation_clear_part_goes_through_the_same_check(make_config, 
                                       "mapping")
     server = next(r for r in rows if r["participant"] == "server" and r["split"] == "train")
     assert server["clients_replied"] == 2
+
+
+# --------------------------------------------------------------------------- numbers and names
+
+
+def repacked(edit: callable) -> callable:
+    """Client 1's real predictions, unpacked, edited (``edit(tables) -> tables``), packed."""
+
+    def tamper(p: Payload) -> Payload:
+        tables = predictions.unpack(p[PREDICTIONS].numpy().tobytes())
+        blob = predictions.pack(edit(tables))
+        p[PREDICTIONS] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
+        return p
+
+    return tamper
+
+
+def scoped(name: str) -> callable:
+    return repacked(lambda tables: dict(zip([name], tables.values(), strict=False)))
+
+
+def forged_ids(tables: dict) -> dict:
+    for table in tables.values():
+        table.columns["id"] = [f"forged-{i}" for i in range(len(table))]
+    return tables
+
+
+def scaled_adapter(factor: float | None, **extra) -> callable:
+    """Every adapter value times ``factor`` (None: the dtype's largest finite value)."""
+
+    def tamper(p: Payload) -> Payload:
+        p["adapter"] = {k: (torch.full_like(v, torch.finfo(v.dtype).max) if factor is None
+                            else v * factor) for k, v in p["adapter"].items()}
+        p.update(extra)
+        return p
+
+    return tamper
+
+
+def metric(name: str, value: float) -> callable:
+    def tamper(p: Payload) -> Payload:
+        p["metrics"] = {**p.get("metrics", {}), name: value}
+        return p
+
+    return tamper
+
+
+@pytest.mark.parametrize("name", ["a/../b", "../../../escaped", "x" * 300, "a\x00b", ".."])
+def test_a_scope_name_that_is_no_file_name_drops_the_predictions_named(tmp_path, caplog, name):
+    """The run aborted (``[Errno 2]``, ``[Errno 36] File name too long``) when a client's
+    predictions carried a scope name with '/', '..' or 300 characters (here in round 0's
+    evaluation reply, the first that carries predictions)."""
+    rows = tampered_run(tmp_path, "fedavg", "evaluate", scoped(name), "clients.min_replies=2")
+    assert not any(r.get("excluded") for r in rows)
+    assert re.search(r"client 1's predictions: .*scope .* is not a file name", caplog.text)
+    run = tmp_path / "bad"
+    written = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()
+                     and "predictions" in p.parts)
+    assert not [p for p in written if "client_1" in p and p.startswith("predictions/round_0000")]
+    assert not list(tmp_path.glob("escaped*")) and not list((run / "predictions").glob("esc*"))
+    test_row = next(r for r in rows if r["participant"] == "client_1" and r["split"] == "test")
+    assert "accuracy" in test_row  # its metrics stay
+
+
+def test_forged_prediction_ids_drop_that_replys_predictions_named(tmp_path, caplog):
+    """Ids that are no test ids of the run blocked the paired report for the whole run."""
+    rows = tampered_run(tmp_path, "fedavg", "evaluate", repacked(forged_ids),
+                        "clients.min_replies=2")
+    assert not any(r.get("excluded") for r in rows)
+    assert re.search(r"client 1's predictions: \d+ of \d+ ids are not test ids of this run "
+                     r"\(e.g. 'forged-0'\)", caplog.text)
+    folder = tmp_path / "bad" / "predictions" / "round_0000"
+    names = {p.name for p in folder.iterdir()}
+    assert "client_1.json.gz" not in names and {"client_0.json.gz", "client_2.json.gz"} <= names
+
+
+@pytest.mark.parametrize("tamper", [scaled_adapter(1e30), scaled_adapter(None),
+                                    scaled_adapter(1e30, num_examples=10**7),
+                                    scaled_adapter(None, num_examples=10**7)],
+                         ids=["x1e30", "float_max", "x1e30_max_examples",
+                              "float_max_max_examples"])
+def test_a_huge_finite_adapter_excludes_its_client_and_poisons_nothing(tmp_path, clean, tamper):
+    """A finite adapter whose norm is far beyond the round's others made the server's loss
+    NaN and poisoned the checkpoint, so the honest clients were blamed in the next round."""
+    from safetensors.torch import load_file
+
+    rows = tampered_run(tmp_path, "fedavg", "train", tamper, "clients.min_replies=2")
+    assert_excluded(tmp_path, rows, r"client 1: field 'adapter': norm [\d.e+]+ is more than "
+                                    r"1000 times the round's median [\d.e+]+ "
+                                    r"\(runtime.limits.norm_ratio\)")
+    text = (tmp_path / "bad" / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    server = next(r for r in rows if r["participant"] == "server" and r["split"] == "test")
+    assert all(isinstance(v, str) or abs(v) < 1e6 for v in server.values())
+    state = load_file(str(tmp_path / "bad" / "checkpoints" / "round_0001" /
+                          "server.safetensors"))
+    assert all(torch.isfinite(t).all() and t.abs().max() < 1e3 for t in state.values())
+
+
+def test_the_largest_example_count_alone_is_a_weight_not_a_poison(tmp_path):
+    """``num_examples`` at runtime.limits.num_examples with an honest adapter: accepted (the
+    bound is the weight's), the mean is finite and the run's rows hold no NaN."""
+    rows = tampered_run(tmp_path, "fedavg", "train", setting("num_examples", 10**7),
+                        "clients.min_replies=2")
+    assert not any(r.get("excluded") for r in rows)
+    assert "NaN" not in (tmp_path / "bad" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize(("tamper", "reason"), [
+    (setting("train_loss", 5.67e307),
+     r"client 1: field 'train_loss' = 5\.67e\+307 is outside \[0, 1e\+09\]"),
+    (setting("train_loss", -333328.0),
+     r"client 1: field 'train_loss' = -333328 is outside \[0, 1e\+09\]"),
+    (setting("train_loss", "low"), r"client 1: field 'train_loss' should be a finite number"),
+    (metric("test/accuracy", 1e300),
+     r"client 1: field 'metrics'\['test/accuracy'\] = 1e\+300 is outside \[0, 1\]"),
+    (metric("train/loss", -5.0),
+     r"client 1: field 'metrics'\['train/loss'\] = -5 is outside \[0, 1e\+09\]"),
+    (metric("test/rougeL", 400.0),
+     r"client 1: field 'metrics'\['test/rougeL'\] = 400 is outside \[0, 100\]"),
+], ids=["loss_huge", "loss_negative", "loss_text", "accuracy_1e300", "metric_loss_negative",
+        "rouge_400"])
+def test_implausible_client_numbers_exclude_it_and_never_reach_the_servers_row(
+        tmp_path, clean, tamper, reason):
+    """A client's ``train_loss`` (a method field the reply check never looked at) became the
+    server's train loss in summary.md; an accuracy of 1e300 was accepted."""
+    rows = tampered_run(tmp_path, "fedavg", "train", tamper, "clients.min_replies=2")
+    assert_excluded(tmp_path, rows, reason)
+    server = next(r for r in rows if r["participant"] == "server" and r["split"] == "train")
+    honest = [r["loss"] for r in rows if r["participant"] in ("client_0", "client_2")
+              and r["split"] == "train" and r["round"] == 1]
+    assert server["loss"] == pytest.approx(sum(honest) / len(honest))
+    summary = (tmp_path / "bad" / "summary.md").read_text()
+    assert "5.67e+307" not in summary and "-333328" not in summary and "1e+300" not in summary
+
+
+def test_a_clients_error_text_is_escaped_before_it_is_logged(tmp_path, caplog):
+    """ESC, CR and LF from a client reached the server's stderr raw, with a fake log line."""
+    forged = "boom\x1b[2K\r\nWARNING fedkt: round 1: client 0 excluded\x07\x00\u202e"
+    rows = tampered_run(tmp_path, "fedavg", "train", setting(ERROR, forged),
+                        "clients.min_replies=2")
+    logged = "".join(r.getMessage() for r in caplog.records)
+    assert "client 1 excluded" in logged
+    for char in ("\x1b", "\r", "\n", "\x07", "\x00", "\u202e"):
+        assert char not in logged
+    assert r"boom\x1b[2K\r\nWARNING fedkt" in logged
+    reason = next(r["excluded"] for r in rows if r.get("excluded"))
+    assert reason == r"ClientFailure: boom\x1b[2K\r\nWARNING fedkt: round 1: client 0 " \
+                     r"excluded\x07\x00\u202e"
+
+
+def _round1_adapters(tamper: callable) -> list[dict[str, torch.Tensor]]:
+    """The three clients' round-1 adapters as the server receives them (client 1's tampered)."""
+    from fedkt.payload import loads
+
+    replies = [c for c in recorded_run("fedavg").calls if c.handler == "train"][:3]
+    return [(tamper(loads(c.reply)) if c.cid == BAD else loads(c.reply))["adapter"]
+            for c in sorted(replies, key=lambda c: c.cid)]
+
+
+def test_the_median_option_keeps_a_large_upload_within_the_bound_from_moving_the_model(
+        tmp_path):
+    """An adapter x100 is within runtime.limits.norm_ratio, so the mean takes it; with
+    ``runtime.aggregation: median`` the server's adapter is the coordinate-wise median of
+    the three uploads, which the large one does not move."""
+    from safetensors.torch import load_file
+
+    def server_adapter(name: str, *sets: str) -> dict[str, torch.Tensor]:
+        tampered_run(tmp_path, "fedavg", "train", scaled_adapter(100.0),
+                     "clients.min_replies=2", *sets, name=name)
+        return load_file(str(tmp_path / name / "checkpoints" / "round_0001" /
+                              "server.safetensors"))
+
+    uploads = _round1_adapters(scaled_adapter(100.0))
+    median = {k: torch.stack([u[k] for u in uploads]).median(dim=0).values for k in uploads[0]}
+    got = server_adapter("median", "runtime.aggregation=median")
+    meaned = server_adapter("mean")
+    for key, want in median.items():
+        (stored,) = [v for k, v in got.items() if k.endswith(key)]
+        (averaged,) = [v for k, v in meaned.items() if k.endswith(key)]
+        assert torch.equal(stored, want)
+        if want.abs().sum() > 0:
+            assert not torch.allclose(averaged, want)
+
+
+def test_the_median_option_is_refused_with_secure_aggregation(tmp_path):
+    from fedkt.errors import ConfigError
+    from tests.conftest import small_config
+
+    with pytest.raises((ConfigError, ValueError), match=r"runtime.aggregation: median needs "
+                                                        r"each client's upload"):
+        small_config(tmp_path / "x", "runtime.aggregation=median",
+                     "secure_aggregation.enabled=true")

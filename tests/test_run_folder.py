@@ -114,14 +114,22 @@ def _flipped_holdings(d: Path) -> None:
     holdings_of(d).write_text(holdings_of(d).read_text().replace("}", " }", 1))
 
 
+def _rehash(d: Path) -> None:
+    """Record the checkpoint's files' current SHA-256 (a corrupt file that matches)."""
+    sums = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (state_of(d), holdings_of(d))}
+    edit_latest(d, sha256=sums)
+    (state_of(d).parent / "sha256.json").write_text(json.dumps(sums))
+
+
 def _corrupt_state_unrecorded(d: Path) -> None:
-    edit_latest(d, sha256=None)
     state_of(d).write_bytes(b"\x00" * 40)
+    _rehash(d)
 
 
 def _corrupt_holdings_unrecorded(d: Path) -> None:
-    edit_latest(d, sha256=None)
     holdings_of(d).write_text("{not json")
+    _rehash(d)
 
 
 def _latest_not_json(d: Path) -> None:

@@ -515,6 +515,10 @@ class ReplyLimits(_Strict):
         "Largest ``num_examples`` a client may report (its weight in example-weighted means)."))
     metrics: int = Field(256, ge=1, description=(
         "Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply."))
+    norm_ratio: float = Field(1000.0, gt=1, description=(
+        "An aggregated upload (adapter, update, prompts) whose L2 norm is more than this many "
+        "times the median of the round's uploads excludes its client (a finite but huge "
+        "upload would poison the mean); not checkable under secure aggregation."))
 
 
 class RuntimeConfig(_Strict):
@@ -542,6 +546,11 @@ class RuntimeConfig(_Strict):
         "[cuda:1, cuda:2]); None: runtime.device. A client model's own `device` wins."))
     limits: ReplyLimits = Field(default_factory=ReplyLimits, description=(
         "What a client's reply may hold at most (server side)."))
+    aggregation: Literal["mean", "median"] = Field("mean", description=(
+        "How the server combines the clients' uploads (adapters, updates, prompts) after the "
+        "norm check (runtime.limits.norm_ratio). mean: FedAvg, weighted as the method says. "
+        "median: the coordinate-wise median, unweighted, which no single client can move "
+        "far (robust to a minority of poisoned uploads; not with secure_aggregation)."))
     # The runtimes' sections this class holds: section -> runtime name.
     sections: ClassVar[dict[str, str]] = {}
 
@@ -979,6 +988,9 @@ class RunConfig(_Strict):
         if self.secure_aggregation.enabled and sampled < 2:
             raise ValueError("secure_aggregation.enabled: SecAgg+ needs at least 2 clients per "
                              f"round; clients.fraction gives {sampled}")
+        if self.secure_aggregation.enabled and self.runtime.aggregation == "median":
+            raise ValueError("runtime.aggregation: median needs each client's upload; with "
+                             "secure_aggregation.enabled the server sees only their sum")
 
         dp = self.differential_privacy
         if dp.enabled and dp.noise == "distributed" and not self.secure_aggregation.enabled:

@@ -155,18 +155,17 @@ def evaluate_lm_harness(
 
 def restore_server(cfg: RunConfig, run_dir: Path) -> tuple[Server, int]:
     """The run's server rebuilt with its last checkpoint loaded, and that round."""
-    from safetensors.torch import load_file
-
     from fedkt.methods import get_method
-    from fedkt.tracking.folder import SERVER_STATE, RunRecorder
+    from fedkt.tracking.checkpoint import read_checkpoint
+    from fedkt.tracking.folder import RunRecorder
 
     recorder = RunRecorder(run_dir, resume=True)
     done = recorder.last_complete_round()
+    state = read_checkpoint(recorder.checkpoints, done, recorder.latest())[0] if done else None
     server = get_method(cfg.method.name).server(cfg, run_dir)
     server.setup()
-    if done:
-        state = recorder.checkpoint_dir(done) / SERVER_STATE
-        server.load_state_dict(load_file(str(state)) if state.exists() else {})
+    if state is not None:
+        server.load_state_dict(state)
     return server, done
 
 

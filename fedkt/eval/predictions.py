@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ __all__ = [
     "emit",
     "pack",
     "prediction_files",
+    "file_name_part",
     "read_predictions",
     "scope",
     "unpack",
@@ -57,6 +59,9 @@ __all__ = [
 ]
 
 _DIGITS = 4  # decimals kept of log-likelihoods and Rouge-L
+# A participant or scope name as part of a file name: no '/', '.', '..', control character
+# or overlong name, whoever sent it.
+_FILE_NAME_PART = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass
@@ -184,6 +189,17 @@ def emit(columns: dict[str, Sequence[Any]], **meta: Any) -> None:
 # --------------------------------------------------------------------------- files
 
 
+def file_name_part(name: str, what: str) -> str:
+    """``name`` (a participant or scope name) if it is safe as part of a file name (1 to 64
+    letters, digits, ``_`` and ``-``), else ``ValueError`` naming ``what``."""
+    if not (isinstance(name, str) and _FILE_NAME_PART.fullmatch(name)):
+        shown = repr(name[:40] + ("..." if len(name) > 40 else "")) if isinstance(name, str) \
+            else type(name).__name__
+        raise ValueError(f"{what} {shown} is not a file name (1 to 64 letters, digits, _ "
+                         "and -)")
+    return name
+
+
 def pack(tables: dict[str, Predictions]) -> bytes:
     """Several scopes' tables as one gzipped blob (how a client sends them back)."""
     return _gzip_json({k: t.to_json() for k, t in tables.items()})
@@ -192,14 +208,21 @@ def pack(tables: dict[str, Predictions]) -> bytes:
 def unpack(blob: bytes, source: str = "predictions", max_bytes: int | None = None
            ) -> dict[str, Predictions]:
     """Inverse of :func:`pack`; a malformed blob (or one that decompresses to more than
-    ``max_bytes``) raises ``ValueError`` naming ``source``."""
+    ``max_bytes``), or a scope name that is no file name (:func:`file_name_part`), raises
+    ``ValueError`` naming ``source``."""
     data = _gunzip_json(blob, source, max_bytes)
     if not isinstance(data, dict):
         raise ValueError(f"{source}: predictions must map scopes to tables")
+    for key in data:
+        if key:
+            file_name_part(key, f"{source}: scope")
     return {str(k): Predictions.from_json(v, f"{source}, scope {k!r}") for k, v in data.items()}
 
 
 def _file_name(participant: str, scope_name: str) -> str:
+    file_name_part(participant, "predictions: participant")
+    if scope_name:
+        file_name_part(scope_name, f"predictions of {participant}: scope")
     return f"{participant}.{scope_name}.json.gz" if scope_name else f"{participant}.json.gz"
 
 

@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from fedkt import progress
-from fedkt.aggregation import fedavg
+from fedkt.aggregation import coordinate_median, far_beyond, fedavg, is_finite, state_norm
 from fedkt.config import RunConfig, TrackingConfig, parse_config, runtime_config_class
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
@@ -164,7 +164,11 @@ class RuntimeClients:
         return requests
 
     def _exclude(self, cid: int, handler: str, exc: BaseException | str) -> None:
+        """Exclude ``cid`` from the round with its reason (escaped, bounded); nothing its
+        replies reported this round (metrics, predictions) is kept."""
         reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self.traffic.metrics.pop(cid, None)
+        self.traffic.predictions.pop(cid, None)
         self.traffic.excluded[cid] = error_text(reason)
         log.warning("round %d: client %d excluded from '%s': %s", self.rnd, cid, handler,
                     self.traffic.excluded[cid])
@@ -299,7 +303,41 @@ class RuntimeClients:
         self._check_quorum(handler, self.asked, len(replies))
         if not states:
             raise RoundError(f"round {self.rnd}, handler '{handler}': no client replied")
-        return replies, fedavg(states, weights if sum(weights) > 0 else None)
+        return replies, self._bounded_mean(handler, field, replies, states, weights)
+
+    def _bounded_mean(self, handler: str, field: str, replies: dict[int, Payload],
+                      states: list[dict[str, torch.Tensor]], weights: list[float]
+                      ) -> dict[str, torch.Tensor]:
+        """FedAvg (or with ``runtime.aggregation: median`` the coordinate-wise median) of
+        ``states`` (in the order of ``replies``), less the clients whose upload
+        is far beyond the round's others (``runtime.limits.norm_ratio``) or, if the mean is
+        still not finite, the largest uploads until it is: each is excluded, named, so one
+        finite but huge upload never poisons the model, a checkpoint or a row."""
+        cids = list(replies)
+        norms = [state_norm(s) for s in states]
+        ratio = self.cfg.runtime.limits.norm_ratio
+        beyond, median = far_beyond(norms, ratio)
+        drop = {cids[i]: f"client {cids[i]}: field {field!r}: norm {norms[i]:.3g} is more "
+                         f"than {ratio:g} times the round's median {median:.3g} "
+                         "(runtime.limits.norm_ratio)" for i in beyond}
+        while True:
+            for cid, reason in drop.items():
+                self._exclude(cid, handler, PayloadError(reason))
+                del replies[cid]
+            self._check_quorum(handler, self.asked, len(replies))
+            keep = [i for i, c in enumerate(cids) if c in replies]
+            if not keep:
+                raise RoundError(f"round {self.rnd}, handler '{handler}': no client replied")
+            kept = [weights[i] for i in keep]
+            if self.cfg.runtime.aggregation == "median":  # robust, unweighted
+                mean = coordinate_median([states[i] for i in keep])
+            else:
+                mean = fedavg([states[i] for i in keep], kept if sum(kept) > 0 else None)
+            if is_finite(mean):
+                return mean
+            worst = max(keep, key=lambda i: norms[i])
+            drop = {cids[worst]: f"client {cids[worst]}: field {field!r}: the mean is not "
+                                 f"finite with its upload (norm {norms[worst]:.3g})"}
 
     def _secure_aggregate(self, handler: str, messages: dict[int, Payload], field: str,
                           like: dict[str, torch.Tensor], weighted: bool, evaluate: bool | None

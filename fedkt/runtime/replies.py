@@ -9,7 +9,10 @@ client and the field, which excludes that client from the round.  Nothing of a r
 used before the whole of it passed.
 
 Metric names are checked too: a client cannot name a metric after a key the server
-writes in its rows (:data:`SERVER_ROW_KEYS`).
+writes in its rows (:data:`SERVER_ROW_KEYS`).  Numbers must be plausible, not only finite:
+accuracies and F1 in [0, 1], Rouge in [0, 100], losses (metrics and method fields such as
+``train_loss``) in [0, :data:`MAX_LOSS`], any other metric within ``±``:data:`MAX_METRIC`.
+A client's error text is escaped (:func:`error_text`) before anyone logs it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from fedkt.config import ReplyLimits
 from fedkt.payload import Payload, PayloadError
 from fedkt.runtime.envelope import ENVELOPE, ERROR, PREDICTIONS
 
-__all__ = ["MAX_SECONDS", "SERVER_ROW_KEYS", "CheckedReply", "check_reply", "error_text"]
+__all__ = ["MAX_LOSS", "MAX_METRIC", "MAX_SECONDS", "SERVER_ROW_KEYS", "CheckedReply",
+           "check_reply", "error_text", "printable"]
 
 # Keys of a metrics row that the server writes; no client metric may carry these names.
 SERVER_ROW_KEYS = frozenset({
@@ -41,6 +45,15 @@ _ENVELOPE_KEYS = frozenset({*_ENVELOPE_SECONDS, "timings"})
 _SPLIT = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,100}")
 _ERROR_CHARS = 2000  # the longest client error text kept
+# Plausible ranges of reported numbers, by the metric's (or method field's) name.
+MAX_LOSS = 1e9  # a loss above this is no training loss
+MAX_METRIC = 1e15  # any other metric (counts, ratios, bytes) beyond this is no measurement
+_LOSS_SLACK = 1e-6  # a loss this far below 0 is rounding (a KL divergence), kept as is
+_RANGES = (
+    (re.compile(r"(^|_)(accuracy|accuracy_norm|acc|acc_norm|f1)$"), 0.0, 1.0),
+    (re.compile(r"(^|_)rouge\w*$"), 0.0, 100.0),
+    (re.compile(r"loss$"), 0.0, MAX_LOSS),
+)
 
 
 @dataclass
@@ -55,10 +68,32 @@ class CheckedReply:
     predictions: torch.Tensor | None = None
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (ESC, CR, LF, other control and
+    format characters such as U+202E) written as its Python escape (``\\x1b``): text from a
+    client cannot move the cursor, forge a log line or reorder what a terminal shows."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def error_text(value: Any) -> str:
-    """A client's ``_error`` as bounded text."""
+    """A client's ``_error`` (or a reason quoting it) as bounded, escaped text."""
     text = value if isinstance(value, str) else f"(not text) {type(value).__name__}"
-    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS] + "..."
+    return printable(text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS] + "...")
+
+
+def _plausible(name: str, value: Any, what: str) -> float:
+    """A reported number named ``name`` (a metric's name, or a method field such as
+    ``train_loss``) as a finite float within its plausible range (:data:`_RANGES`)."""
+    for pattern, low, high in _RANGES:
+        if pattern.search(name):
+            number = _number(value, what)
+            if high == MAX_LOSS and -_LOSS_SLACK <= number < 0:
+                return number
+            return _number(number, what, low=low, high=high)
+    return _number(value, what, low=-MAX_METRIC, high=MAX_METRIC)
 
 
 def _number(value: Any, what: str, *, text: bool = False, low: float | None = None,
@@ -109,7 +144,8 @@ def _metrics(value: Any, source: str, limits: ReplyLimits) -> dict[str, float]:
         raise PayloadError(f"{source}: field 'metrics' has {len(value)} entries, more than "
                            f"runtime.limits.metrics = {limits.metrics}")
     return {_metric_name(k, f"{source}: field 'metrics'"):
-            _number(v, f"{source}: field 'metrics'[{k!r}]") for k, v in value.items()}
+            _plausible(k.rpartition("/")[2], v, f"{source}: field 'metrics'[{k!r}]")
+            for k, v in value.items()}
 
 
 def _envelope(value: Any, source: str, limits: ReplyLimits) -> tuple[list[float],
@@ -157,6 +193,9 @@ def check_reply(reply: Payload, cid: int, limits: ReplyLimits) -> CheckedReply:
     if len(metrics) + len(timings) > limits.metrics:
         raise PayloadError(f"{source}: {len(metrics) + len(timings)} metrics and timings, more "
                            f"than runtime.limits.metrics = {limits.metrics}")
+    for key in reply:  # a method's reported losses (``train_loss``): numbers, plausible
+        if isinstance(key, str) and key.endswith("loss"):
+            _plausible(key, reply[key], f"{source}: field {key!r}")
     if "num_examples" in reply:
         _number(reply["num_examples"], f"{source}: field 'num_examples'", low=0.0,
                 high=float(limits.num_examples), bound="runtime.limits.num_examples")

@@ -177,7 +177,7 @@ def train_lm(
     computed once.  A reused result loads the weights and torch's random state the
     training left, and reports the seconds it spared as ``train_saved_seconds``.
     """
-    if cfg.training.reuse and extra_loss is None and optimizer is None \
+    if cfg.training.reuse and records and extra_loss is None and optimizer is None \
             and cfg.training.peft in ("lora", "prefix") and _at_initial(lm):
         return _reused_training(cfg, lm, records, seed=seed, task_weight=task_weight, lr=lr,
                                 desc=desc)
