@@ -404,7 +404,7 @@ def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
         raise ValueError("mined_mapping: the target vocabulary is empty")
     tgt = list(tgt_tokens)
     # Unique target strings in lexicographic order; each keeps its smallest id.
-    order = sorted(range(len(tgt)), key=lambda j: (tgt[j], j))
+    order = sorted(range(len(tgt)), key=tgt.__getitem__)  # stable: equal strings by id
     uniq: list[str] = []
     uid: list[int] = []
     for j in order:
