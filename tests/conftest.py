@@ -101,7 +101,7 @@ HEAVY = ROOT / "tests" / "heavy.txt"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark ``heavy`` the default tests listed in tests/heavy.txt (measured at 1 s or more
+    """Mark ``heavy`` the default tests listed in tests/heavy.txt (measured at 0.5 s or more
     each): ``python -m pytest -m "not slow and not heavy"`` is the fast tier.  A listed
     test id also marks its parametrisations (``test_x`` marks ``test_x[a]``); a listed
     file (``.py``) or folder (``/``) marks every test in it."""
@@ -111,5 +111,5 @@ def pytest_collection_modifyitems(config, items):
     prefixes = tuple(e for e in listed if e.endswith((".py", "/")))
     for item in items:
         name = item.nodeid.partition("[")[0]
-        if name in listed or item.nodeid.partition("::")[0].startswith(prefixes):
+        if {item.nodeid, name} & listed or item.nodeid.partition("::")[0].startswith(prefixes):
             item.add_marker(pytest.mark.heavy)
