@@ -229,19 +229,20 @@ table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs li
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Methods, datasets and presets from their by-name tables; imports no method, no torch."""
     from fedkt.data.catalogue import list_builtin
     from fedkt.data.image_records import list_image_builtin
-    from fedkt.methods import available, get_method
+    from fedkt.methods.registry import summaries
+    from fedkt.models import tiny_preset_names
     from fedkt.models.offline import OFFLINE_ALIASES
-    from fedkt.models.tiny import TINY_PRESETS
 
     print("methods:")
-    for name in available():
-        print(f"  {name:<18} {get_method(name).docs.summary}")
+    for name, summary in summaries().items():
+        print(f"  {name:<18} {summary}")
     print("built-in datasets:")
     for name, desc in (list_builtin() | list_image_builtin()).items():
         print(f"  {name:<18} {desc}")
-    print("tiny model presets:", ", ".join(sorted(TINY_PRESETS)))
+    print("tiny model presets:", ", ".join(tiny_preset_names()))
     print("offline model aliases (`fedkt models list`, `fedkt models install ALIAS`):",
           ", ".join(sorted(OFFLINE_ALIASES)))
     return 0
@@ -348,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_suite_status)
 
     p = sub.add_parser("list", help="list methods, built-in datasets and model presets")
-    p.set_defaults(func=cmd_list)
+    p.set_defaults(func=cmd_list, light=True, plugins=True)  # no torch; plugins' methods too
 
     from fedkt.config_catalog import add_config_commands
     from fedkt.models.install import add_model_commands
@@ -364,6 +365,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _import_plugins() -> int | None:
+    """Import the ``FEDKT_PLUGINS`` modules (methods, runtimes, readers registered outside
+    fedkt); the exit status 2 when one fails, else None."""
+    from fedkt.plugins import PLUGINS_ENV, import_plugins
+
+    try:
+        import_plugins()
+    except (ImportError, AttributeError) as exc:
+        print(f"fedkt: error: {PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)!r}: {exc}",
+              file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -372,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "light", False):  # `fedkt models|configs ...`: no torch needed
+    if getattr(args, "light", False):  # `fedkt models|configs|list ...`: no torch needed
+        if getattr(args, "plugins", False) and (failed := _import_plugins()) is not None:
+            return failed
         try:
             return args.func(args)
         except (ValueError, OSError) as exc:
@@ -381,15 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     from fedkt.config import ConfigError
     from fedkt.methods.errors import RoundError
     from fedkt.payload import PayloadError
-    from fedkt.plugins import PLUGINS_ENV, import_plugins
     from fedkt.runtime.envelope import TransportError
 
-    try:  # methods, runtimes, readers registered outside fedkt, before a config is read
-        import_plugins()
-    except (ImportError, AttributeError) as exc:
-        print(f"fedkt: error: {PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)!r}: {exc}",
-              file=sys.stderr)
-        return 2
+    if (failed := _import_plugins()) is not None:  # before a config is read
+        return failed
     try:
         return args.func(args)
     except TransportError as exc:

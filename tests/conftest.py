@@ -97,3 +97,21 @@ def reuse_store(tmp_path_factory, monkeypatch) -> Path:
     path = tmp_path_factory.mktemp("reuse")
     monkeypatch.setenv("FEDKT_REUSE_CACHE", str(path))
     return path
+
+
+HEAVY = ROOT / "tests" / "heavy.txt"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``heavy`` the default tests listed in tests/heavy.txt (measured at 0.5 s or more
+    each): ``python -m pytest -m "not slow and not heavy"`` is the fast tier.  A listed
+    test id also marks its parametrisations (``test_x`` marks ``test_x[a]``); a listed
+    file (``.py``) or folder (``/``) marks every test in it."""
+    lines = HEAVY.read_text(encoding="utf-8").splitlines() if HEAVY.is_file() else []
+    listed = {line.split("#")[0].strip() for line in lines}
+    listed.discard("")
+    prefixes = tuple(e for e in listed if e.endswith((".py", "/")))
+    for item in items:
+        name = item.nodeid.partition("[")[0]
+        if {item.nodeid, name} & listed or item.nodeid.partition("::")[0].startswith(prefixes):
+            item.add_marker(pytest.mark.heavy)

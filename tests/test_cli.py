@@ -94,3 +94,48 @@ def test_help_lists_commands(capsys):
     for command in ("run", "resume", "eval", "report", "list"):
         assert command in out
     assert yaml  # imported for config writing helpers
+
+
+def test_list_imports_no_torch_and_lists_every_entry():
+    """`fedkt list` in a fresh interpreter reads the by-name tables: no torch, no method
+    package, no config schema; yet every method (with its summary), dataset and preset is
+    listed, and a plugin's method (FEDKT_PLUGINS) too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    code = ("import sys; from fedkt.cli import main; rc = main(['list']); "
+            "heavy = sorted(m for m in sys.modules if m in ('torch', 'transformers', "
+            "'fedkt.config.schema') or (m.startswith('fedkt.methods.') and m.count('.') >= 2 "
+            "and m not in ('fedkt.methods.registry', 'fedkt.methods.errors'))); "
+            "print(rc, heavy)")
+    env = {**os.environ, "FEDKT_PLUGINS": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    listing, last = out.stdout.rsplit("\n", 2)[0], out.stdout.splitlines()[-1]
+    assert last == "0 []", last
+    # What the imported tables hold (this process may import them all).
+    from fedkt.data import list_builtin
+    from fedkt.data.image_records import list_image_builtin
+    from fedkt.methods import available, get_method
+    from fedkt.models import OFFLINE_ALIASES, TINY_PRESETS
+
+    for name in available():
+        assert f"  {name:<18} {get_method(name).docs.summary}\n" in listing + "\n", name
+    for name, desc in (list_builtin() | list_image_builtin()).items():
+        assert f"  {name:<18} {desc}" in listing, name
+    assert f"tiny model presets: {', '.join(sorted(TINY_PRESETS))}" in listing
+    assert ", ".join(sorted(OFFLINE_ALIASES)) in listing
+    # A plugin registers a method: `fedkt list` imports it and shows it.
+    env["FEDKT_PLUGINS"] = "tests.plugin_method"
+    out = subprocess.run([sys.executable, "-m", "fedkt.cli", "list"], capture_output=True,
+                         text=True, cwd=root, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "fedavg_plugin_variant" in out.stdout and "under a plugin's name" in out.stdout
+    env["FEDKT_PLUGINS"] = "tests.no_such_plugin"
+    out = subprocess.run([sys.executable, "-m", "fedkt.cli", "list"], capture_output=True,
+                         text=True, cwd=root, env=env, timeout=300)
+    assert out.returncode == 2 and "FEDKT_PLUGINS='tests.no_such_plugin'" in out.stderr

@@ -1,24 +1,71 @@
 """Data: built-in and user datasets, federated splits, prompts and LM batches."""
 
-from fedkt.data.catalogue import list_builtin
-from fedkt.data.dataset import DataError, Dataset
-from fedkt.data.formatting import (
-    DEFAULT_TEMPLATES,
-    choice_view,
-    format_prompt,
-    lm_pair,
-    mc_view,
-)
-from fedkt.data.lm_batches import (
-    IGNORE_INDEX,
-    make_batches,
-    pad_token_id,
-    special_prefix,
-    tokenize_pairs,
-)
-from fedkt.data.readers import register_reader, registered_suffixes
-from fedkt.data.records import TASKS, clear_cache, load_dataset_records
-from fedkt.data.splits import FederatedData, client_splits, make_splits, partition
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use, so that ``import fedkt.data.catalogue`` (``fedkt
+# list``) does not pay for the config schema, the readers and the image loaders.
+_EXPORTS: dict[str, str] = {
+    "list_builtin": "catalogue",
+    "DataError": "dataset",
+    "Dataset": "dataset",
+    "DEFAULT_TEMPLATES": "formatting",
+    "choice_view": "formatting",
+    "format_prompt": "formatting",
+    "lm_pair": "formatting",
+    "mc_view": "formatting",
+    "IGNORE_INDEX": "lm_batches",
+    "make_batches": "lm_batches",
+    "pad_token_id": "lm_batches",
+    "special_prefix": "lm_batches",
+    "tokenize_pairs": "lm_batches",
+    "register_reader": "readers",
+    "registered_suffixes": "readers",
+    "TASKS": "records",
+    "clear_cache": "records",
+    "load_dataset_records": "records",
+    "FederatedData": "splits",
+    "client_splits": "splits",
+    "make_splits": "splits",
+    "partition": "splits",
+}
+
+if TYPE_CHECKING:
+    from fedkt.data.catalogue import list_builtin
+    from fedkt.data.dataset import DataError, Dataset
+    from fedkt.data.formatting import (
+        DEFAULT_TEMPLATES,
+        choice_view,
+        format_prompt,
+        lm_pair,
+        mc_view,
+    )
+    from fedkt.data.lm_batches import (
+        IGNORE_INDEX,
+        make_batches,
+        pad_token_id,
+        special_prefix,
+        tokenize_pairs,
+    )
+    from fedkt.data.readers import register_reader, registered_suffixes
+    from fedkt.data.records import TASKS, clear_cache, load_dataset_records
+    from fedkt.data.splits import FederatedData, client_splits, make_splits, partition
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedkt.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"fedkt.data.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "DEFAULT_TEMPLATES",

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedkt.config import DatasetConfig
-from fedkt.data import images as I
 from fedkt.data.classes import parse_class_spec
 from fedkt.data.dataset import DataError, Dataset
+
+if TYPE_CHECKING:  # images imports torch: imported where a dataset is read
+    from fedkt.config import DatasetConfig
+    from fedkt.data import images as I
 
 __all__ = [
     "IMAGE_BUILTINS",
@@ -45,12 +48,19 @@ __all__ = [
 
 TASK = "image_classification"
 
+
+def _load_digits() -> I.ImageData:
+    from fedkt.data import images  # imports torch: only when the dataset is read
+
+    return images.load_digits_dataset()
+
+
 # name -> (description, loader)
 IMAGE_BUILTINS: dict[str, tuple[str, Callable[[], I.ImageData]]] = {
     "digits": (
         "scikit-learn's bundled 8x8 handwritten digits (UCI optdigits), 1,797 images, "
         "10 classes [image_classification; split 'all']",
-        I.load_digits_dataset,
+        _load_digits,
     ),
 }
 IMAGE_FORMATS = ("image_folder", "cifar10", "mnist", "fashion_mnist", "usps", "gtsrb")
@@ -102,6 +112,8 @@ def detect_format(root: Path) -> str:
 
 
 def _read(cfg: DatasetConfig) -> tuple[I.ImageData, str]:
+    from fedkt.data import images  # imports torch: only when a dataset is read
+
     if cfg.hf_name:
         raise DataError(
             "task image_classification reads built-in 'digits' or local files ('path'); "
@@ -144,20 +156,20 @@ def _read(cfg: DatasetConfig) -> tuple[I.ImageData, str]:
     try:
         if fmt == "image_folder":
             folder = root / split if (root / split).is_dir() else root
-            data = I.load_image_folder(
+            data = images.load_image_folder(
                 folder, image_size=size,
                 grayscale=_flag(cfg.fields.get("grayscale", "false"), "grayscale"))
         elif fmt == "cifar10":
-            data = I.load_cifar10(root, train)
+            data = images.load_cifar10(root, train)
         elif fmt == "mnist":
-            data = I.load_mnist(root, train)
+            data = images.load_mnist(root, train)
         elif fmt == "fashion_mnist":
-            data = I.load_fashion_mnist(root, train)
+            data = images.load_fashion_mnist(root, train)
         elif fmt == "usps":
-            data = I.load_usps(root if root.is_dir() else root.parent, train)
+            data = images.load_usps(root if root.is_dir() else root.parent, train)
         else:
-            data = I.load_gtsrb(root, train, image_size=size or 32,
-                                crop_roi=_flag(cfg.fields.get("crop_roi", "true"), "crop_roi"))
+            data = images.load_gtsrb(root, train, image_size=size or 32,
+                                     crop_roi=_flag(cfg.fields.get("crop_roi", "true"), "crop_roi"))
     except (FileNotFoundError, ValueError, ImportError) as exc:
         raise DataError(f"{fmt} data at {root}: {exc}") from exc
     return data, f"{root.name or fmt}"

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from fedkt.methods.base import Method
 
 __all__ = ["available", "get_method", "method_check", "method_config_class", "plugin_module",
-           "register"]
+           "register", "summaries"]
 
 _REGISTRY: dict[str, Method] = {}
 _REGISTERED_BY: dict[str, str] = {}  # name -> the module whose import registered it
@@ -126,7 +126,8 @@ def _check_reference(call: ast.Call, tree: ast.Module, names: dict[str, str]) ->
 def _declared() -> dict[str, dict[str, str | None]]:
     """Method name -> ``module`` (whose import registers it) and, as ``module:attribute``,
     its ``config`` and ``check`` (None where the sources do not say; ``""`` for a check
-    the call does not pass: ``Behaviour.check``'s default, no check), from the
+    the call does not pass: ``Behaviour.check``'s default, no check), and its
+    ``summary`` (the ``Docs(summary=...)`` literal, None if not a literal), from the
     ``Method("name", ...)`` calls of fedkt/methods/."""
     found: dict[str, dict[str, str | None]] = {}
     for path in sorted(_PACKAGE.rglob("*.py")):
@@ -139,9 +140,12 @@ def _declared() -> dict[str, dict[str, str | None]]:
                 config = _keyword(node, "config")
                 if config is None and len(node.args) > 1:
                     config = node.args[1]
+                summary = _keyword(node, "summary")
                 found.setdefault(name, {"module": module,
                                         "config": _reference(config, names),
-                                        "check": _check_reference(node, tree, names)})
+                                        "check": _check_reference(node, tree, names),
+                                        "summary": summary.value if isinstance(summary, ast.Constant)
+                                        and isinstance(summary.value, str) else None})
     return found
 
 
@@ -195,6 +199,16 @@ def _declared_object(name: str, what: str) -> Any:
 
 def available() -> list[str]:
     return sorted({*_built_in(), *_REGISTRY})
+
+
+def summaries() -> dict[str, str]:
+    """Every available method's one-line summary (``docs.summary``), by name; fedkt's own
+    methods are read from their sources, not imported (``fedkt list``)."""
+    out = {}
+    for name in available():
+        literal = None if name in _REGISTRY else _declared().get(name, {}).get("summary")
+        out[name] = literal if literal is not None else get_method(name).docs.summary
+    return out
 
 
 def get_method(name: str | None) -> Method:

@@ -11,7 +11,9 @@ See ``docs/models.md``.  The usual entry points::
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # Names are imported on first use, so that ``import fedkt.models.tokenizers`` (say)
@@ -75,6 +77,16 @@ if TYPE_CHECKING:
     )
 
 
+def tiny_preset_names() -> list[str]:
+    """The tiny presets' names (the keys of ``TINY_PRESETS``), read from the
+    ``TinyPreset("name", ...)`` calls of tiny.py without importing it (it imports torch)."""
+    tree = ast.parse((Path(__file__).parent / "tiny.py").read_text(encoding="utf-8"))
+    return sorted(node.args[0].value for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "TinyPreset" and node.args
+                  and isinstance(node.args[0], ast.Constant))
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
@@ -114,6 +126,7 @@ __all__ = [
     "resolve_offline",
     "save_adapter",
     "seeded",
+    "tiny_preset_names",
     "torch_dtype",
     "truncate_encoder",
 ]

@@ -16,9 +16,10 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedkt.config import RunConfig
+if TYPE_CHECKING:  # only annotations here: `fedkt --help` and `fedkt list` skip the schema
+    from fedkt.config import RunConfig
 
 log = logging.getLogger("fedkt.runtime.flower")
 

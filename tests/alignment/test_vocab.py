@@ -132,6 +132,59 @@ def test_long_tokens_take_the_bucket_path():
     assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
 
 
+def _scan(src: list[str], tgt: list[str]) -> list[int]:
+    """The exhaustive path alone (``mined._bucket_scan``) on every query, as target ids."""
+    order = sorted(range(len(tgt)), key=lambda j: (tgt[j], j))
+    uniq, uid = [], []
+    for j in order:
+        if not uniq or tgt[j] != uniq[-1]:
+            uniq.append(tgt[j])
+            uid.append(j)
+    ranks = mined._bucket_scan(list(src), uniq, np.array([len(t) for t in uniq]), workers=1)
+    return [uid[r] for r in ranks]
+
+
+def test_bucket_scan_equals_brute_force_on_edge_cases():
+    # The bucket scan's bounds (length gap, the buckets' character envelopes, the first
+    # ranks as a starting best) and its target folding, against the definition.
+    cases = [
+        (["", "a", "abc"], ["", "b", "xyz"]),  # empty query and target
+        (["abcdef", "zzzzzz"], ["uvw", "ab", "abcxyz", "fedcba"]),  # distance 3+
+        (["abc"], ["xyz", "\u00fc", "\u00e9", "pqr"]),  # all at 3; ties by string
+        (["abc"], ["\u00fc", "\u00e9"]),  # targets that fold to one stand-in: 'é' wins
+        (["\u4e00\u4e01\u4e02", "a\u4e00"], ["\u4e00x", "b", "ab", "\u4e01\u4e00"]),
+        (["\U0001f600\U0001f601ab", "\u0301e"], ["\U0001f601", "e\u0301", "ab", ""]),
+        (["aaaa", "aaab"], ["bbbb", "bbba", "abbb", "a"]),  # repeats: envelope counts
+        (["hello"], ["help", "help", "hell", "yellow", "hel"]),  # duplicates: smaller id
+    ]
+    for src, tgt in cases:
+        assert _scan(src, tgt) == brute_force_mapping(src, tgt).tolist(), (src, tgt)
+        assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
+
+
+def test_distance_three_and_more_queries_equal_brute_force():
+    # Queries with no target within distance 2 take the bucket scan inside mined_mapping:
+    # targets from one half of the alphabet, queries mostly from the other.
+    rng = random.Random(11)
+    tgt = ["".join(rng.choice("abcde ") for _ in range(rng.randint(0, 9))) for _ in range(300)]
+    src = ["".join(rng.choice("fghij\u4e00ab ") for _ in range(rng.randint(3, 14)))
+           for _ in range(400)]
+    ref = brute_force_mapping(src, tgt)
+    far = [i for i, j in enumerate(ref) if mined.Levenshtein.distance(src[i], tgt[j]) >= 3]
+    src, ref = [src[i] for i in far], ref[far]
+    dist = [mined.Levenshtein.distance(q, tgt[j]) for q, j in zip(src, ref, strict=True)]
+    assert len(src) >= 200 and max(dist) >= 8  # the cases this test is about
+    assert mined_mapping(src, tgt).tolist() == ref.tolist()
+    assert _scan(src, tgt) == ref.tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.text(alphabet="ab\u00e9\u4e00 ", max_size=9), min_size=1, max_size=20),
+       st.lists(st.text(alphabet="abc\u00e9 ", max_size=9), min_size=1, max_size=30))
+def test_bucket_scan_equals_brute_force_property(src, tgt):
+    assert _scan(src, tgt) == brute_force_mapping(src, tgt).tolist()
+
+
 def test_hash_collisions_are_caught(monkeypatch):
     """With a deliberately terrible hash every join is full of false pairs; still exact."""
     original = mined._Families._hash

@@ -13,9 +13,8 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedkt.config import RunConfig
 from fedkt.runtime.flower_deploy.processes import (
     CONNECTION,
     DeploymentError,
@@ -24,6 +23,9 @@ from fedkt.runtime.flower_deploy.processes import (
     flower_child_env,
 )
 from fedkt.runtime.flower_sim import read_run_rows
+
+if TYPE_CHECKING:  # only annotations here: `fedkt --help` and `fedkt list` skip the schema
+    from fedkt.config import RunConfig
 
 APP_PYPROJECT = """\
 # The Flower App (FAB) that `fedkt run --set runtime.name=flower` submits to a SuperLink.
