@@ -132,9 +132,6 @@ def measure_one(model: str, layout: str, public: int, out: str,
         choices.choice_logprobs = functools.partial(plain, layout=layout)
     encoded = choices.encode(cfg, lm.tokenizer, records)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    lm.model.eval()  # dropout off: log-posteriors comparable across layouts
-    first = choices.choice_logprobs(lm.model, encoded[:8], pad).detach()
-    torch.save(first, out)
     vocab = lm.model.get_output_embeddings().weight.shape[0]
     saved = {"all": 0, "vocab": 0}
     # Storages counted once (a saved view holds its whole storage); the weights a linear
@@ -159,14 +156,22 @@ def measure_one(model: str, layout: str, public: int, out: str,
         stats = choices.distill_choices(cfg, lm, records, target, taken, epochs=1, lr=1e-3,
                                         seed=0, kd_weight=1.0, max_steps=max_steps)
     steps = max(1, stats["steps"])
+    step_s, step_cpu_s = (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+    pass_peak = (_pass_peak() - before) / MB if resets else float("nan")
+    peak = (_peak() - base) / MB
+    # After the pass (so that neither its start nor the peaks hold this): the first
+    # batch's log-posteriors of the initial adapter, dropout off.
+    lm.reset()
+    lm.model.eval()
+    with torch.no_grad():
+        torch.save(choices.choice_logprobs(lm.model, encoded[:8], pad), out)
     choices.choice_logprobs = plain
     tokens = [len(seq) - 1 for row in encoded for seq, _ in row]
     return {"model": model, "layout": layout, "layers": lm.model.config.num_hidden_layers,
             "steps": stats["steps"], "kd_loss": stats["kd_loss"],
-            "step_s": (time.perf_counter() - start) / steps,
-            "step_cpu_s": (time.process_time() - cpu) / steps,
-            "loaded_mb": loaded / MB, "peak_mb": (_peak() - base) / MB,
-            "pass_peak_mb": (_pass_peak() - before) / MB if resets else float("nan"),
+            "step_s": step_s, "step_cpu_s": step_cpu_s,
+            "loaded_mb": loaded / MB, "peak_mb": peak,
+            "pass_peak_mb": pass_peak,
             "saved_mb": saved["all"] / MB / steps, "vocab_mb": saved["vocab"] / MB / steps,
             "mean_tokens": sum(tokens) / len(tokens),
             "mean_choice_tokens": sum(n for row in encoded for _, n in row) / len(tokens)}
