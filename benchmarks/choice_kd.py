@@ -11,7 +11,8 @@ The setting of the label-free transfer suites (``suites/fedmkt_transfer``,
 * the process's peak resident memory (``ru_maxrss``) above what it held after imports
   (loading the model included), the distillation pass's own peak above what the process
   held when it began (Linux ``VmHWM`` reset before the pass), and what it held after
-  loading the model (weights, adapter);
+  loading the model and reading every weight once (weights, adapter: loaded weights
+  become resident as they are first read);
 * the bytes autograd saved for one step's backward (the step's activations), of which
   the tensors as wide as the vocabulary (logits and their log-softmax);
 * the largest difference of the first batch's log-posteriors (dropout off) from the
@@ -124,6 +125,11 @@ def measure_one(model: str, layout: str, public: int, out: str,
     records = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).public
     base = _rss()
     lm = client_lm(cfg, 0)
+    # The loaded weights become resident as they are first read: read them all now, so
+    # that the model's memory is counted as the model's, not the pass's.
+    with torch.no_grad():
+        for t in [*lm.model.parameters(), *lm.model.buffers()]:
+            t.sum()
     loaded = _rss() - base
     plain = choices.choice_logprobs
     if layout == "grouped":

@@ -87,8 +87,9 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     """[B, C] log-posteriors over each sample's choices, in the graph.
 
     ``encoded[b][c]``: (token ids, continuation length) of sample b's choice c
-    (:func:`encode`).  Each choice's score is the sum of its tokens' log-probabilities (the scorer's ``accuracy``), divided by
-    ``temperature``, then normalised over the choices.
+    (:func:`encode`).  Each choice's score is the sum of its tokens' log-probabilities
+    (the scorer's ``accuracy``), divided by ``temperature``, then normalised over the
+    choices.
 
     ``layout`` (:data:`fedkt.eval.lm.LAYOUTS`; the same numbers and gradients within float
     rounding): ``pairs`` runs every (sample, choice) as one whole sequence; ``shared`` runs
