@@ -89,16 +89,113 @@ def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict]) -> Encoded:
 
 
 def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
-                    temperature: float = 1.0) -> Tensor:
+                    temperature: float = 1.0, layout: str = "auto") -> Tensor:
     """[B, C] log-posteriors over each sample's choices, in the graph.
 
-    ``encoded[b][c]``: (token ids, continuation length) of sample b's choice c (:func:`encode`).  Each choice's score is
-    the sum of its tokens' log-probabilities (the scorer's ``accuracy``), divided by
-    ``temperature``, then normalised over the choices.
+    ``encoded[b][c]``: (token ids, continuation length) of sample b's choice c
+    (:func:`encode`).  Each choice's score is the sum of its tokens' log-probabilities
+    (the scorer's ``accuracy``), divided by ``temperature``, then normalised over the
+    choices.
+
+    ``layout`` (:data:`fedkt.eval.lm.LAYOUTS`; the same numbers and gradients within float
+    rounding): ``pairs`` runs every (sample, choice) as one whole sequence; ``shared`` runs
+    each sample's context (the common prefix of its choices' contexts) once, the contexts
+    of the batch right-padded together, and the choices' tokens after its key/value cache
+    copied to each choice, gradients flowing through both; ``auto`` takes whichever
+    computes fewer token positions (:func:`_shared_cheaper`).  Models that cannot continue
+    from a cache (soft prompts, gradient checkpointing while training, no cache returned)
+    and samples whose choices share no context run as whole sequences.
     """
+    from fedkt.eval.lm import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"choice_logprobs: layout {layout!r}: expected one of "
+                         f"{', '.join(LAYOUTS)}")
+    splits = [_split(row) for row in encoded]
+    share = [b for b, split in enumerate(splits) if split is not None]
+    if layout == "pairs" or not share or not _continues_from_cache(model) or (
+            layout == "auto" and not _shared_cheaper(model, encoded, splits)):
+        share = []
+    c = len(encoded[0])
+    parts: dict[int, Tensor] = {}
+    if share:
+        scores = _shared_scores(model, [splits[b] for b in share], pad_id)
+        if scores is not None:  # else no cache came back: whole sequences
+            parts.update(zip(share, scores.view(len(share), c), strict=True))
+    rest = [b for b in range(len(encoded)) if b not in parts]
+    if rest:
+        flat = _flat_scores(model, [pair for b in rest for pair in encoded[b]], pad_id)
+        parts.update(zip(rest, flat.view(len(rest), c), strict=True))
+    stacked = torch.stack([parts[b] for b in range(len(encoded))])
+    return (stacked / temperature).log_softmax(-1)
+
+
+Split = tuple[list[int], list[tuple[list[int], int]]]  # (context, [(tokens after it, scored)])
+
+
+def _split(row: Sequence[tuple[list[int], int]]) -> Split | None:
+    """A sample's shared context (the longest common prefix of its choices' contexts,
+    ``seq[:-n]``) and each choice's tokens after it (the rest of its context, if any,
+    then its ``n`` scored tokens) with ``n``; None when the contexts share no token."""
+    ctxs = [seq[: len(seq) - n] for seq, n in row]
+    size = min(len(ctx) for ctx in ctxs)
+    for ctx in ctxs[1:]:
+        size = next((k for k in range(size) if ctx[k] != ctxs[0][k]), size)
+    if not size:
+        return None
+    return ctxs[0][:size], [(seq[size:], n) for seq, n in row]
+
+
+def _continues_from_cache(model: torch.nn.Module) -> bool:
+    """Whether choices may run after their context's key/value cache in this forward:
+    not for soft prompts (peft re-inserts them every forward), nor for a model that
+    trains with gradient checkpointing (transformers then drops the cache)."""
+    from fedkt.eval.lm import _shares_context
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True
+                        for m in base.modules()) and model.training and torch.is_grad_enabled()
+    return _shares_context(model) and not checkpointing
+
+
+def _shared_cheaper(model: torch.nn.Module, encoded: Encoded,
+                    splits: Sequence[Split | None]) -> bool:
+    """Whether the shared layout computes fewer token positions than whole sequences, by
+    the scorer's cost model (:func:`fedkt.eval.lm.plan_layout`: positions through the
+    body, the output layer's positions weighted by its share, each forward call's fixed
+    cost, attention per attended position)."""
+    from fedkt.eval.lm import ATTENTION_COST, CALL_COST, _head_share, takes_logits_to_keep
+
+    head = _head_share(model)
+    keeps = takes_logits_to_keep(model)
+    flat = [pair for row in encoded for pair in row]
+    width = max(len(seq) for seq, _ in flat) - 1
+    keep = width - min(len(seq) - 1 - n for seq, n in flat) if keeps else width
+    rows = len(flat)
+    pairs = (rows * width + head * rows * keep + CALL_COST
+             + ATTENTION_COST * rows * width * (width + 1) / 2)
+    got = [s for s in splits if s is not None]
+    ctx = max(len(s[0]) for s in got)
+    conts = [cont for s in got for cont, _ in s[1]]
+    later = max(len(cont) for cont in conts) - 1
+    left = [b for b, s in enumerate(splits) if s is None]
+    shared = (len(got) * ctx + head * len(got) * (1 if keeps else ctx)
+              + len(conts) * later * (1 + head) + CALL_COST * (2 if later > 0 else 1)
+              + ATTENTION_COST * (len(got) * ctx * (ctx + 1) / 2
+                                  + len(conts) * later * (ctx + (later + 1) / 2)))
+    if left:  # the samples without a shared context, as whole sequences in a third call
+        rest = [pair for b in left for pair in encoded[b]]
+        w = max(len(seq) for seq, _ in rest) - 1
+        shared += len(rest) * w * (1 + head) + CALL_COST
+    return shared < pairs
+
+
+def _flat_scores(model: torch.nn.Module, flat: Sequence[tuple[list[int], int]],
+                 pad_id: int) -> Tensor:
+    """[rows] summed log-probabilities of each (token ids, continuation length) row, the
+    rows right-padded into one batch of whole sequences."""
     from fedkt.eval.lm import takes_logits_to_keep
 
-    flat = [pair for row in encoded for pair in row]
     width = max(len(seq) for seq, _ in flat) - 1
     device = next(model.parameters()).device
     ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
@@ -122,8 +219,70 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
         targets = torch.tensor(seq[-n:], device=logits.device)
         logprobs = upcast(logits[i, end - n : end]).log_softmax(-1)
         scores.append(logprobs.gather(-1, targets[:, None]).sum())
-    c = len(encoded[0])
-    return (torch.stack(scores).view(len(encoded), c) / temperature).log_softmax(-1)
+    return torch.stack(scores)
+
+
+def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
+                   pad_id: int) -> Tensor | None:
+    """[rows] summed log-probabilities of each sample's choices (sample-major), a sample
+    given as (context ids, [(tokens after the context, scored tokens at their end)]).
+
+    One forward of the contexts (right-padded, so each keeps positions 0..L-1 and no
+    query sees only padding), its key/value cache indexed to one row per choice (a
+    differentiable copy), then one forward of every choice's tokens but the last, at
+    positions L.. after its own context, the context's padding masked out.  A choice's
+    first token is scored from its context's last logits, the others from the second
+    forward's.  None when the model returned no cache.
+    """
+    from fedkt.eval.lm import _pad, takes_logits_to_keep
+    from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
+
+    device = next(model.parameters()).device
+    lengths = torch.tensor([len(ctx) for ctx, _ in samples])
+    ids, mask = _pad([ctx for ctx, _ in samples], pad_id, "right")
+    positions = torch.arange(ids.shape[1]).expand(len(samples), -1)
+    rows = [(b, cont, n) for b, (_, conts) in enumerate(samples) for cont, n in conts]
+    later_width = max(len(cont) for _, cont, _ in rows) - 1
+    # The output layer runs only at each context's last position (a [B, 1] index).
+    keeps = takes_logits_to_keep(model)
+    extra = {"logits_to_keep": (lengths - 1)[:, None].to(device)} if keeps else {}
+    first = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                  position_ids=positions.to(device), use_cache=later_width > 0, **extra)
+    logits = first.logits
+    last = logits[:, -1] if keeps else logits[torch.arange(len(samples)), lengths - 1]
+    last = upcast(last).log_softmax(-1)  # [B, V]
+    owner = torch.tensor([b for b, _, _ in rows])
+    # The first scored token of a choice whose tokens after the context are all scored.
+    starts = [len(cont) - n for _, cont, n in rows]
+    heads = [r for r, (_, cont, n) in enumerate(rows) if n and starts[r] == 0]
+    scores = torch.zeros(len(rows), dtype=last.dtype, device=last.device)
+    if heads:
+        picked = last[owner[heads].to(device), torch.tensor([rows[r][1][0] for r in heads],
+                                                            device=device)]
+        scores = scores.index_add(0, torch.tensor(heads, device=device), picked)
+    if later_width <= 0:
+        return scores
+    cache = returned_cache(first)
+    if cache is None:
+        return None
+    cache.batch_select_indices(owner.to(device))
+    cont_ids, cont_mask = _pad([cont[:-1] or [pad_id] for _, cont, _ in rows], pad_id, "right")
+    cont_mask[[len(cont) <= 1 for _, cont, _ in rows]] = 0
+    full_mask = torch.cat([mask[owner], cont_mask], 1)
+    cont_pos = lengths[owner][:, None] + torch.arange(later_width)
+    logits = upcast(model(input_ids=cont_ids.to(device), attention_mask=full_mask.to(device),
+                          position_ids=cont_pos.to(device), **{CACHE_KWARG: cache},
+                          use_cache=True).logits)  # [rows, later_width, V]
+    # Token j (>= 1) of a choice's tokens is predicted at position j - 1 of this forward.
+    targets = torch.zeros(len(rows), later_width, dtype=torch.long)
+    scored = torch.zeros(len(rows), later_width, dtype=torch.bool)
+    for r, (_, cont, n) in enumerate(rows):
+        if len(cont) > 1:
+            targets[r, : len(cont) - 1] = torch.tensor(cont[1:])
+            scored[r, max(starts[r], 1) - 1 : len(cont) - 1] = n > 0
+    targets, scored = targets.to(device), scored.to(device)
+    picked = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+    return scores + torch.where(scored, picked, torch.zeros_like(picked)).sum(-1)
 
 
 @timed("knowledge")
