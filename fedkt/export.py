@@ -163,6 +163,21 @@ def _fresh_base(model_cfg: Any, seed: int) -> Any:
     return model
 
 
+def _refuse_links(out: Path) -> None:
+    """Refuse an export folder holding a symbolic link where the export writes: its
+    entries and those of its folders (``.adapter``, ``base_model``), so that nothing is
+    written or deleted through a link."""
+    from fedkt.tracking.folder import refuse_link
+
+    if not out.is_dir():
+        return
+    for child in out.iterdir():
+        refuse_link(child)
+        if child.is_dir():
+            for inner in child.iterdir():
+                refuse_link(inner)
+
+
 def export_model(run_dir: str | Path, participant: str, out: str | Path, *,
                  round: int | None = None, merge: bool = False,
                  overwrite: bool = False) -> ExportResult:
@@ -174,6 +189,7 @@ def export_model(run_dir: str | Path, participant: str, out: str | Path, *,
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} is not empty; pick an empty folder (or --overwrite)")
+    _refuse_links(out)
     cfg = _run_config(run_dir)
     rnd = _pick_round(run_dir, round)
     lm, model_cfg = _participant_lm(cfg, run_dir, participant, rnd)

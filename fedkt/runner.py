@@ -8,14 +8,17 @@ one.  :func:`run` picks the transport the config names.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from fedkt import progress
@@ -329,9 +332,22 @@ def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
     folder = recorder.checkpoint_dir(rnd)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    atomic_write(folder / SERVER_STATE, lambda tmp: save_file(tensors, str(tmp)))
+    atomic_write(folder / SERVER_STATE, lambda tmp: _save_tensors(tensors, tmp))
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
     return record_sums(folder)
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file``, with safetensors' own write error (a full disk) as an ``OSError``,
+    which :func:`~fedkt.tracking.folder.atomic_write` names with the checkpoint's path."""
+    try:
+        save_file(tensors, str(path))
+    except SafetensorError as exc:
+        text = str(exc)
+        found = re.search(r'message: "([^"]{1,200})"', text)
+        code = re.search(r"code: (\d+)", text)
+        raise OSError(int(code.group(1)) if code else errno.EIO,
+                      found.group(1) if found else text[:200]) from None
 
 
 def _mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
@@ -376,6 +392,7 @@ def resume_point(cfg: RunConfig, recorder: RunRecorder) -> ResumePoint:
             f"seed: the run was checkpointed with seed {seed} ({latest}), the config now says "
             f"{cfg.seed}: a resumed run keeps its seed (start a new run for another one)")
     rows = recorder.rows()  # a malformed line names the file and line
+    _check_rows(recorder, rows, done, latest)
     later = sorted({int(r["round"]) for r in rows if isinstance(r.get("round"), int)
                     and r["round"] > done + 1}
                    | {rnd for rnd, _ in recorder.round_dirs() if rnd > done + 1})
@@ -390,6 +407,26 @@ def resume_point(cfg: RunConfig, recorder: RunRecorder) -> ResumePoint:
         return ResumePoint(0, folder, {}, None)
     state, holdings = read_checkpoint(recorder.checkpoints, done, info)
     return ResumePoint(done, folder, state, holdings)
+
+
+def _check_rows(recorder: RunRecorder, rows: list[dict[str, Any]], done: int,
+                latest: Path) -> None:
+    """Refuse to resume when ``metrics.jsonl`` lost rounds ``latest.json`` marks complete
+    (deleted, or cut at a line's end): the run would go on with part of its record."""
+    if not done:
+        return
+    if not recorder.metrics_path.is_file():
+        raise CheckpointError(f"{recorder.metrics_path}: missing, but {latest} marks round "
+                              f"{done} complete; restore the file, or start a new run")
+    logged = {r["round"] for r in rows if r.get("participant") == "server"
+              and r.get("split") == "train" and isinstance(r.get("round"), int)}
+    lost = [rnd for rnd in range(1, done + 1) if rnd not in logged]
+    if lost:
+        shown = ", ".join(map(str, lost[:10])) + (", ..." if len(lost) > 10 else "")
+        raise CheckpointError(
+            f"{recorder.metrics_path}: has no rows of round{'s' if len(lost) > 1 else ''} "
+            f"{shown}, which {latest} marks complete (the file was cut or changed); restore "
+            "it, or start a new run")
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

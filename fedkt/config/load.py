@@ -10,9 +10,19 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from fedkt.bounded_yaml import YamlLimitError, load_yaml
 from fedkt.config.messages import _format_error, _MethodErrors, _short
 from fedkt.config.schema import RunConfig, _validate_method
 from fedkt.errors import ConfigError
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """YAML text as data, within :mod:`fedkt.bounded_yaml`'s bounds (aliases, nesting,
+    duplicate keys); a :class:`ConfigError` that starts with ``source`` beyond them."""
+    try:
+        return load_yaml(text)
+    except YamlLimitError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -52,7 +62,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not key.strip():
             raise ConfigError(f"override {_short(item)}: no key before '='; expected KEY=VALUE")
         try:
-            value = yaml.safe_load(raw)
+            value = read_yaml(raw, f"override {key.strip()}")
+        except ConfigError:
+            raise
         except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int of 5000 digits
             raise ConfigError(f"override {key}: value {_short(raw)} is not valid YAML") from exc
         _set_dotted(data, key.strip(), value)
@@ -87,7 +99,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path.read_text(encoding="utf-8"), f"config file {path}") or {}
+    except ConfigError:
+        raise
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text: {exc.reason} at byte "
                           f"{exc.start}") from None

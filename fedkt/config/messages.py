@@ -7,12 +7,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fedkt.errors import short_repr
+
 
 class _MethodErrors(ValueError):
     def __init__(self, err: ValidationError) -> None:
-        super().__init__(str(err))
+        # Not str(err): pydantic's text holds a repr of each bad input, whole.
+        super().__init__(f"{err.error_count()} errors in the method's config")
         self.err = err
-
 
 
 def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
@@ -37,10 +39,6 @@ def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    """``repr`` for error messages: cut to ``limit`` characters, safe for huge ints."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long to print
-        text = f"<{type(value).__name__} too long to show>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
+    """``repr`` for error messages, cut to ``limit`` characters; only as much of a value
+    is written as the limit shows (:func:`fedkt.errors.short_repr`)."""
+    return short_repr(value, limit)

@@ -899,7 +899,9 @@ def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
 
 class RunConfig(_Strict):
     name: str = Field("run", description=(
-        "The run's name (the {name} of output_dir, and the trackers' run name)."))
+        "The run's name (the {name} of output_dir, and the trackers' run name): a safe file "
+        "name, 1 to 128 characters without '/', '\\' or control characters, not '.' or "
+        "'..'."))
     seed: int = Field(0, description=(
         "Seeds data splits, model initialisation and every round's server and client work: the "
         "same seed and config give the same numbers."))
@@ -1030,6 +1032,16 @@ class RunConfig(_Strict):
                              f"learning rates (set: {', '.join(keys)}); use training.lr (or "
                              "the method's own lr keys)")
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_file_name(cls, value: str) -> str:
+        """``name`` becomes a folder (``output_dir``'s ``{name}``): it may not leave it."""
+        if (not value or len(value) > 128 or value in (".", "..")
+                or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in value)):
+            raise ValueError("not a safe file name: give 1 to 128 characters without '/', "
+                             "'\\' or control characters, not '.' or '..'")
+        return value
 
     @field_validator("output_dir")
     @classmethod

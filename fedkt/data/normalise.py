@@ -27,6 +27,17 @@ _LIST_FIELDS = ("choices", "references")
 _TEXT_FIELDS = ("prompt", "text", "target")
 
 
+def _unicode(text: str, what: str) -> None:
+    """A :class:`DataError` naming ``what`` if ``text`` cannot be written as UTF-8: a lone
+    surrogate (JSON's ``"\\ud800"`` without its pair), which tokenizers and files refuse."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at "
+                        f"character {exc.start}), which is not Unicode text; fix its "
+                        "\\u escape") from None
+
+
 def as_int(value: Any) -> int | None:
     """An integer label from int, integral float or digit string; None if not one."""
     if isinstance(value, bool):
@@ -114,6 +125,7 @@ class Normaliser:
         value = value.strip()
         if not value:
             raise DataError(f"{where}: field {self._name(name)} is empty")
+        _unicode(value, f"{where}: field {self._name(name)}")
         return value
 
     def _chat(self, where: str, row: dict[str, Any]) -> tuple[dict[str, Any],
@@ -172,6 +184,9 @@ class Normaliser:
             elif name == "label":
                 rec["label"] = self._label(where, value, rec)
         extra = {k: v for k, v in row.items() if k not in used and isinstance(v, str | int | float)}
+        for key, value in extra.items():
+            if isinstance(value, str):
+                _unicode(value, f"{where}: field {key!r}")
         if extra:
             rec["extra"] = extra
         return rec

@@ -181,6 +181,9 @@ def read_path(path: Path, split: str) -> tuple[Rows, Any]:
                 f"{path} is a folder without a {_suffixes(split)} file and is not a "
                 "`datasets` save_to_disk folder"
             )
+    if not path.is_file():  # reading a FIFO or a device would block or never end
+        raise DataError(f"{path}: not a regular file (a FIFO, socket or device); give a data "
+                        "file or a folder of them")
     suffix = path.suffix.lower()
     if suffix not in _READERS:
         raise DataError(f"{path}: unsupported file type {suffix!r}; use {_suffixes()} "

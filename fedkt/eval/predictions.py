@@ -62,6 +62,9 @@ _DIGITS = 4  # decimals kept of log-likelihoods and Rouge-L
 # A participant or scope name as part of a file name: no '/', '.', '..', control character
 # or overlong name, whoever sent it.
 _FILE_NAME_PART = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What a predictions file read back from a run folder may inflate to (a 1,000-item,
+# 7-choice table is about 0.2 MB): a planted gzip bomb costs at most this much memory.
+READ_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -109,8 +112,10 @@ class Predictions:
             raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
-    def from_bytes(cls, blob: bytes, source: str = "predictions") -> Predictions:
-        return cls.from_json(_gunzip_json(blob, source), source)
+    def from_bytes(cls, blob: bytes, source: str = "predictions",
+                   max_bytes: int | None = None) -> Predictions:
+        return cls.from_json(_gunzip_json(blob, source, max_bytes, "the bound for files read "
+                                          "back"), source)
 
 
 def _gzip_json(data: Any) -> bytes:
@@ -119,9 +124,10 @@ def _gzip_json(data: Any) -> bytes:
     return gzip.compress(text.encode(), compresslevel=6, mtime=0)
 
 
-def _gunzip_json(blob: bytes, source: str, max_bytes: int | None = None) -> Any:
+def _gunzip_json(blob: bytes, source: str, max_bytes: int | None = None,
+                 bound: str = "runtime.limits.predictions_bytes") -> Any:
     """Gzipped JSON; with ``max_bytes``, decompressing stops there (a gzip bomb) with a
-    ``ValueError`` naming ``source``."""
+    ``ValueError`` naming ``source`` (and ``bound``, what set the limit)."""
     try:
         if max_bytes is None:
             text = gzip.decompress(blob)
@@ -130,7 +136,7 @@ def _gunzip_json(blob: bytes, source: str, max_bytes: int | None = None) -> Any:
             text = inflate.decompress(blob, max_bytes + 1)
             if len(text) > max_bytes:
                 raise ValueError(f"{source}: predictions decompress to more than {max_bytes} "
-                                 "bytes (runtime.limits.predictions_bytes)")
+                                 f"bytes ({bound})")
             if not inflate.eof:
                 raise EOFError("the gzip stream is truncated")
         return json.loads(text.decode())
@@ -244,9 +250,15 @@ def write_predictions(run_dir: Path | str, rnd: int, participant: str,
     return written
 
 
-def read_predictions(path: Path | str) -> Predictions:
+def read_predictions(path: Path | str, max_bytes: int = READ_MAX_BYTES) -> Predictions:
+    """A predictions file of a run folder; one larger than ``max_bytes``, or inflating
+    beyond it (a gzip bomb), is a ``ValueError`` naming the file, read no further."""
     path = Path(path)
-    return Predictions.from_bytes(path.read_bytes(), source=str(path))
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{path}: predictions file of {size} bytes, more than {max_bytes} "
+                         "(the bound for files read back)")
+    return Predictions.from_bytes(path.read_bytes(), str(path), max_bytes)
 
 
 def prediction_files(run_dir: Path | str) -> dict[tuple[int, str, str], Path]:

@@ -391,10 +391,11 @@ class RuntimeClients:
 
 @lru_cache(maxsize=8)
 def _config_from_yaml(text: str) -> RunConfig:
-    import yaml
+    from fedkt.config.load import read_yaml
 
     # check_installed=False: tracking is the server's; a client needs none of its extras.
-    return parse_config(yaml.safe_load(text), "<received config>", check_installed=False)
+    return parse_config(read_yaml(text, "<received config>"), "<received config>",
+                        check_installed=False)
 
 
 def default_state_root(cfg: RunConfig) -> Path:

@@ -291,9 +291,9 @@ def server_job(grid: Grid, context: Context) -> list[dict[str, Any]]:
     import_plugins(str(rc.get(CFG_PLUGINS, "")))
     text = str(rc.get(CFG_YAML, "") or "")
     if text:
-        import yaml
+        from fedkt.config.load import read_yaml
 
-        cfg = parse_config(yaml.safe_load(text), "<flwr run config>")
+        cfg = parse_config(read_yaml(text, "<flwr run config>"), "<flwr run config>")
     elif rc.get(CFG_PATH):
         cfg = load_config(str(rc[CFG_PATH]))
     else:

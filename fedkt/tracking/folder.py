@@ -23,6 +23,7 @@ Layout of ``run_dir``::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -34,8 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from fedkt.bounded_yaml import load_yaml
 from fedkt.tracking.plots import write_plots
 from fedkt.tracking.rows import is_number, plain, read_rows
 from fedkt.tracking.summary import summary_markdown
@@ -43,8 +43,9 @@ from fedkt.tracking.tables import round_table
 
 __all__ = [
     "CONFIG_FILE", "HOLDINGS", "LATEST_FILE", "LOCK_FILE", "METRICS_FILE", "PREDICTIONS_DIR",
-    "SERVER_STATE", "SUMMARY_FILE", "RunFolderBusy", "RunRecorder", "atomic_write",
-    "clear_run_dir", "run_lock",
+    "SERVER_STATE", "SUMMARY_FILE", "WRITTEN", "PlantedLink", "RunFolderBusy", "RunRecorder",
+    "atomic_write", "clear_run_dir", "is_run_folder", "not_a_run", "refuse_link",
+    "refuse_links", "run_lock",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -56,6 +57,45 @@ SERVER_STATE = "server.safetensors"  # the server's state in each checkpoint fol
 HOLDINGS = "holdings.json"  # ... and what each client held (fedkt.methods.holdings)
 LOCK_FILE = ".fedkt.lock"  # the run folder's lock (run_lock)
 _ROUND_DIR = re.compile(r"^round_(\d+)$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
+# What fedkt writes or deletes in a run folder: none of it may be a symbolic link.
+WRITTEN = (LOCK_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, "checkpoints", PREDICTIONS_DIR,
+           "plots", "clients", "resumes.jsonl", "environment.json", "trackers.json")
+_WRITTEN_BELOW = ("checkpoints", PREDICTIONS_DIR, "clients")  # ... nor their entries
+
+
+class PlantedLink(FileExistsError):
+    """A path fedkt would write or delete inside a run or export folder is a symbolic
+    link; nothing is written through it (the message names the path)."""
+
+
+def refuse_link(path: Path) -> None:
+    """Raise :class:`PlantedLink` if ``path`` is a symbolic link (dangling or not)."""
+    if path.is_symlink():
+        raise PlantedLink(f"{path}: a symbolic link; fedkt writes nothing through a link "
+                          "inside a run or export folder: remove the link (or put a real "
+                          "folder there)")
+
+
+def refuse_links(run_dir: Path | str) -> None:
+    """Refuse a run folder where a path fedkt writes (:data:`WRITTEN`, and the entries of
+    ``checkpoints/``, ``predictions/`` and ``clients/``) is a symbolic link."""
+    folder = Path(run_dir)
+    for name in WRITTEN:
+        refuse_link(folder / name)
+    for name in _WRITTEN_BELOW:
+        if (folder / name).is_dir():
+            for child in (folder / name).iterdir():
+                refuse_link(child)
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """``exc`` (disk full, ...) as an ``OSError`` whose message starts with ``path``."""
+    if exc.filename is not None:
+        return exc
+    named = OSError(f"{path}: {exc.strerror or exc}; the file was not written")
+    named.errno = exc.errno
+    return named
 
 
 class RunRecorder:
@@ -77,6 +117,7 @@ class RunRecorder:
         # Called with each row :meth:`log` writes (the run's experiment trackers).
         self.mirrors: list[Callable[[dict[str, Any]], None]] = []
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        refuse_links(self.run_dir)  # before anything in the folder is written or deleted
         if resume:
             if repair:
                 self.repair_tail()
@@ -96,6 +137,7 @@ class RunRecorder:
         if self.plots_dir.is_dir():
             for png in self.plots_dir.glob("*.png"):
                 png.unlink()
+        refuse_links(self.run_dir)
         for _, folder in self.round_dirs():
             shutil.rmtree(folder)
         (self.checkpoints / LATEST_FILE).unlink(missing_ok=True)
@@ -130,7 +172,7 @@ class RunRecorder:
         path = self.run_dir / CONFIG_FILE
         if not path.exists():
             return {}
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text(encoding="utf-8"))
         return data if isinstance(data, dict) else {}
 
     # ------------------------------------------------------------------ metrics
@@ -140,8 +182,11 @@ class RunRecorder:
         if not isinstance(row, dict):
             raise TypeError(f"a metrics row must be a dict, got {type(row).__name__}")
         line = json.dumps({str(k): plain(v) for k, v in row.items()}, default=str)
-        with self.metrics_path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        try:
+            with self.metrics_path.open("a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError as exc:  # disk full: named
+            raise _named(exc, self.metrics_path) from None
         for mirror in self.mirrors:
             mirror(json.loads(line))
 
@@ -156,9 +201,11 @@ class RunRecorder:
         kept = [row for row in self.rows()
                 if not (is_number(row.get("round")) and row["round"] > round)]
         atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        refuse_link(self.run_dir / PREDICTIONS_DIR)
         for folder in (self.run_dir / PREDICTIONS_DIR).glob("round_*"):
             m = _ROUND_DIR.match(folder.name)
             if m and int(m.group(1)) > round:
+                refuse_link(folder)
                 shutil.rmtree(folder)
 
     def log_rows(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -238,6 +285,7 @@ class RunRecorder:
         done = self.last_complete_round()
         complete = [(rnd, path) for rnd, path in self.round_dirs() if rnd <= done]
         for _, path in complete[:-keep]:
+            refuse_link(path)  # never delete through a link
             shutil.rmtree(path)
 
 
@@ -257,6 +305,7 @@ def atomic_write(path: Path, data: str | bytes | Callable[[Path], object], *,
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        tmp.unlink(missing_ok=True)  # a leftover or planted one: a link is never followed
         if callable(data):
             data(tmp)
             if mode is not None:  # the writer may create the file its own way
@@ -269,7 +318,7 @@ def atomic_write(path: Path, data: str | bytes | Callable[[Path], object], *,
                     os.close(fd)
         else:
             raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
                          0o666 if mode is None else mode)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(raw)
@@ -277,6 +326,9 @@ def atomic_write(path: Path, data: str | bytes | Callable[[Path], object], *,
                 if durable:
                     os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, read-only: the message names the file
+        tmp.unlink(missing_ok=True)
+        raise _named(exc, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -316,7 +368,14 @@ def run_lock(run_dir: Path | str) -> Iterator[None]:
         yield
         return
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = Path(run_dir) / LOCK_FILE
+    refuse_link(lock)
+    try:  # O_NOFOLLOW: a link planted after the check is not followed either
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            refuse_link(lock)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -338,8 +397,37 @@ def run_lock(run_dir: Path | str) -> Iterator[None]:
             os.close(fd)
 
 
+def is_run_folder(run_dir: Path | str) -> bool:
+    """Whether ``run_dir`` holds a fedkt run: its ``config.yaml`` beside the lock file,
+    ``metrics.jsonl`` or ``checkpoints/latest.json`` (plain files, not links)."""
+    folder = Path(run_dir)
+
+    def plain_file(path: Path) -> bool:
+        return path.is_file() and not path.is_symlink()
+
+    return plain_file(folder / CONFIG_FILE) and any(
+        plain_file(p) for p in (folder / LOCK_FILE, folder / METRICS_FILE,
+                                folder / "checkpoints" / LATEST_FILE))
+
+
+def not_a_run(run_dir: Path | str, overwrite: bool) -> FileExistsError:
+    """The refusal to run into a non-empty folder that is not a run folder."""
+    if overwrite:
+        return FileExistsError(
+            f"--overwrite: {run_dir} is not a fedkt run folder (no {CONFIG_FILE} beside "
+            f"{LOCK_FILE}, {METRICS_FILE} or checkpoints/{LATEST_FILE}); --overwrite empties "
+            "only run folders: choose another folder (--output-dir)")
+    return FileExistsError(
+        f"run folder {run_dir} is not empty and is not a fedkt run (no {CONFIG_FILE} beside "
+        f"{LOCK_FILE}, {METRICS_FILE} or checkpoints/{LATEST_FILE}): choose an empty or new "
+        "folder (--output-dir)")
+
+
 def clear_run_dir(run_dir: Path | str) -> None:
-    """Remove everything in ``run_dir`` but its lock file (``fedkt run --overwrite``)."""
+    """Remove everything in ``run_dir`` but its lock file (``fedkt run --overwrite``); a
+    folder that is not a run folder (:func:`is_run_folder`) is refused, untouched."""
+    if not is_run_folder(run_dir):
+        raise not_a_run(run_dir, overwrite=True)
     for child in Path(run_dir).iterdir():
         if child.name == LOCK_FILE:
             continue

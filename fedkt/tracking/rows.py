@@ -137,8 +137,15 @@ def best_round(rows: Iterable[dict[str, Any]], metric: str) -> tuple[int, float]
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Parse a metrics.jsonl file; a truncated last line is skipped with a warning."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    """Parse a metrics.jsonl file; a truncated last line is skipped with a warning, bytes
+    that are not UTF-8 are a ``ValueError`` naming the file and line."""
+    data = path.read_bytes()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: not UTF-8 ({exc.reason} at byte {exc.start}); "
+                         "fedkt writes this file as UTF-8, so it was damaged or changed") from None
     rows = []
     for i, text in enumerate(lines, 1):
         if not text.strip():
