@@ -52,14 +52,19 @@ def _records(checkpoints: Path, rnd: int, latest: dict[str, Any] | None
         found.append((checkpoints / LATEST_FILE, latest["sha256"]))
     sums_file = checkpoints / f"round_{rnd:04d}" / SUMS_FILE
     if sums_file.is_file():
-        try:
-            sums = json.loads(sums_file.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{sums_file}: not valid JSON ({exc})") from None
-        if not isinstance(sums, dict):
-            raise CheckpointError(f"{sums_file}: not a JSON object")
-        found.append((sums_file, sums))
+        found.append((sums_file, _json_object(sums_file)))
     return found
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """``path``'s JSON object, or a :class:`~fedkt.errors.CheckpointError` naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return data
 
 
 def read_checkpoint(checkpoints: Path, rnd: int, latest: dict[str, Any] | None
@@ -97,14 +102,7 @@ def read_checkpoint(checkpoints: Path, rnd: int, latest: dict[str, Any] | None
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint, named
         raise CheckpointError(f"{state_file}: not a readable safetensors file "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
-    holdings = None
-    if holdings_file.exists():
-        try:
-            holdings = json.loads(holdings_file.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{holdings_file}: not valid JSON ({exc})") from None
-        if not isinstance(holdings, dict):
-            raise CheckpointError(f"{holdings_file}: not a JSON object")
+    holdings = _json_object(holdings_file) if holdings_file.exists() else None
     return state, holdings
 
 
