@@ -73,6 +73,18 @@ def final_test_rows(rows: list[dict]) -> dict[str, dict]:
             for r in without_timings(rows) if r.get("split") == "test"}
 
 
+def finished_run(tmp_path_factory, *overrides: str) -> Path:
+    """A finished FedAvg run on tiny models (``small_config`` with ``overrides``), run once
+    per module by the run-folder tests, which copy its folder."""
+    from fedkt.runner import run_job
+    from fedkt.runtime.base import default_state_root
+    from fedkt.runtime.local import LocalTransport
+
+    cfg = small_config(tmp_path_factory.mktemp("runs") / "done", *overrides)
+    run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+    return cfg.run_dir
+
+
 @pytest.fixture
 def make_config(tmp_path):
     def make(*overrides: str, method: str = "fedavg", name: str = "run") -> RunConfig:

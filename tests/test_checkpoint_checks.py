@@ -19,10 +19,7 @@ from safetensors.torch import load_file, save_file
 from fedkt.cli import main
 from fedkt.errors import CheckpointError
 from fedkt.export import export_model
-from fedkt.runner import run_job
-from fedkt.runtime.base import default_state_root
-from fedkt.runtime.local import LocalTransport
-from tests.conftest import small_config
+from tests.conftest import finished_run
 from tests.test_run_folder import (
     ROUNDS,
     copy_of,
@@ -43,10 +40,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished 3-round FedAvg run (tiny models), its folder copied by each test."""
-    cfg = small_config(tmp_path_factory.mktemp("runs") / "done", f"rounds={ROUNDS}",
-                       "eval.plots=false")
-    run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-    return cfg.run_dir
+    return finished_run(tmp_path_factory, f"rounds={ROUNDS}", "eval.plots=false")
 
 
 def sums_file(run_dir: Path, rnd: int = ROUNDS) -> Path:

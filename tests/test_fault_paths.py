@@ -23,10 +23,7 @@ import pytest
 import torch
 
 from fedkt.cli import main
-from fedkt.runner import run_job
-from fedkt.runtime.base import default_state_root
-from fedkt.runtime.local import LocalTransport
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, finished_run, small_config
 
 ROUNDS = 2
 
@@ -39,9 +36,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished 2-round FedAvg run (tiny models), copied by each test."""
-    cfg = small_config(tmp_path_factory.mktemp("runs") / "done", f"rounds={ROUNDS}")
-    run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-    return cfg.run_dir
+    return finished_run(tmp_path_factory, f"rounds={ROUNDS}")
 
 
 def copy_of(finished: Path, tmp_path: Path) -> Path:

@@ -15,11 +15,8 @@ import pytest
 import torch
 
 from fedkt.cli import main
-from fedkt.runner import run_job
-from fedkt.runtime.base import default_state_root
-from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import LOCK_FILE
-from tests.conftest import small_config
+from tests.conftest import finished_run
 
 ROUNDS = 2
 
@@ -32,9 +29,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished 2-round FedAvg run (tiny models), copied by each test."""
-    cfg = small_config(tmp_path_factory.mktemp("runs") / "done", f"rounds={ROUNDS}")
-    run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-    return cfg.run_dir
+    return finished_run(tmp_path_factory, f"rounds={ROUNDS}")
 
 
 def tree(folder: Path) -> dict[str, str]:

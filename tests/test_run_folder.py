@@ -29,7 +29,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import LOCK_FILE, RunFolderBusy, read_rows, run_lock
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, finished_run, small_config
 from tests.paused_run import PAUSE_LINE
 
 ROUNDS = 3
@@ -43,10 +43,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished 3-round FedAvg run (tiny models), its folder copied by each test."""
-    cfg = small_config(tmp_path_factory.mktemp("runs") / "done", f"rounds={ROUNDS}",
-                       "eval.plots=false")
-    run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-    return cfg.run_dir
+    return finished_run(tmp_path_factory, f"rounds={ROUNDS}", "eval.plots=false")
 
 
 def copy_of(finished: Path, tmp_path: Path) -> Path:
