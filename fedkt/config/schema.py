@@ -29,7 +29,7 @@ from pydantic import (
 
 from fedkt.config.messages import _MethodErrors
 from fedkt.errors import ConfigError
-from fedkt.methods.registry import get_method, method_check, method_config_class
+from fedkt.methods.registry import method_check, method_config_class, method_flag
 from fedkt.runtime.settings import STRICT
 from fedkt.templates import HARD_MAX_WIDTH, check_template
 
@@ -1000,7 +1000,7 @@ class RunConfig(_Strict):
                              "secure_aggregation.enabled: without it the server sees each "
                              "upload with only 1/sqrt(clients) of the noise")
         for key in ("secure_aggregation", "differential_privacy"):
-            if getattr(self, key).enabled and not get_method(self.method.name).behaviour.aggregates:
+            if getattr(self, key).enabled and not method_flag(self.method.name, "aggregates"):
                 raise ValueError(
                     f"{key}.enabled: method {self.method.name!r} uses each client's upload "
                     "on its own (not only their sum), so this does not apply (see "
@@ -1026,7 +1026,7 @@ class RunConfig(_Strict):
         check = method_check(self.method.name)  # imports the method's config module only
         if check is not None:
             check(self)
-        if keys and not get_method(self.method.name).behaviour.model_lr:
+        if keys and not method_flag(self.method.name, "model_lr"):
             first = keys[0].replace("[", ".").replace("]", "")  # a key path the error names
             raise ValueError(f"{first}: method {self.method.name!r} does not read per-model "
                              f"learning rates (set: {', '.join(keys)}); use training.lr (or "

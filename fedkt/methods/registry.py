@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from fedkt.config import MethodConfig
     from fedkt.methods.base import Method
 
-__all__ = ["available", "get_method", "method_check", "method_config_class", "plugin_module",
-           "register", "summaries"]
+__all__ = ["available", "get_method", "method_check", "method_config_class", "method_flag",
+           "plugin_module", "register", "summaries"]
 
 _REGISTRY: dict[str, Method] = {}
 _REGISTERED_BY: dict[str, str] = {}  # name -> the module whose import registered it
@@ -104,6 +104,40 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
                  for k in node.keywords if k.arg == name), None)
 
 
+def _behaviour_call(call: ast.Call, tree: ast.Module) -> ast.Call | None | bool:
+    """The ``Behaviour(...)`` call a ``Method(...)`` call passes as ``behaviour=``, directly
+    or through a module-level name bound to one; False when it passes none (the defaults);
+    None when the sources do not tell."""
+    behaviour = next((k.value for k in call.keywords if k.arg == "behaviour"), None)
+    if behaviour is None:
+        return False
+    if isinstance(behaviour, ast.Name):  # _BEHAVIOUR = Behaviour(...) at module level
+        bound = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == behaviour.id for t in n.targets)]
+        behaviour = bound[0] if len(bound) == 1 else None
+    return behaviour if isinstance(behaviour, ast.Call) else None
+
+
+# The flags of :class:`fedkt.methods.base.Behaviour` that config checks read.
+FLAGS = ("aggregates", "model_lr")
+
+
+def _flags(call: ast.Call, tree: ast.Module) -> dict[str, bool] | None:
+    """``aggregates`` and ``model_lr`` of a ``Method(...)`` call's behaviour, where the
+    sources give them as literals (an unset flag is False, its default); else None."""
+    behaviour = _behaviour_call(call, tree)
+    if behaviour is None:
+        return None
+    flags = dict.fromkeys(FLAGS, False)
+    for keyword in behaviour.keywords if behaviour is not False else ():
+        if keyword.arg in flags:
+            if not (isinstance(keyword.value, ast.Constant)
+                    and isinstance(keyword.value.value, bool)):
+                return None
+            flags[keyword.arg] = keyword.value.value
+    return flags
+
+
 def _check_reference(call: ast.Call, tree: ast.Module, names: dict[str, str]) -> str | None:
     """``module:attribute`` of the ``check`` a ``Method(...)`` call passes, directly or in
     its ``behaviour=`` (a ``Behaviour(...)`` call, or a module-level name bound to one);
@@ -123,13 +157,14 @@ def _check_reference(call: ast.Call, tree: ast.Module, names: dict[str, str]) ->
 
 
 @functools.cache
-def _declared() -> dict[str, dict[str, str | None]]:
+def _declared() -> dict[str, dict[str, Any]]:
     """Method name -> ``module`` (whose import registers it) and, as ``module:attribute``,
     its ``config`` and ``check`` (None where the sources do not say; ``""`` for a check
-    the call does not pass: ``Behaviour.check``'s default, no check), and its
+    the call does not pass: ``Behaviour.check``'s default, no check), its behaviour's
+    ``flags`` (:func:`_flags`), and its
     ``summary`` (the ``Docs(summary=...)`` literal, None if not a literal), from the
     ``Method("name", ...)`` calls of fedkt/methods/."""
-    found: dict[str, dict[str, str | None]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for path in sorted(_PACKAGE.rglob("*.py")):
         module = _module_name(path)
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -144,6 +179,7 @@ def _declared() -> dict[str, dict[str, str | None]]:
                 found.setdefault(name, {"module": module,
                                         "config": _reference(config, names),
                                         "check": _check_reference(node, tree, names),
+                                        "flags": _flags(node, tree),
                                         "summary": summary.value if isinstance(summary, ast.Constant)
                                         and isinstance(summary.value, str) else None})
     return found
@@ -232,6 +268,19 @@ def method_config_class(name: str | None) -> type[MethodConfig]:
         if found is not ...:
             return found
     return get_method(name).config
+
+
+def method_flag(name: str, flag: str) -> bool:
+    """``Behaviour.<flag>`` (one of :data:`FLAGS`) of method ``name``; for fedkt's own
+    methods read from the sources, importing nothing, so that a config's cross-method
+    checks (SecAgg, DP, a per-model ``lr``) import no algorithm and no torch."""
+    if flag not in FLAGS:
+        raise ValueError(f"flag: {flag!r} is not one of {', '.join(FLAGS)}")
+    if isinstance(name, str) and name not in _REGISTRY and name in _built_in():
+        flags = _declared()[name]["flags"]
+        if isinstance(flags, dict):
+            return bool(flags[flag])
+    return bool(getattr(get_method(name).behaviour, flag))
 
 
 def method_check(name: str) -> Callable[[Any], None] | None:

@@ -54,11 +54,29 @@ def flower_env(prefix: str = "fedkt-flwr-") -> Iterator[Path]:
                     os.environ[key] = value
 
 
+# Under an address-space limit (``ulimit -v``): the least a Ray worker that imports torch
+# and a model needs beside the object store, and the share of the limit the store may take
+# (every worker maps the whole store; Ray's default, 30% of the RAM, left a worker of a
+# 24 GB machine under an 8 GB limit unable to map libtorch, and the run hung).
+MIN_ADDRESS_SPACE = 3 << 30
+RAY_MIN_OBJECT_STORE = 80 << 20
+
+
+def address_space_limit() -> int | None:
+    """This process's address-space limit in bytes (``ulimit -v``), None if unlimited."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 def backend_config(cfg: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Ray backend settings: per-client resources and a small Ray instance.
 
     ``quiet``: the workers' output is not relayed (client errors still reach the
-    server in the replies)."""
+    server in the replies).  Under an address-space limit the object store takes an
+    eighth of it (workers inherit the limit and each maps the whole store); a limit below
+    :data:`MIN_ADDRESS_SPACE` is refused here, before Ray starts."""
     rt = cfg.runtime.flower_sim
     cpus = os.cpu_count() or 1
     want = math.ceil(rt.client_cpus * cfg.clients.num_clients)
@@ -71,6 +89,16 @@ def backend_config(cfg: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     }
     if rt.client_gpus == 0:
         init_args["num_gpus"] = 0
+    limit = address_space_limit()
+    if limit is not None:
+        if limit < MIN_ADDRESS_SPACE:
+            from fedkt.errors import ConfigError
+
+            raise ConfigError(
+                f"runtime.name: flower-sim needs an address-space limit (ulimit -v) of at "
+                f"least {MIN_ADDRESS_SPACE >> 30} GiB for its Ray workers; this process has "
+                f"{limit / 2**30:.1f} GiB. Raise the limit, or use runtime.name: local")
+        init_args["object_store_memory"] = max(RAY_MIN_OBJECT_STORE, limit // 8)
     return {
         "client_resources": {"num_cpus": rt.client_cpus, "num_gpus": rt.client_gpus},
         "init_args": init_args,
@@ -84,6 +112,36 @@ def read_run_rows(run_dir: Path) -> list[dict[str, Any]]:
 
     path = Path(run_dir) / METRICS_FILE
     return read_rows(path) if path.exists() else []
+
+
+@contextlib.contextmanager
+def replacing_dead_actors() -> Iterator[None]:
+    """While the block runs, a Ray actor whose process died is replaced by a fresh one.
+
+    Flower's actor pool (flwr 1.41) puts the actor of a failed request back into the pool
+    even when its process died (a client's ``os._exit``, the OOM killer), so every later
+    request sent to it fails too: one dead client process excluded three clients of four.
+    Here the failed request's client alone is excluded (its reply is an error naming it),
+    and the next request gets a new actor."""
+    import ray
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    fetch = BasicActorPool.fetch_result_and_return_actor_to_pool
+
+    def fetch_replacing(self: BasicActorPool, future: Any) -> Any:
+        try:
+            return fetch(self, future)
+        except ray.exceptions.RayActorError:
+            if future in self._future_to_actor:  # the caller puts this actor back
+                log.warning("a simulated client's process died; starting a new one")
+                self._future_to_actor[future] = self.create_actor_fn()
+            raise
+
+    BasicActorPool.fetch_result_and_return_actor_to_pool = fetch_replacing
+    try:
+        yield
+    finally:
+        BasicActorPool.fetch_result_and_return_actor_to_pool = fetch
 
 
 class _DropDeprecation(logging.Filter):
@@ -133,7 +191,7 @@ def run_simulation_job(cfg: RunConfig, job: Any = None, *, resume: bool = False,
     flwr_logger.addFilter(quiet_filter)
     flwr_logger.propagate = False
     try:
-        with flower_env(), warnings.catch_warnings():
+        with flower_env(), replacing_dead_actors(), warnings.catch_warnings():
             # Ray's notice about a future default; fedkt relies on today's (no GPU when 0).
             warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO",
                                     category=FutureWarning)

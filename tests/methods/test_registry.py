@@ -42,17 +42,22 @@ print(json.dumps({"after_load": after_load, "same_class": type(cfg.method) is me
 
 def test_the_sources_name_each_built_in_methods_config_and_check():
     """What the source scan finds (before any method is imported) is what each registered
-    Method holds; a check the scan cannot find is read from the imported method."""
+    Method holds: its config class, its check, and the behaviour flags config checks read
+    (``aggregates``, ``model_lr``); what the scan cannot find is read from the method."""
     got = _python("""
 import json
-from fedkt.methods.registry import _built_in, get_method, method_check, method_config_class
+from fedkt.methods.registry import (FLAGS, _built_in, get_method, method_check,
+                                    method_config_class, method_flag)
 names = sorted(_built_in())
-found = {n: (method_config_class(n), method_check(n)) for n in names}
+found = {n: (method_config_class(n), method_check(n), [method_flag(n, f) for f in FLAGS])
+         for n in names}
 print(json.dumps({n: [found[n][0] is get_method(n).config, found[n][1] is get_method(n).behaviour.check,
-                      found[n][0].__module__] for n in names}))
+                      found[n][0].__module__,
+                      found[n][2] == [getattr(get_method(n).behaviour, f) for f in FLAGS]]
+                  for n in names}))
 """)
     assert {"fedmkt", "fedcollm", "fedavg", "koala", "fedsp", "zero_shot"} <= set(got)
-    wrong = {n: v for n, v in got.items() if not (v[0] and v[1])}
+    wrong = {n: v for n, v in got.items() if not (v[0] and v[1] and v[3])}
     assert not wrong, wrong
     assert all(v[2].endswith(".config") for v in got.values())
 
@@ -79,3 +84,25 @@ print(json.dumps(out))
 """)
     assert len(got) >= 16
     assert got == {name: [] for name in got}
+
+
+def test_every_shipped_config_validates_without_an_algorithm_or_torch():
+    """The configs a user meets first, those that set SecAgg, DP or a per-model ``lr``
+    included (``configs/fedcollm/demo.yaml``, ``configs/fedmkt/real.yaml``), validate
+    importing no algorithm and no torch."""
+    got = _python("""
+import json, sys
+from pathlib import Path
+from fedkt.config import load_config
+out = {}
+for path in sorted([*Path("configs").rglob("*.yaml"), *Path("fedkt/configs").rglob("*.yaml")]):
+    if "suites" in path.parts:
+        continue
+    cfg = load_config(str(path))
+    out[str(path)] = [cfg.method.name, sorted(m for m in sys.modules
+                                              if m == "torch" or m.endswith(".algorithm"))]
+print(json.dumps(out))
+""")
+    assert {"configs/fedcollm/demo.yaml", "configs/fedmkt/real.yaml"} <= set(got)
+    assert len(got) >= 20
+    assert {path: v[1] for path, v in got.items()} == {path: [] for path in got}

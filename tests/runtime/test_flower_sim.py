@@ -7,7 +7,9 @@ own disk; the server averages.
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -29,6 +31,7 @@ NAME = "flower_probe_sim"
 class ProbeConfig(MethodConfig):
     name: Literal["flower_probe_sim"] = NAME
     fail_client: int | None = None  # this client's handler raises (from round 2)
+    die_client: int | None = None  # this client's process exits (in round 2)
 
 
 class ProbeServer(Server):
@@ -51,6 +54,8 @@ class ProbeServer(Server):
 
 
 def _add(ctx: ClientContext, msg: Payload) -> Payload:
+    if ctx.method.die_client == ctx.cid and ctx.rnd == 2:
+        os._exit(3)  # the process dies, as under the OOM killer
     if ctx.method.fail_client == ctx.cid and ctx.rnd >= 2:
         raise ValueError(f"probe failure on client {ctx.cid}")
     calls = (ctx.load_state("calls") or {"n": torch.zeros(1)})["n"] + 1
@@ -74,11 +79,11 @@ def probe(monkeypatch):
     monkeypatch.setenv("FEDKT_PLUGINS", f"{__name__}:install")
 
 
-def probe_config(run_dir, **method) -> RunConfig:
+def probe_config(run_dir, clients: int = 2, **method) -> RunConfig:
     return parse_config({
         "name": "probe", "rounds": 2, "output_dir": str(run_dir),
         "method": {"name": NAME, **method},
-        "clients": {"num_clients": 2},
+        "clients": {"num_clients": clients, "min_replies": clients - 1},
         "data": {"dataset": {"name": "intent_recognition"}},
         "runtime": {"name": "flower-sim", "flower_sim": {"client_cpus": 1}, "timeout": 120},
     })
@@ -118,3 +123,62 @@ def test_flower_sim_matches_local_and_reports_failing_client(probe, tmp_path):
     with pytest.raises(RoundError, match=r"round 2.*client 1: .*ValueError: probe failure on client 1"):
         run_simulation_job(probe_config(tmp_path / "fail", fail_client=1), quiet=True)
     print(f"flower-sim failing run: {time.perf_counter() - t0:.1f} s")
+
+
+def test_flower_sim_one_dead_client_process_excludes_only_that_client(probe, tmp_path):
+    """Client 1's process exits in round 2 (4 clients on a pool of 2 actors): round 2 goes
+    on with the 3 others, client 1 is named, and round 3 gets all 4 again (a new actor)."""
+    from fedkt.runtime.flower_sim import run_simulation_job
+
+    cfg = probe_config(tmp_path / "job", clients=4, die_client=1)
+    cfg = cfg.model_copy(update={"rounds": 3, "runtime": cfg.runtime.model_copy(
+        update={"timeout": 600})})  # a new actor starts a Python process: slow when loaded
+    rows = run_simulation_job(cfg, quiet=True)
+
+    def replied(rnd: int) -> list[str]:
+        return sorted(r["participant"] for r in rows if r["round"] == rnd and r["split"] == "train"
+                      and r["participant"].startswith("client_") and "excluded" not in r)
+
+    assert replied(1) == ["client_0", "client_1", "client_2", "client_3"]
+    assert replied(2) == ["client_0", "client_2", "client_3"]
+    assert replied(3) == ["client_0", "client_1", "client_2", "client_3"]
+    dead = [r for r in rows if r["round"] == 2 and r["participant"] == "client_1"]
+    assert dead and dead[0]["excluded"]
+    server = {r["round"]: r for r in rows
+              if r["participant"] == "server" and r["split"] == "train"}
+    assert [server[k]["clients_replied"] for k in (1, 2, 3)] == [4, 3, 4]
+
+
+def _run_capped(tmp_path, limit: int, timeout: float):
+    """Run a 2-client, 1-round probe job in flower-sim in a child process whose address
+    space is capped at ``limit`` bytes (``ulimit -v``)."""
+    import resource
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tests.runtime import test_flower_sim as t; t.install()\n"
+        "from fedkt.runtime.flower_sim import run_simulation_job\n"
+        "cfg = t.probe_config(sys.argv[1]).model_copy(update={'rounds': 1})\n"
+        "rows = run_simulation_job(cfg, quiet=True)\n"
+        "print('clients replied', [r['clients_replied'] for r in rows if 'clients_replied' in r])\n")
+    env = {**os.environ, "FEDKT_PLUGINS": "tests.runtime.test_flower_sim:install"}
+    return subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "job")], capture_output=True, text=True,
+        timeout=timeout, env=env, cwd=str(Path(__file__).parents[2]),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+
+
+def test_flower_sim_runs_under_an_address_space_cap(tmp_path):
+    """Under an 8 GiB ``ulimit -v`` (Ray's default object store left its workers unable to
+    map libtorch, and the run hung), the job finishes."""
+    done = _run_capped(tmp_path, 8 << 30, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "clients replied [2]" in done.stdout
+
+
+def test_flower_sim_refuses_a_too_small_address_space_cap_by_name(tmp_path):
+    done = _run_capped(tmp_path, (5 << 30) // 2, timeout=300)
+    assert done.returncode != 0
+    assert "runtime.name: flower-sim needs an address-space limit (ulimit -v)" in done.stderr
+    assert not (tmp_path / "job" / "metrics.jsonl").exists()
