@@ -2,24 +2,18 @@
 
 ``run_job`` drives a method's server procedure round by round over any
 transport: it seeds each round, logs per-participant metrics and traffic,
-checkpoints the server after every completed round and resumes from the last
-one.  :func:`run` picks the transport the config names.
+checkpoints the server after every completed round (:mod:`fedkt.tracking.checkpoint`)
+and resumes from the last one (:mod:`fedkt.tracking.resume`).  :func:`run` picks the
+transport the config names.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from fedkt import progress
 from fedkt.config import RunConfig
@@ -36,21 +30,21 @@ from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
-from fedkt.timing import Clock, clocks, eval_clock, now, phase_seconds, timed
+from fedkt.timing import Clock, clocks, eval_clock, now, phase_seconds
 from fedkt.trackers import Tracking, open_tracking
+from fedkt.tracking import checkpoint
 from fedkt.tracking.checkpoint import read_checkpoint, record_sums, sha256_of  # noqa: F401
 from fedkt.tracking.folder import (
     HOLDINGS,
-    LATEST_FILE,
     SERVER_STATE,
     RunRecorder,
     atomic_write,
     run_lock,
 )
+from fedkt.tracking.resume import RESUMES_FILE, record_changes, resume_point  # noqa: F401 (tools)
 from fedkt.tracking.summary import read_environment
 
 log = logging.getLogger("fedkt")
-RESUMES_FILE = "resumes.jsonl"  # each resume that changed the config: the keys, old and new
 
 
 def _split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -120,7 +114,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
                                           f"({type(exc).__name__}: {exc})") from None
         recorder.repair_tail(done)
         recorder.truncate_after(done if done else -1)  # before round 1: redo round 0 too
-        _record_changes(cfg, recorder, done)
+        record_changes(cfg, recorder, done)
         start = done + 1
         if not quiet:
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
@@ -149,14 +143,15 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             server_metrics.setdefault("train", {}).update(
                 round_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd, share))
         server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
-        sums = _write_checkpoint(recorder, server.state_dict(), server.holdings.state_dict(), rnd)
+        sums = checkpoint.write_checkpoint(recorder, server.state_dict(),
+                                           server.holdings.state_dict(), rnd)
         timing = {"wall_time": time.perf_counter() - t0, "compute_time": max(0.0, compute.wall),
                   "compute_cpu": max(0.0, compute.cpu),
                   **_server_phases(phases, traffic.wait_phases)}
         recorder.log_rows(round_rows(rnd, server_metrics, server_eval, clients.ids, traffic,
                                      timing))
         _write_client_predictions(cfg, server, recorder, rnd, traffic)
-        _mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
+        checkpoint.mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
     summary = recorder.summary()
@@ -321,139 +316,6 @@ def _server_phases(before: dict[str, Clock], clients: dict[str, Clock]) -> dict[
     names = set(before) | set(clients)
     return phase_seconds({k: before.get(k, Clock()) + clients.get(k, Clock()) for k in names},
                          clocks())
-
-
-@timed("checkpoint")
-def _write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
-                      holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
-    """Write the server's state and what each client holds for round ``rnd``; return the
-    files' SHA-256.  The round counts as complete only once :func:`_mark_checkpoint` ran
-    (after its rows are logged), so a crash in between runs the round again."""
-    folder = recorder.checkpoint_dir(rnd)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    atomic_write(folder / SERVER_STATE, lambda tmp: _save_tensors(tensors, tmp))
-    atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
-    return record_sums(folder)
-
-
-def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """``save_file``, with safetensors' own write error (a full disk) as an ``OSError``,
-    which :func:`~fedkt.tracking.folder.atomic_write` names with the checkpoint's path."""
-    try:
-        save_file(tensors, str(path))
-    except SafetensorError as exc:
-        text = str(exc)
-        found = re.search(r'message: "([^"]{1,200})"', text)
-        code = re.search(r"code: (\d+)", text)
-        raise OSError(int(code.group(1)) if code else errno.EIO,
-                      found.group(1) if found else text[:200]) from None
-
-
-def _mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
-    """Mark round ``rnd`` complete (``latest.json`` with the files' SHA-256 and the run's
-    seed) and keep the last two checkpoints."""
-    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
-    recorder.prune_checkpoints(keep=2)
-
-
-@dataclass
-class ResumePoint:
-    """Where a run resumes: the last complete round and its checked checkpoint."""
-
-    round: int
-    folder: Path
-    state: dict[str, torch.Tensor]
-    holdings: dict[str, Any] | None
-
-
-def resume_point(cfg: RunConfig, recorder: RunRecorder) -> ResumePoint:
-    """Check that the run folder can resume and read its last checkpoint, changing nothing.
-
-    Raises :class:`~fedkt.errors.CheckpointError` naming the file at fault when
-    ``latest.json`` is unreadable, names a round the run does not have, or is older than
-    the rows and checkpoints in the folder (resuming would delete later rounds); when
-    the checkpoint's files are missing, unreadable, have no recorded SHA-256 or differ
-    from it (:func:`fedkt.tracking.checkpoint.read_checkpoint`); or when the config's
-    seed differs from the run's.
-    """
-    latest = recorder.checkpoints / LATEST_FILE
-    try:
-        info = recorder.latest()
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    done = int(info["round"]) if info else 0
-    if not 0 <= done <= cfg.rounds:
-        raise CheckpointError(f"{latest}: round {done} is marked complete, but the run has "
-                              f"{cfg.rounds} rounds (rounds)")
-    seed = info.get("seed") if info else None
-    if seed is not None and seed != cfg.seed:
-        raise CheckpointError(
-            f"seed: the run was checkpointed with seed {seed} ({latest}), the config now says "
-            f"{cfg.seed}: a resumed run keeps its seed (start a new run for another one)")
-    rows = recorder.rows()  # a malformed line names the file and line
-    _check_rows(recorder, rows, done, latest)
-    later = sorted({int(r["round"]) for r in rows if isinstance(r.get("round"), int)
-                    and r["round"] > done + 1}
-                   | {rnd for rnd, _ in recorder.round_dirs() if rnd > done + 1})
-    if later:
-        what = f"round {done} is the last complete one" if info else "no round is complete"
-        raise CheckpointError(
-            f"{latest}: {what}, but the folder holds round {later[-1]} (metrics.jsonl or "
-            f"checkpoints/round_{later[-1]:04d}); resuming would delete it. Restore "
-            "latest.json, or start a new run")
-    folder = recorder.checkpoints / f"round_{done:04d}"
-    if not done:
-        return ResumePoint(0, folder, {}, None)
-    state, holdings = read_checkpoint(recorder.checkpoints, done, info)
-    return ResumePoint(done, folder, state, holdings)
-
-
-def _check_rows(recorder: RunRecorder, rows: list[dict[str, Any]], done: int,
-                latest: Path) -> None:
-    """Refuse to resume when ``metrics.jsonl`` lost rounds ``latest.json`` marks complete
-    (deleted, or cut at a line's end): the run would go on with part of its record."""
-    if not done:
-        return
-    if not recorder.metrics_path.is_file():
-        raise CheckpointError(f"{recorder.metrics_path}: missing, but {latest} marks round "
-                              f"{done} complete; restore the file, or start a new run")
-    logged = {r["round"] for r in rows if r.get("participant") == "server"
-              and r.get("split") == "train" and isinstance(r.get("round"), int)}
-    lost = [rnd for rnd in range(1, done + 1) if rnd not in logged]
-    if lost:
-        shown = ", ".join(map(str, lost[:10])) + (", ..." if len(lost) > 10 else "")
-        raise CheckpointError(
-            f"{recorder.metrics_path}: has no rows of round{'s' if len(lost) > 1 else ''} "
-            f"{shown}, which {latest} marks complete (the file was cut or changed); restore "
-            "it, or start a new run")
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: data}
-
-
-def _record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
-    """A resumed run whose config differs from ``config.yaml`` (an edit, or ``resume
-    --set``): the changed keys go to ``resumes.jsonl`` and the new config to config.yaml."""
-    before = _flat(recorder.config())
-    after = _flat(cfg.model_dump(mode="json"))
-    # Keys of config.yaml only: a key added to fedkt since the run began is no change.
-    changed = {k: [v, after.get(k)] for k, v in sorted(before.items())
-               if k != "output_dir" and v != after.get(k)}
-    if not changed:
-        return
-    log.warning("resuming with a changed config: %s", ", ".join(changed))
-    line = json.dumps({"after_round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       "changed": changed})
-    with (recorder.run_dir / RESUMES_FILE).open("a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-    recorder.save_config(cfg.to_yaml())
 
 
 def _record_environment(run_dir: Path, start: int) -> None:

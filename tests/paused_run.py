@@ -5,7 +5,7 @@
 It runs :func:`fedkt.cli.main` with the arguments after N, like ``python -m fedkt.cli``,
 with one change: in round N the server says so on stderr (:data:`PAUSE_LINE`) and sleeps
 ``PAUSE_SECONDS`` after the clients replied and the round's metrics rows were written,
-just before its checkpoint marks the round complete (``fedkt.runner._mark_checkpoint`` is
+just before its checkpoint marks the round complete (``fedkt.tracking.checkpoint.mark_checkpoint`` is
 wrapped: the round's rows are logged, its checkpoint is not yet the latest).
 """
 
@@ -21,9 +21,9 @@ PAUSE_LINE = "fedkt: paused in round {rnd} before the checkpoint"
 
 def pause_before_checkpoint(rnd: int, seconds: float = PAUSE_SECONDS) -> None:
     """Make the runner stop for ``seconds`` in round ``rnd`` just before its checkpoint."""
-    import fedkt.runner
+    from fedkt.tracking import checkpoint
 
-    mark = fedkt.runner._mark_checkpoint
+    mark = checkpoint.mark_checkpoint
 
     def paused(recorder: Any, at: int, *rest: Any) -> None:
         if at == rnd:
@@ -31,7 +31,7 @@ def pause_before_checkpoint(rnd: int, seconds: float = PAUSE_SECONDS) -> None:
             time.sleep(seconds)
         mark(recorder, at, *rest)
 
-    fedkt.runner._mark_checkpoint = paused
+    checkpoint.mark_checkpoint = paused
 
 
 if __name__ == "__main__":

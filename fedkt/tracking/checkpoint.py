@@ -11,17 +11,23 @@ is found at all: a checksum is required, not optional.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from fedkt.errors import CheckpointError
-from fedkt.tracking.folder import HOLDINGS, LATEST_FILE, SERVER_STATE, atomic_write
+from fedkt.timing import timed
+from fedkt.tracking.folder import HOLDINGS, LATEST_FILE, SERVER_STATE, RunRecorder, atomic_write
 
-__all__ = ["SUMS_FILE", "check_finite", "read_checkpoint", "record_sums", "sha256_of"]
+__all__ = ["SUMS_FILE", "check_finite", "mark_checkpoint", "read_checkpoint", "record_sums",
+           "sha256_of", "write_checkpoint"]
 
 SUMS_FILE = "sha256.json"  # in each checkpoint folder: the SHA-256 of its files
 _CHECKED = (SERVER_STATE, HOLDINGS)
@@ -113,3 +119,37 @@ def check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
         if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
             raise CheckpointError(f"{path}: {key!r} holds non-finite values (NaN or "
                                   "infinity); such a model is not exported")
+
+
+@timed("checkpoint")
+def write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
+                      holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
+    """Write the server's state and what each client holds for round ``rnd``; return the
+    files' SHA-256.  The round counts as complete only once :func:`mark_checkpoint` ran
+    (after its rows are logged), so a crash in between runs the round again."""
+    folder = recorder.checkpoint_dir(rnd)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    atomic_write(folder / SERVER_STATE, lambda tmp: save_tensors(tensors, tmp))
+    atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
+    return record_sums(folder)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file``, with safetensors' own write error (a full disk) as an ``OSError``,
+    which :func:`~fedkt.tracking.folder.atomic_write` names with the checkpoint's path."""
+    try:
+        save_file(tensors, str(path))
+    except SafetensorError as exc:
+        text = str(exc)
+        found = re.search(r'message: "([^"]{1,200})"', text)
+        code = re.search(r"code: (\d+)", text)
+        raise OSError(int(code.group(1)) if code else errno.EIO,
+                      found.group(1) if found else text[:200]) from None
+
+
+def mark_checkpoint(recorder: RunRecorder, rnd: int, seed: int, sums: dict[str, str]) -> None:
+    """Mark round ``rnd`` complete (``latest.json`` with the files' SHA-256 and the run's
+    seed) and keep the last two checkpoints."""
+    recorder.mark_complete(rnd, {"state": SERVER_STATE, "seed": seed, "sha256": sums})
+    recorder.prune_checkpoints(keep=2)
