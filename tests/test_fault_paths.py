@@ -76,7 +76,7 @@ def _no_space(kind: str):
 
 @pytest.mark.parametrize("kind", ["oserror", "safetensors"])
 def test_disk_full_during_the_checkpoint_names_the_file(tmp_path, capsys, monkeypatch, kind):
-    monkeypatch.setattr("fedkt.runner.save_file", _no_space(kind))
+    monkeypatch.setattr("fedkt.tracking.checkpoint.save_file", _no_space(kind))
     path = write_config(tmp_path, "rounds=1", "eval.round0=false")
     err = failed(capsys, "run", str(path))
     state = tmp_path / "run" / "checkpoints" / "round_0001" / "server.safetensors"
