@@ -213,7 +213,7 @@ def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
 
     def compute() -> dict[str, torch.Tensor]:
         stats = _train_lm(cfg, lm, records, seed=seed, task_weight=task_weight, lr=lr,
-                          desc=desc)
+                          desc=desc, batches=batches)
         return {**lm.trainable(), _RNG: torch.get_rng_state(),
                 _STATS: torch.tensor([stats["loss"], stats["steps"], stats["num_examples"]],
                                      dtype=torch.float64)}
@@ -231,15 +231,17 @@ def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
 def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
               extra_loss: ExtraLoss | None = None, task_weight: float = 1.0,
               lr: float | None = None, desc: str = "train",
-              optimizer: tuple[torch.optim.Optimizer, Any] | None = None) -> dict[str, float]:
-    """:func:`train_lm` itself (the computation, never reused)."""
+              optimizer: tuple[torch.optim.Optimizer, Any] | None = None,
+              batches: list[dict[str, torch.Tensor]] | None = None) -> dict[str, float]:
+    """:func:`train_lm` itself (the computation, never reused); ``batches``: the epochs'
+    batches when the caller has built them already (the same :func:`lm_batches`)."""
     tcfg = cfg.training
     model = lm.model
     device = next(model.parameters()).device
     epochs = max(1, math.ceil(tcfg.local_epochs))
-    batches: list[dict[str, torch.Tensor]] = []
-    for epoch in range(epochs):
-        batches += lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch)
+    if batches is None:
+        batches = [b for epoch in range(epochs)
+                   for b in lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch)]
     per_epoch = len(batches) // epochs if epochs else 0
     total = tcfg.max_steps or max(1, math.ceil(tcfg.local_epochs * per_epoch))
     total = min(total, len(batches))
