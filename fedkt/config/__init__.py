@@ -2,10 +2,16 @@
 
 The package, one job per module:
 
-* :mod:`~fedkt.config.schema`: the pydantic models of every section (``RunConfig`` and
-  below, ``MethodConfig``), each field with its description;
+* :mod:`~fedkt.config.schema`: ``RunConfig``, the root of the pydantic models, with its
+  cross-section checks; each section's models, every field with its description, are in
+  their own module (:mod:`~fedkt.config.model_schema`, :mod:`~fedkt.config.data_schema`,
+  :mod:`~fedkt.config.training_schema`, :mod:`~fedkt.config.runtime_schema`,
+  :mod:`~fedkt.config.privacy_schema`, :mod:`~fedkt.config.eval_schema`,
+  :mod:`~fedkt.config.tracking_schema`, :mod:`~fedkt.config.method_schema` with
+  ``MethodConfig``), on :mod:`~fedkt.config.base`'s strict base;
 * :mod:`~fedkt.config.load`: YAML, ``--set`` overrides, validation (``load_config``,
-  ``parse_config``, ``apply_overrides``);
+  ``parse_config``, ``apply_overrides``); :mod:`~fedkt.config.bounded_yaml`: the YAML
+  loader with bounds (aliases, nesting, duplicate keys);
 * :mod:`~fedkt.config.messages`: the text of a bad key's error;
 * :mod:`~fedkt.config.reference`: docs/configuration.md (``python -m fedkt.config --write``);
 * :mod:`~fedkt.config.explain`: one key's type, default, allowed values and description
@@ -16,40 +22,36 @@ Every name is importable from ``fedkt.config`` as before the split.
 
 from __future__ import annotations
 
+from fedkt.config.base import _Strict as _Strict
+from fedkt.config.data_schema import (
+    ClassFilterConfig,
+    ClassSpec,
+    DataConfig,
+    DatasetConfig,
+    PartitionConfig,
+    SplitConfig,
+)
+from fedkt.config.data_schema import _check_class_spec as _check_class_spec
+from fedkt.config.eval_schema import EvalConfig
 from fedkt.config.load import _set_dotted as _set_dotted
 from fedkt.config.load import apply_overrides, load_config, parse_config
 from fedkt.config.messages import _format_error as _format_error
 from fedkt.config.messages import _short as _short
+from fedkt.config.method_schema import MethodConfig
+from fedkt.config.method_schema import _validate_method as _validate_method
+from fedkt.config.model_schema import LoraSettings, ModelConfig, QuantizationSettings
+from fedkt.config.model_schema import _check_device as _check_device
+from fedkt.config.privacy_schema import DifferentialPrivacyConfig, SecureAggregationConfig
 from fedkt.config.reference import REFERENCE_HEADER, config_reference, write_reference
-from fedkt.config.schema import (
+from fedkt.config.runtime_schema import ReplyLimits, RuntimeConfig, runtime_config_class
+from fedkt.config.schema import RunConfig
+from fedkt.config.tracking_schema import (
     TRACKING_BACKENDS,
-    ClassFilterConfig,
-    ClassSpec,
-    ClientsConfig,
-    DataConfig,
-    DatasetConfig,
-    DifferentialPrivacyConfig,
-    EvalConfig,
-    LoraSettings,
-    MethodConfig,
     MLflowSettings,
-    ModelConfig,
-    PartitionConfig,
-    QuantizationSettings,
-    ReplyLimits,
-    RunConfig,
-    RuntimeConfig,
-    SecureAggregationConfig,
-    SplitConfig,
     TensorBoardSettings,
     TrackingConfig,
-    TrainingConfig,
-    runtime_config_class,
 )
-from fedkt.config.schema import _check_class_spec as _check_class_spec
-from fedkt.config.schema import _check_device as _check_device
-from fedkt.config.schema import _Strict as _Strict
-from fedkt.config.schema import _validate_method as _validate_method
+from fedkt.config.training_schema import ClientsConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.runtime.settings import FlowerSettings, FlowerSimSettings
 

@@ -7,7 +7,7 @@ import difflib
 import textwrap
 
 from fedkt.config.keys import Key, allowed_values, bounds, default_text, type_name, walk
-from fedkt.config.schema import MethodConfig
+from fedkt.config.method_schema import MethodConfig
 from fedkt.errors import ConfigError
 
 __all__ = ["explain", "find_key"]

@@ -4,6 +4,7 @@ values and description (read from ``Field(description=...)``), for the reference
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -14,7 +15,9 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from fedkt.config.schema import MethodConfig, RunConfig, RuntimeConfig, runtime_config_class
+from fedkt.config.method_schema import MethodConfig
+from fedkt.config.runtime_schema import RuntimeConfig, runtime_config_class
+from fedkt.config.schema import RunConfig
 
 __all__ = ["Key", "allowed_values", "bounds", "default_text", "section_model", "type_name",
            "walk"]
@@ -65,6 +68,10 @@ def walk(model: type[BaseModel] = RunConfig, prefix: str = "") -> Iterator[Key]:
             yield from walk(sub, f"{key}.")
 
 
+# The module paths a type's text drops: the config's own modules and the settings models.
+_MODULE_PATH = re.compile(r"\bfedkt\.(?:config\.\w+|runtime\.settings|train\.pretrain)\.")
+
+
 def type_name(annotation: Any) -> str:
     """A short type: ``float | None``, ``'lora' | 'prefix'``, ``list[str]``."""
     origin = typing.get_origin(annotation)
@@ -77,9 +84,7 @@ def type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and not typing.get_args(annotation):
         return annotation.__name__
     text = str(annotation).replace("typing.", "").replace("NoneType", "None")
-    for module in ("fedkt.config.schema.", "fedkt.runtime.settings.", "fedkt.train.pretrain."):
-        text = text.replace(module, "")
-    return text
+    return _MODULE_PATH.sub("", text)
 
 
 _BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"),

@@ -10,14 +10,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from fedkt.bounded_yaml import YamlLimitError, load_yaml
+from fedkt.config.bounded_yaml import YamlLimitError, load_yaml
 from fedkt.config.messages import _format_error, _MethodErrors, _short
-from fedkt.config.schema import RunConfig, _validate_method
+from fedkt.config.method_schema import _validate_method
+from fedkt.config.schema import RunConfig
 from fedkt.errors import ConfigError
 
 
 def read_yaml(text: str, source: str) -> Any:
-    """YAML text as data, within :mod:`fedkt.bounded_yaml`'s bounds (aliases, nesting,
+    """YAML text as data, within :mod:`fedkt.config.bounded_yaml`'s bounds (aliases, nesting,
     duplicate keys); a :class:`ConfigError` that starts with ``source`` beyond them."""
     try:
         return load_yaml(text)

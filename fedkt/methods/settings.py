@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from fedkt.config import DatasetConfig, MethodConfig, RunConfig
-from fedkt.config.schema import _Strict
+from fedkt.config.base import _Strict
 
 __all__ = ["AdapterAveragingConfig", "EncoderHead", "ExchangeSettings", "ReceivingOptions",
            "VisionPretrain", "check_rehearsal"]

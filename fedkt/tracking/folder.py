@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedkt.bounded_yaml import load_yaml
 from fedkt.tracking.plots import write_plots
 from fedkt.tracking.rows import is_number, plain, read_rows
 from fedkt.tracking.summary import summary_markdown
@@ -172,6 +171,8 @@ class RunRecorder:
         path = self.run_dir / CONFIG_FILE
         if not path.exists():
             return {}
+        from fedkt.config.bounded_yaml import load_yaml  # here: fedkt.config loads the schema
+
         data = load_yaml(path.read_text(encoding="utf-8"))
         return data if isinstance(data, dict) else {}
 
