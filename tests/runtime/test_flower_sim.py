@@ -170,6 +170,7 @@ def _run_capped(tmp_path, limit: int, timeout: float):
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
 
 
+@pytest.mark.slow  # a child process that starts its own Ray: about a minute idle
 def test_flower_sim_runs_under_an_address_space_cap(tmp_path):
     """Under a 5 GiB ``ulimit -v`` the job finishes: Ray's default object store (30% of
     the free memory, mapped by every worker) left its workers unable to map libtorch, and
