@@ -106,8 +106,9 @@ def worker(items_path: str, out_path: str, batch_size: int, layouts: list[str]) 
     started = time.perf_counter()
     import torch
 
-    import fedkt.eval.lm as lm
     from fedkt.config import ModelConfig
+    from fedkt.eval import inputs, scorer
+    from fedkt.eval.layout import model_plan
     from fedkt.models.causal_lm import load_causal_lm
 
     torch.set_num_threads(1)
@@ -118,7 +119,7 @@ def worker(items_path: str, out_path: str, batch_size: int, layouts: list[str]) 
     conts = [[" " + c for c in it["choices"]] for it in items]
 
     timing = {"encode": 0.0, "forward": 0.0, "calls": 0, "slots": 0, "real": 0}
-    encode = lm._encode_example
+    encode = inputs._encode_example
 
     def timed_encode(*a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -137,7 +138,7 @@ def worker(items_path: str, out_path: str, batch_size: int, layouts: list[str]) 
     def after(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         timing["forward"] += time.perf_counter() - timing["t0"]
 
-    lm._encode_example = timed_encode
+    scorer._encode_example = timed_encode  # the name the scorer calls
     model.register_forward_pre_hook(before, with_kwargs=True)
     model.register_forward_hook(after, with_kwargs=True)
     out: dict[str, Any] = {"ready": time.perf_counter() - started, "layouts": {}}
@@ -145,14 +146,15 @@ def worker(items_path: str, out_path: str, batch_size: int, layouts: list[str]) 
         for key in ("encode", "forward", "calls", "slots", "real"):
             timing[key] = 0 if key in ("calls", "slots", "real") else 0.0
         t, c = time.perf_counter(), time.process_time()
-        scored = lm._score_grouped(model, tokenizer, contexts, conts, batch_size=batch_size,
-                                   max_length=MAX_LENGTH, layout=layout)
+        scored = scorer._score_grouped(model, tokenizer, contexts, conts,
+                                       batch_size=batch_size, max_length=MAX_LENGTH,
+                                       layout=layout)
         seconds, cpu = time.perf_counter() - t, time.process_time() - c
-        prefix = lm._special_prefix(tokenizer)
+        prefix = inputs._special_prefix(tokenizer)
         encoded = [encode(tokenizer, c, cs, prefix) for c, cs in zip(contexts, conts,
                                                                      strict=True)]
-        plan = lm.model_plan(model, encoded, batch_size=batch_size, max_length=MAX_LENGTH,
-                             layout=layout)
+        plan = model_plan(model, encoded, batch_size=batch_size, max_length=MAX_LENGTH,
+                          layout=layout)
         out["layouts"][layout] = {
             "seconds": seconds, "cpu": cpu, "scores": [[s for s, _ in row] for row in scored],
             "shared_items": sum(len(c) for c in plan.shared),

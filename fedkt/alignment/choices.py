@@ -7,7 +7,7 @@ its posterior over the task's choices,
 
     p(c | x) = softmax_c( log-likelihood of choice c after the prompt of x / T ),
 
-from the same log-likelihood scoring that evaluates the model (:mod:`fedkt.eval.lm`:
+from the same log-likelihood scoring that evaluates the model (:mod:`fedkt.eval.scorer`:
 the choice with the largest posterior is the one its ``accuracy`` counts).  It needs no
 gold label, no teacher forcing and no tokenizer alignment: every model scores the same
 choices in its own tokens, so the [N, C] posteriors of two models compare as they are.
@@ -81,8 +81,8 @@ Encoded = list[list[tuple[list[int], int]]]  # [sample][choice] -> (token ids, c
 
 def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict]) -> Encoded:
     """Every record's choices tokenized exactly as the scorer tokenizes them
-    (:func:`fedkt.eval.lm.encode_scored`); reads no label."""
-    from fedkt.eval.lm import encode_scored
+    (:func:`fedkt.eval.inputs.encode_scored`); reads no label."""
+    from fedkt.eval.inputs import encode_scored
 
     return [[encode_scored(tokenizer, ctx, cont, cfg.data.max_length) for cont in conts]
             for ctx, conts in _views(cfg, records, tokenizer)]
@@ -97,7 +97,7 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     (the scorer's ``accuracy``), divided by ``temperature``, then normalised over the
     choices.
 
-    ``layout`` (:data:`fedkt.eval.lm.LAYOUTS`; the same numbers and gradients within float
+    ``layout`` (:data:`fedkt.eval.layout.LAYOUTS`; the same numbers and gradients within float
     rounding): ``pairs`` runs every (sample, choice) as one whole sequence; ``shared`` runs
     each sample's context (the common prefix of its choices' contexts) once, the contexts
     of the batch right-padded together, and the choices' tokens after its key/value cache
@@ -106,7 +106,7 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     from a cache (soft prompts, gradient checkpointing while training, no cache returned)
     and samples whose choices share no context run as whole sequences.
     """
-    from fedkt.eval.lm import LAYOUTS
+    from fedkt.eval.layout import LAYOUTS
 
     if layout not in LAYOUTS:
         raise ValueError(f"choice_logprobs: layout {layout!r}: expected one of "
@@ -150,7 +150,7 @@ def _continues_from_cache(model: torch.nn.Module) -> bool:
     """Whether choices may run after their context's key/value cache in this forward:
     not for soft prompts (peft re-inserts them every forward), nor for a model that
     trains with gradient checkpointing (transformers then drops the cache)."""
-    from fedkt.eval.lm import _shares_context
+    from fedkt.eval.layout import _shares_context
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     checkpointing = any(getattr(m, "gradient_checkpointing", False) is True
@@ -161,10 +161,11 @@ def _continues_from_cache(model: torch.nn.Module) -> bool:
 def _shared_cheaper(model: torch.nn.Module, encoded: Encoded,
                     splits: Sequence[Split | None]) -> bool:
     """Whether the shared layout computes fewer token positions than whole sequences, by
-    the scorer's cost model (:func:`fedkt.eval.lm.plan_layout`: positions through the
+    the scorer's cost model (:func:`fedkt.eval.layout.plan_layout`: positions through the
     body, the output layer's positions weighted by its share, each forward call's fixed
     cost, attention per attended position)."""
-    from fedkt.eval.lm import ATTENTION_COST, CALL_COST, _head_share, takes_logits_to_keep
+    from fedkt.eval.inputs import takes_logits_to_keep
+    from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share
 
     head = _head_share(model)
     keeps = takes_logits_to_keep(model)
@@ -194,7 +195,7 @@ def _flat_scores(model: torch.nn.Module, flat: Sequence[tuple[list[int], int]],
                  pad_id: int) -> Tensor:
     """[rows] summed log-probabilities of each (token ids, continuation length) row, the
     rows right-padded into one batch of whole sequences."""
-    from fedkt.eval.lm import takes_logits_to_keep
+    from fedkt.eval.inputs import takes_logits_to_keep
 
     width = max(len(seq) for seq, _ in flat) - 1
     device = next(model.parameters()).device
@@ -234,7 +235,7 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
     first token is scored from its context's last logits, the others from the second
     forward's.  None when the model returned no cache.
     """
-    from fedkt.eval.lm import _pad, takes_logits_to_keep
+    from fedkt.eval.inputs import _pad, takes_logits_to_keep
     from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
 
     device = next(model.parameters()).device
@@ -291,7 +292,7 @@ def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
     """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient);
     with ``eval.reuse``, those of the same model, texts and settings computed before."""
     from fedkt import reuse
-    from fedkt.eval.lm import score_choices
+    from fedkt.eval.scorer import score_choices
 
     views = _views(cfg, records, lm.tokenizer)
 

@@ -1,16 +1,10 @@
-"""Evaluation: metrics (pure functions) and model scoring (``fedkt.eval.lm``)."""
+"""Evaluation: metrics (pure functions) and model scoring (``fedkt.eval.scorer``,
+``fedkt.eval.generation``, ``fedkt.eval.evaluate``; all importable from ``fedkt.eval.lm``)."""
 
-from fedkt.eval.lm import (
-    eval_classifier,
-    evaluate_causal_lm,
-    evaluate_text_classifier,
-    generate,
-    mc_accuracy,
-    mc_predictions,
-    score_choices,
-    target_loss,
-)
+from fedkt.eval.evaluate import eval_classifier, evaluate_causal_lm, evaluate_text_classifier
+from fedkt.eval.generation import generate
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l
+from fedkt.eval.scorer import mc_accuracy, mc_predictions, score_choices, target_loss
 
 __all__ = [
     "accuracy",

@@ -215,7 +215,7 @@ def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: 
                      ) -> dict[str, float]:
     """Accuracy, P/R/F1 of ``eval.positive_label``, macro-F1 and loss on ``records``."""
     from fedkt import reuse
-    from fedkt.eval.lm import evaluate_text_classifier
+    from fedkt.eval.evaluate import evaluate_text_classifier
 
     settings = {"batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
                 "positive_label": cfg.eval.positive_label, "class_groups": cfg.eval.class_groups}

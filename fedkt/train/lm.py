@@ -274,7 +274,7 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
     (:mod:`fedkt.reuse`)."""
     from fedkt import reuse
     from fedkt.data.formatting import chat_format
-    from fedkt.eval.lm import evaluate_causal_lm
+    from fedkt.eval.evaluate import evaluate_causal_lm
 
     fd = _federated_data(cfg)
     chat = chat_format(cfg.data.chat_template, lm.tokenizer)
