@@ -1,4 +1,6 @@
-"""Evaluation: metrics (pure functions) and model scoring (``fedkt.eval.lm``)."""
+"""Evaluation: metrics (pure functions) and model scoring (``fedkt.eval.lm``); per-example
+predictions (``fedkt.eval.predictions``) and the reuse of evaluations and knowledge sets
+already computed (``fedkt.eval.reuse``, ``eval.reuse``)."""
 
 from fedkt.eval.lm import (
     eval_classifier,

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedkt import progress
 from fedkt.eval import predictions
 from fedkt.eval.groups import group_accuracies, resolve_groups
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
+from fedkt.infra import progress
+from fedkt.infra.timing import timed_evaluation
 from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
-from fedkt.timing import timed_evaluation
 
 __all__ = [
     "eval_classifier",
