@@ -1,7 +1,7 @@
 """Faulty clients in a FedAvg job: what gets excluded, what completes, what it costs.
 
 A FedAvg-LoRA job on tiny-llama (vendored intent_recognition data, N clients,
-R rounds, ``clients.min_replies`` set) runs over :class:`fedkt.faults.FaultyTransport`
+R rounds, ``clients.min_replies`` set) runs over :class:`fedkt.runtime.faults.FaultyTransport`
 wrapping the ``local`` runtime:
 
 (a) transient faults: each (client, round) crashes with probability ``--p-crash`` and
@@ -36,9 +36,16 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.config import RunConfig, apply_overrides, parse_config
-from fedkt.faults import CRASH, KINDS, MALFORMED, FaultyTransport, persistent_plan, transient_plan
 from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.base import RoundError
+from fedkt.runtime.faults import (
+    CRASH,
+    KINDS,
+    MALFORMED,
+    FaultyTransport,
+    persistent_plan,
+    transient_plan,
+)
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, format_table, without_timings
 

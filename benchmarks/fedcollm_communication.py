@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from fedkt.config import load_config
-from fedkt.config_catalog import resolve_config
+from fedkt.configs.catalog import resolve_config
+from fedkt.federated.payload import Payload, nbytes
 from fedkt.models.install import check_installed, run_script
-from fedkt.payload import Payload, nbytes
 from fedkt.train.lm import client_lm, server_lm
 
 

@@ -18,9 +18,9 @@ import torch
 
 from fedkt.config import load_config
 from fedkt.data.splits import run_data
-from fedkt.losses import hidden_mse
 from fedkt.methods.fedkd import FedKDModels, loss_magnitudes
 from fedkt.train.encoder import check_text_classification, model_inputs, text_batches
+from fedkt.train.losses import hidden_mse
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,7 @@ Dong et al. (EMNLP Findings 2023) compare what a client must hold and what trave
 round for full fine-tuning, FedPrompt (clients hold the LLM, exchange prompts) and FedSP
 (clients hold the cut-and-shared auxiliary model, exchange prompts).  This script builds
 the configured server the way ``fedkt run`` does and measures the payloads the runtime
-actually serialises (``fedkt.payload.dumps``):
+actually serialises (``fedkt.federated.payload.dumps``):
 
 * client model: FedSP's one-time ``setup`` payload (the chosen layers, embeddings, final
   norm, head, config, tokenizer) vs the LLM's weights (FedPrompt, full fine-tuning);
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from fedkt.config import load_config
-from fedkt.config_catalog import resolve_config
+from fedkt.configs.catalog import resolve_config
+from fedkt.federated.payload import Payload, nbytes
 from fedkt.methods import get_method
 from fedkt.models.auxiliary import unwrap
 from fedkt.models.install import check_installed, run_script
-from fedkt.payload import Payload, nbytes
 
 
 def _dedup_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     args = ap.parse_args()
 
-    from fedkt.precision import set_threads
+    from fedkt.infra.precision import set_threads
 
     set_threads(1)
     load0 = os.getloadavg()

@@ -132,7 +132,7 @@ def _peak() -> int:
 
 def _config(name: str, extra: list[str]):
     from fedkt.config import load_config
-    from fedkt.config_catalog import resolve_config
+    from fedkt.configs.catalog import resolve_config
 
     config, sets = CONFIGS[name]
     return load_config(resolve_config(config), [*sets, *extra])

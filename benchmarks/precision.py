@@ -26,7 +26,7 @@ import time
 import torch
 
 from fedkt.config import parse_config
-from fedkt.precision import cpu_supports_bf16, resolve_precision, set_threads
+from fedkt.infra.precision import cpu_supports_bf16, resolve_precision, set_threads
 from fedkt.train.lm import (
     _federated_data,
     clear_cache,

@@ -2,7 +2,7 @@
 
 A real FedAvg-LoRA client reply (tiny-llama, vendored intent_recognition data, one
 round on the ``local`` runtime, recorded as its bytes) is the base.  Then N times, client 0
-sends a variant of it from :func:`fedkt.faults.hostile_reply` (its ``metrics``, one
+sends a variant of it from :func:`fedkt.runtime.faults.hostile_reply` (its ``metrics``, one
 metric, the envelope, its seconds, the ``*_seconds`` timings, ``_error``,
 ``num_examples`` or ``_predictions`` replaced by junk: wrong types, NaN / Infinity,
 huge numbers and strings, the server's own row keys as metric names, gzip bombs; or its
@@ -12,7 +12,7 @@ bound); implausible numbers in ``train_loss`` or a metric (1e300, negative losse
 error text with ESC, CR, LF and a fake log line), while client 1 sends the real reply,
 through the server's real :class:`~fedkt.runtime.base.RuntimeClients` (its reply
 checks and its aggregation of the adapter) and the run loop's writing of client
-predictions (:func:`fedkt.faults.run_attacks`).
+predictions (:func:`fedkt.runtime.faults.run_attacks`).
 
 Prints attacks tried, accepted (valid after all), rejected with a reason naming the
 client, kept with its predictions refused and a warning naming it, rejected without a
@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from fedkt.config import apply_overrides, parse_config
-from fedkt.faults import run_attacks
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.faults import run_attacks
 from fedkt.runtime.local import LocalTransport
 
 

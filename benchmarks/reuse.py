@@ -1,4 +1,4 @@
-"""What reuse costs and what it spares (fedkt.reuse), side by side in one run.
+"""What reuse costs and what it spares (fedkt.eval.reuse), side by side in one run.
 
 On a real model (default SmolLM2-135M with the run's LoRA adapter, offline alias
 ``smollm2-135m``) and ``--items`` test items of SNIPS intents (7 choices each), it times:
@@ -34,9 +34,9 @@ def main() -> None:
 
     import torch
 
-    from fedkt import reuse
     from fedkt.config import parse_config
     from fedkt.data.splits import run_data
+    from fedkt.eval import reuse
     from fedkt.train.lm import client_lm, evaluate_lm
 
     torch.set_num_threads(1)

@@ -20,13 +20,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import fedkt.aggregation
+import fedkt.federated.aggregation
+import fedkt.federated.payload
 import fedkt.methods.fedavg.algorithm as fedavg_module
-import fedkt.payload
 import fedkt.runtime.base as runtime_base
 import fedkt.train.lm
 from fedkt.config import load_config
-from fedkt.config_catalog import resolve_config
+from fedkt.configs.catalog import resolve_config
 from fedkt.models.install import check_installed, run_script
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
@@ -55,11 +55,11 @@ def instrument() -> None:
         for name, bucket in compute.items():
             if hasattr(module, name):
                 setattr(module, name, timed(f"compute:{bucket}", getattr(module, name)))
-    fedavg_module.fedavg = timed("compute:aggregate", fedkt.aggregation.fedavg)
+    fedavg_module.fedavg = timed("compute:aggregate", fedkt.federated.aggregation.fedavg)
     # Serialisation (counted as overhead; reported separately).
     for module in (runtime_base,):
-        module.dumps = timed("overhead:serialise", fedkt.payload.dumps)
-        module.loads = timed("overhead:serialise", fedkt.payload.loads)
+        module.dumps = timed("overhead:serialise", fedkt.federated.payload.dumps)
+        module.loads = timed("overhead:serialise", fedkt.federated.payload.loads)
 
 
 def main() -> None:

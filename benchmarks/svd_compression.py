@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from fedkt.compression import (
+from fedkt.federated.compression import (
     compress_state,
     decompress_state,
     svd_reconstruct,
@@ -76,7 +76,7 @@ def measure(updates_per_round: list[dict[str, Tensor]], schedule: Schedule) -> l
     """Compress each round's updates with that round's threshold and report the cost.
 
     ``schedule``: a callable ``(round_index, total_rounds) -> T`` (e.g.
-    :func:`fedkt.compression.threshold_schedule`), one ``T`` per round, or a
+    :func:`fedkt.federated.compression.threshold_schedule`), one ``T`` per round, or a
     constant ``T``. Returns rows with the keys in ``FIELDS``.
     """
     rows: list[dict] = []
@@ -174,10 +174,10 @@ def record_fedkd_run(config: Path, overrides: Sequence[str] = (), keep: Path | N
     ``update`` is the dense update the method handed to SVD compression. ``keep``: the
     run folder to keep (a normal run, e.g. for ``fedkt report``); default a temporary one.
     """
-    import fedkt.exchange as exchange  # noqa: PLC0415
+    import fedkt.methods.exchange as exchange  # noqa: PLC0415
     import fedkt.methods.fedkd.algorithm as fedkd  # noqa: PLC0415
     from fedkt.config import load_config  # noqa: PLC0415
-    from fedkt.config_catalog import resolve_config  # noqa: PLC0415
+    from fedkt.configs.catalog import resolve_config  # noqa: PLC0415
     from fedkt.models.install import check_installed  # noqa: PLC0415
     from fedkt.runner import run_job  # noqa: PLC0415
     from fedkt.runtime.base import default_state_root  # noqa: PLC0415

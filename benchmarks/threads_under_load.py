@@ -47,8 +47,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from fedkt.config import ModelConfig
+    from fedkt.infra.precision import physical_cores
     from fedkt.models import load_causal_lm
-    from fedkt.precision import physical_cores
 
     torch.set_num_threads(args.threads or physical_cores())
     model, _ = load_causal_lm(ModelConfig(name=args.model))

@@ -37,7 +37,7 @@ def _load(config: str | Path, overrides: list[str], extra: dict[str, object]):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedkt.config_catalog import resolve_config
+    from fedkt.configs.catalog import resolve_config
     from fedkt.models.install import check_installed
     from fedkt.runner import run
     from fedkt.tracking.folder import LOCK_FILE, clear_run_dir, is_run_folder, not_a_run, run_lock
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list methods, built-in datasets and model presets")
     p.set_defaults(func=cmd_list, light=True, plugins=True)  # no torch; plugins' methods too
 
-    from fedkt.config_catalog import add_config_commands
+    from fedkt.configs.catalog import add_config_commands
     from fedkt.models.install import add_model_commands
 
     add_config_commands(sub)
@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _import_plugins() -> int | None:
     """Import the ``FEDKT_PLUGINS`` modules (methods, runtimes, readers registered outside
     fedkt); the exit status 2 when one fails, else None."""
-    from fedkt.plugins import PLUGINS_ENV, import_plugins
+    from fedkt.infra.plugins import PLUGINS_ENV, import_plugins
 
     try:
         import_plugins()
@@ -401,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedkt: error: {exc}", file=sys.stderr)
             return 2
     from fedkt.config import ConfigError
+    from fedkt.federated.payload import PayloadError
     from fedkt.methods.errors import RoundError
-    from fedkt.payload import PayloadError
     from fedkt.runtime.envelope import TransportError
 
     if (failed := _import_plugins()) is not None:  # before a config is read

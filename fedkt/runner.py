@@ -15,23 +15,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedkt import progress
 from fedkt.config import RunConfig
-from fedkt.environment import ENVIRONMENT_FILE, environment
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
 from fedkt.evidence.paired_table import round0_summary
+from fedkt.federated.privacy import noise_share, round_epsilon
+from fedkt.infra import progress
+from fedkt.infra.environment import ENVIRONMENT_FILE, environment
+from fedkt.infra.precision import resolve_precision, set_threads
+from fedkt.infra.timing import Clock, clocks, eval_clock, now, phase_seconds
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
-from fedkt.precision import resolve_precision, set_threads
-from fedkt.privacy import noise_share, round_epsilon
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.replies import SERVER_ROW_KEYS
-from fedkt.timing import Clock, clocks, eval_clock, now, phase_seconds
-from fedkt.trackers import Tracking, open_tracking
 from fedkt.tracking import checkpoint
 from fedkt.tracking.checkpoint import read_checkpoint, record_sums, sha256_of  # noqa: F401
 from fedkt.tracking.folder import (
@@ -43,6 +42,7 @@ from fedkt.tracking.folder import (
 )
 from fedkt.tracking.resume import RESUMES_FILE, record_changes, resume_point  # noqa: F401 (tools)
 from fedkt.tracking.summary import read_environment
+from fedkt.tracking.trackers import Tracking, open_tracking
 
 log = logging.getLogger("fedkt")
 

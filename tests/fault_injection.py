@@ -1,6 +1,6 @@
 """Client failures for tests: client CID's handlers raise in round ROUND.
 
-:func:`client_faults` installs :func:`fedkt.faults.fail_handlers` for a ``with`` block:
+:func:`client_faults` installs :func:`fedkt.runtime.faults.fail_handlers` for a ``with`` block:
 in this process (the ``local`` runtime, SecAgg+ on it, the CLI run in-process) and, with
 ``workers=True``, in the worker processes of Flower's simulation engine too, which
 import :func:`install` as a plugin (``FEDKT_PLUGINS``) and read the faults from
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from unittest import mock
 
-from fedkt.faults import fail_handlers, failing_handlers
+from fedkt.runtime.faults import fail_handlers, failing_handlers
 
 ENV = "FEDKT_TEST_HANDLER_FAULTS"  # read by this module only, in simulation workers
 PLUGINS_ENV = "FEDKT_PLUGINS"  # fedkt.runtime.flower_app.PLUGINS_ENV (not imported: no flwr)

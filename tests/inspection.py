@@ -1,6 +1,6 @@
 """Payload inspection: what one reply of a real run holds, as the exact bytes that travel.
 
-:func:`check_reply` parses a client's reply with :func:`fedkt.payload.loads` and asserts
+:func:`check_reply` parses a client's reply with :func:`fedkt.federated.payload.loads` and asserts
 
 (a) no private training text (or image) of any client appears in its bytes, nor in the
     decompressed per-example predictions;
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from fedkt.federated.payload import loads
 from fedkt.methods import get_method
 from fedkt.methods.uploads import undeclared
-from fedkt.payload import loads
 from tests.trust_helpers import RecordedRun, flat_tensors
 
 PREDICTION_COLUMNS = {"id", "gold", "pred", "pred_norm", "scores", "rougeL"}

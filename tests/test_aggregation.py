@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedkt import aggregation as A
+from fedkt.federated import aggregation as A
 
 
 def _states():
@@ -89,7 +89,7 @@ def _client_updates(n: int, seed: int = 0):
 
 
 def test_coordinate_median_takes_the_middle_value_and_the_mean_of_the_middle_two():
-    from fedkt.aggregation import coordinate_median
+    from fedkt.federated.aggregation import coordinate_median
 
     states = [{"w": torch.tensor([1.0, -4.0]), "n": torch.tensor([1])},
               {"w": torch.tensor([2.0, 3.0]), "n": torch.tensor([2])},

@@ -1,4 +1,4 @@
-"""Concurrent use of the on-disk cache (fedkt/cache.py): processes racing on one entry.
+"""Concurrent use of the on-disk cache (fedkt/infra/cache.py): processes racing on one entry.
 
 Children are started with the ``spawn`` context, so each is a fresh interpreter like a
 separate ``fedkt run``; module-level imports stay light because every child imports
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedkt import cache as fc
+from fedkt.infra import cache as fc
 
 CTX = multiprocessing.get_context("spawn")
 DELAY = 0.5  # seconds a patched publish waits before renaming

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedkt import compression as C
+from fedkt.federated import compression as C
 from tests.conftest import load_benchmark
 
 # sigma = [3, 2, 1]: energies 9, 4, 1 (total 14); prefix ratios

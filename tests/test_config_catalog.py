@@ -11,7 +11,7 @@ import yaml
 import fedkt
 from fedkt.cli import build_parser, main
 from fedkt.config import load_config
-from fedkt.config_catalog import (
+from fedkt.configs.catalog import (
     CONFIGS_DIR,
     DEFAULT_CONFIG,
     UnknownConfigError,

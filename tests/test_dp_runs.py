@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedkt.config import ConfigError
-from fedkt.payload import loads
+from fedkt.federated.payload import loads
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
@@ -123,7 +123,7 @@ def test_distributed_noise_gives_the_sum_the_full_noise(make_config):
 
 
 def test_distributed_noise_reports_the_sum_and_the_lone_upload(make_config):
-    from fedkt.privacy import upload_epsilon
+    from fedkt.federated.privacy import upload_epsilon
 
     cfg = make_config("clients.num_clients=3", "rounds=1", "differential_privacy.enabled=true",
                       "differential_privacy.clip_norm=0.05",

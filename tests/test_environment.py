@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from fedkt import runner
-from fedkt.environment import describe, environment, kernels
 from fedkt.evidence.suite import environment_lines
+from fedkt.infra.environment import describe, environment, kernels
 from fedkt.runner import run
 from fedkt.tracking.summary import read_environment, summary_markdown
 
@@ -64,7 +64,7 @@ def test_a_suite_names_one_environment_or_warns_of_several(tmp_path):
 def test_the_reuse_key_changes_with_the_kernels_not_only_the_cpu_capability():
     """AMX and AVX512-BF16 kernels round bf16 differently under one CPU capability
     (AVX512): an entry from one must not be read on the other."""
-    code = "from fedkt.reuse import code_digest; print(code_digest())"
+    code = "from fedkt.eval.reuse import code_digest; print(code_digest())"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from fedkt.cli import main
 from fedkt.config import load_config, parse_config
-from fedkt.config_catalog import resolve_config
+from fedkt.configs.catalog import resolve_config
 from fedkt.data.formatting import mc_view
 from fedkt.eval import predictions
 from fedkt.export import ExportError, _participant_lm, export_model

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
-from fedkt.faults import FaultyTransport, persistent_plan
 from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.base import RoundError
+from fedkt.runtime.faults import FaultyTransport, persistent_plan
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
 from tests.conftest import final_test_rows
@@ -73,14 +73,14 @@ def test_participants_validated_naming_key(make_config, ids, why):
 
 def test_failing_handlers_only_when_asked_for_the_named_clients_and_rounds(make_config,
                                                                           monkeypatch):
-    """:func:`fedkt.faults.fail_handlers`: the client's handler raises in the named rounds,
+    """:func:`fedkt.runtime.faults.fail_handlers`: the client's handler raises in the named rounds,
     installing again replaces (never nests), and undoing restores the handlers."""
-    from fedkt.faults import fail_handlers, failing_handlers, parse_handler_faults
+    from fedkt.federated.payload import Payload
     from fedkt.methods import registry
     from fedkt.methods.base import Method, Server
     from fedkt.methods.fedavg import FedAvgConfig
-    from fedkt.payload import Payload
     from fedkt.runtime.base import RuntimeClients
+    from fedkt.runtime.faults import fail_handlers, failing_handlers, parse_handler_faults
 
     def echo(ctx, msg):
         return Payload(cid=ctx.cid)

@@ -29,8 +29,8 @@ from fedkt.cli import main
 from fedkt.config import ConfigError, apply_overrides, load_config, parse_config
 from fedkt.data import DataError, clear_cache, load_dataset_records
 from fedkt.data.records import DatasetConfig
+from fedkt.federated.payload import MAGIC, Payload, PayloadError, dumps, loads
 from fedkt.methods import available
-from fedkt.payload import MAGIC, Payload, PayloadError, dumps, loads
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted((ROOT / "configs").rglob("*.yaml"))

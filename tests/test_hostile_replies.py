@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from fedkt.eval import predictions
-from fedkt.payload import Payload, dumps
+from fedkt.federated.payload import Payload, dumps
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.envelope import ENVELOPE, ERROR, PREDICTIONS
@@ -211,7 +211,7 @@ def test_reasons_in_metrics_jsonl_are_json_numbers_only(tmp_path):
 
 
 def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
-    """Fuzz (fedkt.faults.hostile_reply, seeded): 400 variants of a real reply with junk in
+    """Fuzz (fedkt.runtime.faults.hostile_reply, seeded): 400 variants of a real reply with junk in
     its runtime fields, scope names and ids of its predictions, its adapter (finite but
     huge), its reported loss and its error text. Each is rejected with a reason naming the
     client, has its predictions refused with a warning naming it, or is valid after all;
@@ -221,7 +221,7 @@ def test_random_hostile_replies_never_crash_the_server_or_lose_data(caplog):
     accepted values."""
     import logging
 
-    from fedkt.faults import run_attacks
+    from fedkt.runtime.faults import run_attacks
 
     caplog.set_level(logging.ERROR, logger="fedkt.runtime")
     recorded = recorded_run("fedavg")
@@ -418,7 +418,7 @@ def test_a_clients_error_text_is_escaped_before_it_is_logged(tmp_path, caplog):
 
 def _round1_adapters(tamper: callable) -> list[dict[str, torch.Tensor]]:
     """The three clients' round-1 adapters as the server receives them (client 1's tampered)."""
-    from fedkt.payload import loads
+    from fedkt.federated.payload import loads
 
     replies = [c for c in recorded_run("fedavg").calls if c.handler == "train"][:3]
     return [(tamper(loads(c.reply)) if c.cid == BAD else loads(c.reply))["adapter"]

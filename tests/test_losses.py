@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from fedkt import losses as L
 from fedkt.methods.fedcollm.cotune import mutual_kl
 from fedkt.methods.fedkd import losses as FedKD
 from fedkt.methods.fedmkt.distill import lambda_mix
 from fedkt.methods.koala import losses as Koala
+from fedkt.train import losses as L
 
 LN3 = math.log(3.0)
 KL_PQ = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # 0.1308120

@@ -1,7 +1,7 @@
 """Faults: one client's reply is malformed, undecodable or never arrives.
 
 A tampering transport edits ONE client's reply to a chosen handler (parse, edit,
-re-serialise with :func:`fedkt.payload.dumps`, or raw bytes, or no reply at all). With
+re-serialise with :func:`fedkt.federated.payload.dumps`, or raw bytes, or no reply at all). With
 3 clients and ``clients.min_replies=2`` the run must complete with that client
 excluded and the reason (naming the client and the field) in ``metrics.jsonl``; with
 ``min_replies`` = all clients the run must fail with a :class:`RoundError` naming both.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedkt.payload import Payload, dumps
+from fedkt.federated.payload import Payload, dumps
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, default_state_root
 from fedkt.runtime.local import LocalTransport
@@ -287,8 +287,8 @@ def test_fedmkt_receipt_check_catches_every_malformed_knowledge_set():
     import re
 
     from fedkt.alignment.knowledge import unpack_topk, vocab_size
+    from fedkt.federated.payload import PayloadError, loads
     from fedkt.models import load_tokenizer
-    from fedkt.payload import PayloadError, loads
 
     run = recorded_run("fedmkt")
     reply = next(c.reply for c in run.calls if c.handler == "train_and_share" and c.cid == BAD)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fedkt.payload import Payload, PayloadError, dumps, loads, nbytes
+from fedkt.federated.payload import Payload, PayloadError, dumps, loads, nbytes
 
 
 def test_round_trip_keeps_tensors_dtypes_and_meta():

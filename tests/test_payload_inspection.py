@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from fedkt.data.splits import run_data
-from fedkt.payload import loads
+from fedkt.federated.payload import loads
 from tests.inspection import check_reply, private_needles
 from tests.trust_helpers import recorded_run
 
 
 def test_the_checks_catch_a_leak_an_extra_field_and_a_base_weight():
     """The checker is not vacuous: edits of a real FedAvg reply are caught."""
-    from fedkt.payload import dumps
+    from fedkt.federated.payload import dumps
 
     run = recorded_run("fedavg")
     call = next(c for c in run.replies() if c.cid == 1 and c.handler == "train")

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from fedkt import precision
 from fedkt.config import ConfigError
-from fedkt.precision import autocast, default_threads, physical_cores, resolve_precision
+from fedkt.infra import precision
+from fedkt.infra.precision import autocast, default_threads, physical_cores, resolve_precision
 from fedkt.train.lm import clear_cache, client_lm, train_lm
 
 NATIVE_BF16 = precision.cpu_supports_bf16()
@@ -52,7 +52,7 @@ def test_auto_follows_the_hardware(monkeypatch):
 def test_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, caplog):
     precision._warn_emulated_bf16.cache_clear()
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: False)
-    with caplog.at_level("WARNING", logger="fedkt.precision"):
+    with caplog.at_level("WARNING", logger="fedkt.infra.precision"):
         assert resolve_precision("bf16", "cpu") is torch.bfloat16  # still what was asked
         resolve_precision("bf16", "cpu")
         resolve_precision("auto", "cpu")
@@ -62,7 +62,7 @@ def test_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, caplog):
     caplog.clear()
     precision._warn_emulated_bf16.cache_clear()
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)
-    with caplog.at_level("WARNING", logger="fedkt.precision"):
+    with caplog.at_level("WARNING", logger="fedkt.infra.precision"):
         resolve_precision("bf16", "cpu")
     assert not caplog.records  # native bf16: nothing to say
 

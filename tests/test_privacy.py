@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from fedkt import privacy as P
+from fedkt.federated import privacy as P
 
 # --------------------------------------------------------------------------- norm / clipping
 

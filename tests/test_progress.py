@@ -1,4 +1,4 @@
-"""Progress bars of evaluation, knowledge sets and alignment (fedkt.progress).
+"""Progress bars of evaluation, knowledge sets and alignment (fedkt.infra.progress).
 
 Each bar is labelled with its participant, counts every item once, shows a rate in
 items/s on a terminal, and writes nothing when stderr is not a terminal.
@@ -12,10 +12,10 @@ import sys
 import pytest
 from tqdm import tqdm
 
-from fedkt import progress
 from fedkt.alignment import align_corpus, clear_alignment_cache
 from fedkt.alignment.knowledge import PublicSet, knowledge_set
 from fedkt.eval.lm import evaluate_causal_lm, score_choices, target_loss
+from fedkt.infra import progress
 from fedkt.models.tiny import build_tiny_causal_lm
 from fedkt.train.lm import LM
 

@@ -1,4 +1,4 @@
-"""Compute nothing twice (fedkt.reuse): a stored evaluation or knowledge set stands in for
+"""Compute nothing twice (fedkt.eval.reuse): a stored evaluation or knowledge set stands in for
 its computation only when everything that decides it is the same, and nothing in a run's
 results shows whether it did, but the seconds it spared."""
 
@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedkt import reuse
-from fedkt.eval import predictions
+from fedkt.eval import predictions, reuse
 from fedkt.eval.lm import evaluate_causal_lm
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
@@ -150,7 +149,7 @@ def test_after_training_the_evaluation_is_recomputed_not_reused(make_config, reu
 
 
 def test_settings_and_precision_are_in_the_key(make_config):
-    from fedkt.precision import cpu_supports_bf16
+    from fedkt.infra.precision import cpu_supports_bf16
     from fedkt.train.lm import client_lm, evaluate_lm
 
     cfg = make_config()  # training.precision: auto, bf16 on a CPU that has it, else fp32
@@ -374,8 +373,7 @@ def test_choice_posteriors_are_reused_for_the_same_model_texts_and_temperature(m
 
 
 def test_saved_seconds_are_their_own_clock_reported_beside_the_phases():
-    from fedkt import timing
-
+    from fedkt.infra import timing
     before = timing.clocks()
     with timing.phase("eval"):
         timing.saved("eval", 2.5)

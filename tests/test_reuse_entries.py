@@ -1,4 +1,4 @@
-"""Reuse entries are checked before use (fedkt.reuse): an entry of the eval store that is
+"""Reuse entries are checked before use (fedkt.eval.reuse): an entry of the eval store that is
 corrupt (a flipped byte, no ``tables``, ``seconds`` that is no number, a NaN metric) or
 that was planted (its content and key do not match its recorded hash) is recomputed with
 a warning naming the file, never a crash and never a result that the model did not give.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fedkt import reuse
+from fedkt.eval import reuse
 from tests.test_reuse import cfg_records
 
 

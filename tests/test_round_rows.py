@@ -3,9 +3,9 @@ order, with which fields, from the server's metrics, its evaluation and the traf
 
 from __future__ import annotations
 
+from fedkt.infra.timing import Clock
 from fedkt.runner import round_rows
 from fedkt.runtime.base import Traffic
-from fedkt.timing import Clock
 
 
 def _traffic() -> Traffic:

@@ -1,4 +1,4 @@
-"""Where a run's time goes: the phases of :mod:`fedkt.timing` in rows, report and suite."""
+"""Where a run's time goes: the phases of :mod:`fedkt.infra.timing` in rows, report and suite."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fedkt import timing
+from fedkt.infra import timing
 from fedkt.tracking import breakdown_table, time_breakdown
 from tests.conformance import conformance
 

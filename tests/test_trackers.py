@@ -1,4 +1,4 @@
-"""Experiment trackers (fedkt.trackers), read back with each tracker's own reader.
+"""Experiment trackers (fedkt.tracking.trackers), read back with each tracker's own reader.
 
 MLflow's ``MlflowClient`` on a local file store and TensorBoard's ``EventAccumulator`` must
 give back every numeric value of every ``metrics.jsonl`` row; a suite makes one tracking
@@ -24,8 +24,8 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 
 from fedkt.config import ConfigError, parse_config  # noqa: E402
 from fedkt.runner import run  # noqa: E402
-from fedkt.trackers import Tracking  # noqa: E402
 from fedkt.tracking import read_rows  # noqa: E402
+from fedkt.tracking.trackers import Tracking  # noqa: E402
 from tests.conftest import small_config  # noqa: E402
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from fedkt.config import RunConfig, load_config
-from fedkt.config_catalog import resolve_config
+from fedkt.configs.catalog import resolve_config
+from fedkt.federated.payload import Payload, loads
 from fedkt.methods import get_method
-from fedkt.payload import Payload, loads
 from fedkt.runtime.base import ENVELOPE
 
 # --------------------------------------------------------------------------- transports
@@ -91,7 +91,7 @@ class TamperingTransport:
     """Wraps a transport and corrupts the reply of client ``cid`` to ``handler``.
 
     ``tamper`` gets the parsed reply and returns the edited payload (re-serialised with
-    :func:`fedkt.payload.dumps`), raw bytes to send instead, or ``None``: the reply never
+    :func:`fedkt.federated.payload.dumps`), raw bytes to send instead, or ``None``: the reply never
     arrives (the server's transport times out on that client).
     """
 
@@ -100,7 +100,7 @@ class TamperingTransport:
         self.tampered = 0
 
     def exchange(self, requests: dict[int, bytes], timeout: float) -> dict[int, bytes | BaseException]:
-        from fedkt.payload import dumps
+        from fedkt.federated.payload import dumps
 
         replies = dict(self.inner.exchange(requests, timeout))
         data = requests.get(self.cid)

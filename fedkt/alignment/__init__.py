@@ -33,7 +33,7 @@ from fedkt.alignment.sequence import (
 )
 from fedkt.alignment.topk import PAD_VALUE, TopKLogits, project_topk, sparse_kd_loss, sparse_kl
 from fedkt.alignment.vocab import special_token_mapping, vocab_mapping
-from fedkt.cache import cache_dir
+from fedkt.infra.cache import cache_dir
 
 __all__ = [
     "PAD_VALUE",

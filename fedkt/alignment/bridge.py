@@ -31,8 +31,8 @@ from fedkt.alignment.introspect import vocab_hash
 from fedkt.alignment.sequence import Alignment, align_sequences
 from fedkt.alignment.topk import PAD_VALUE, sparse_kl
 from fedkt.alignment.vocab import vocab_mapping
-from fedkt.cache import cache_dir
-from fedkt.progress import counted
+from fedkt.infra.cache import cache_dir
+from fedkt.infra.progress import counted
 
 if TYPE_CHECKING:
     from fedkt.alignment.knowledge import PublicSet

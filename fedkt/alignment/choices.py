@@ -42,9 +42,9 @@ from torch import Tensor
 from fedkt.alignment.receiving import OWN, interleave, kl_rows
 from fedkt.config import RunConfig
 from fedkt.errors import ConfigError
-from fedkt.payload import Payload, PayloadError, check_tensor
-from fedkt.precision import autocast, grad_scaler, upcast
-from fedkt.timing import timed
+from fedkt.federated.payload import Payload, PayloadError, check_tensor
+from fedkt.infra.precision import autocast, grad_scaler, upcast
+from fedkt.infra.timing import timed
 from fedkt.train.lm import LM
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
@@ -291,7 +291,7 @@ def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
                      temperature: float = 1.0) -> Tensor:
     """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient);
     with ``eval.reuse``, those of the same model, texts and settings computed before."""
-    from fedkt import reuse
+    from fedkt.eval import reuse
     from fedkt.eval.scorer import score_choices
 
     views = _views(cfg, records, lm.tokenizer)

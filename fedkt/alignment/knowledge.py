@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedkt import progress
 from fedkt.alignment.topk import PAD_VALUE, TopKLogits
 from fedkt.config import RunConfig
 from fedkt.data.lm_batches import IGNORE_INDEX, make_batches, pad_token_id, tokenize_pairs
-from fedkt.payload import PayloadError, check_tensor
-from fedkt.timing import timed
+from fedkt.federated.payload import PayloadError, check_tensor
+from fedkt.infra import progress
+from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, lm_pairs
 
 __all__ = ["PublicSet", "knowledge_set", "pack_topk", "packed_entries", "unpack_topk",
@@ -149,7 +149,7 @@ def packed_entries(packed: dict[str, Tensor]) -> tuple[int, int]:
 def unpack_topk(packed: dict[str, Tensor], vocab: int, k: int, source: str) -> TopKLogits:
     """Rebuild a received knowledge set and validate it (shapes, K, id range, finite).
 
-    Raises :class:`~fedkt.payload.PayloadError` naming ``source`` and the field.
+    Raises :class:`~fedkt.federated.payload.PayloadError` naming ``source`` and the field.
     """
     want = {"values": torch.float16, "indices": torch.int32, "lengths": torch.int32,
             "sample_ids": torch.int64, "losses": torch.float32}

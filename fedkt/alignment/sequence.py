@@ -32,9 +32,9 @@ import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from fedkt.alignment.introspect import token_bytes, tokenizer_memo, vocab_hash
-from fedkt.cache import cache_dir, cached
-from fedkt.progress import counted
-from fedkt.timing import timed
+from fedkt.infra.cache import cache_dir, cached
+from fedkt.infra.progress import counted
+from fedkt.infra.timing import timed
 
 __all__ = [
     "Alignment",
@@ -260,7 +260,7 @@ def cached_alignments(path: Path, compute: Callable[[], list[Alignment]],
     """The alignments stored at ``path`` (an ``.npz`` cache entry), computed once if absent.
 
     ``n`` is the expected count; an entry with another count is recomputed. Safe when
-    several processes ask at once (:func:`fedkt.cache.cached`).
+    several processes ask at once (:func:`fedkt.infra.cache.cached`).
     """
     def load(p: Path) -> list[Alignment]:
         out = _load(p)

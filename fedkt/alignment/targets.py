@@ -29,8 +29,8 @@ from fedkt.alignment.knowledge import PublicSet, vocab_size
 from fedkt.alignment.sequence import Alignment
 from fedkt.alignment.topk import PAD_VALUE, TopKLogits, project_topk, sparse_kd_loss
 from fedkt.data.lm_batches import IGNORE_INDEX
-from fedkt.payload import PayloadError
-from fedkt.timing import timed
+from fedkt.federated.payload import PayloadError
+from fedkt.infra.timing import timed
 
 __all__ = ["KDTargets", "Received", "build_targets", "kd_loss", "to_receiver"]
 

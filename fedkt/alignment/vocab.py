@@ -23,8 +23,8 @@ from fedkt.alignment.introspect import (
     vocab_len,
 )
 from fedkt.alignment.mined import mined_mapping
-from fedkt.cache import cache_dir, cached
-from fedkt.timing import timed
+from fedkt.infra.cache import cache_dir, cached
+from fedkt.infra.timing import timed
 
 __all__ = ["MAPPING_VERSION", "special_token_mapping", "vocab_mapping"]
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from fedkt.config.base import _Strict
-from fedkt.templates import HARD_MAX_WIDTH, check_template
+from fedkt.infra.templates import HARD_MAX_WIDTH, check_template
 
 __all__ = ["ClassFilterConfig", "ClassSpec", "DataConfig", "DatasetConfig", "PartitionConfig",
            "SplitConfig"]

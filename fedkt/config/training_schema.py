@@ -52,7 +52,7 @@ class TrainingConfig(_Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description=(
         "Mixed precision of training, scoring and generation (torch.autocast; weights, adapters "
         "and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX) "
-        "or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/precision.py)."))
+        "or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/infra/precision.py)."))
     gradient_checkpointing: bool = Field(False, description=(
         "Recompute each decoder layer's activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing, non-reentrant): activation memory of training "

@@ -8,7 +8,7 @@ build the same prompt, so what a model is trained on is what it is scored on.
 A ``template`` with ``{field}`` placeholders replaces the default prompt.  Placeholders:
 the record's fedkt fields (``prompt``, ``text``, ...), its unmapped source fields
 (``extra``), ``options`` (lettered choices, one a line) and ``labels`` (the label names,
-comma separated).  Templates are checked first (:mod:`fedkt.templates`): plain field
+comma separated).  Templates are checked first (:mod:`fedkt.infra.templates`): plain field
 names only, widths and precisions bounded.
 
 Chat models: with a :class:`ChatFormat` (``data.chat_template``, :func:`chat_format`), the
@@ -26,7 +26,7 @@ from typing import Any
 
 from fedkt.data.dataset import DataError
 from fedkt.errors import ConfigError
-from fedkt.templates import check_template as check_template_syntax
+from fedkt.infra.templates import check_template as check_template_syntax
 
 _LETTERS = string.ascii_uppercase
 

@@ -1,5 +1,7 @@
 """Evaluation: metrics (pure functions) and model scoring (``fedkt.eval.scorer``,
-``fedkt.eval.generation``, ``fedkt.eval.evaluate``; all importable from ``fedkt.eval.lm``)."""
+``fedkt.eval.generation``, ``fedkt.eval.evaluate``; all importable from ``fedkt.eval.lm``);
+per-example predictions (``fedkt.eval.predictions``) and the reuse of evaluations and
+knowledge sets already computed (``fedkt.eval.reuse``, ``eval.reuse``)."""
 
 from fedkt.eval.evaluate import eval_classifier, evaluate_causal_lm, evaluate_text_classifier
 from fedkt.eval.generation import generate

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedkt import progress
 from fedkt.eval import predictions
 from fedkt.eval.generation import generate
 from fedkt.eval.groups import group_accuracies, resolve_groups
 from fedkt.eval.inputs import _device, _inference, _pad, _pad_id
 from fedkt.eval.metrics import accuracy, macro_f1, precision_recall_f1, rouge_l_scores
 from fedkt.eval.scorer import _score_grouped, mc_predictions, target_loss
-from fedkt.timing import timed_evaluation
+from fedkt.infra import progress
+from fedkt.infra.timing import timed_evaluation
 
 __all__ = ["TASKS", "eval_classifier", "evaluate_causal_lm", "evaluate_text_classifier"]
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from fedkt import progress
 from fedkt.eval.inputs import (
     _device,
     _encode,
@@ -21,6 +20,7 @@ from fedkt.eval.inputs import (
     _special_prefix,
     _start_token,
 )
+from fedkt.infra import progress
 
 __all__ = ["generate"]
 

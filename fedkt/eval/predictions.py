@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedkt.infra.progress import current_scope, scope  # re-exported
 from fedkt.tracking.folder import PREDICTIONS_DIR, atomic_write
 
 __all__ = [
@@ -155,7 +156,6 @@ def _rounded(value: Any) -> Any:
 # --------------------------------------------------------------------------- capture
 
 _SINK: ContextVar[dict[str, Predictions] | None] = ContextVar("fedkt_predictions", default=None)
-_SCOPE: ContextVar[str] = ContextVar("fedkt_prediction_scope", default="")
 
 
 @contextmanager
@@ -169,27 +169,12 @@ def capture() -> Iterator[dict[str, Predictions]]:
         _SINK.reset(token)
 
 
-@contextmanager
-def scope(name: str) -> Iterator[None]:
-    """Tables emitted inside belong to ``name`` (a metric prefix such as ``slm``)."""
-    token = _SCOPE.set(name)
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
-
-
-def current_scope() -> str:
-    """The innermost :func:`scope` (``""`` outside one)."""
-    return _SCOPE.get()
-
-
 def emit(columns: dict[str, Sequence[Any]], **meta: Any) -> None:
     """Hand a table to the innermost :func:`capture` (nothing happens outside one)."""
     sink = _SINK.get()
     if sink is None:
         return
-    sink[_SCOPE.get()] = Predictions({k: list(v) for k, v in columns.items()}, meta)
+    sink[current_scope()] = Predictions({k: list(v) for k, v in columns.items()}, meta)
 
 
 # --------------------------------------------------------------------------- files

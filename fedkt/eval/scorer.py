@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from fedkt import progress
 from fedkt.eval.inputs import (
     _device,
     _encode_example,
@@ -31,6 +30,7 @@ from fedkt.eval.inputs import (
 )
 from fedkt.eval.layout import LAYOUTS, model_plan
 from fedkt.eval.metrics import accuracy
+from fedkt.infra import progress
 from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
 
 __all__ = ["mc_accuracy", "mc_predictions", "score_choices", "target_loss"]

@@ -53,8 +53,7 @@ from fedkt.config import (
     _Strict,
     parse_config,
 )
-from fedkt.config_catalog import UnknownConfigError, resolve_config
-from fedkt.environment import describe
+from fedkt.configs.catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.claims import Claim, ClaimError, decide, parse_claim
 from fedkt.evidence.method_table import (
@@ -73,7 +72,8 @@ from fedkt.evidence.runs import (
     paired,
 )
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
-from fedkt.precision import physical_cores
+from fedkt.infra.environment import describe
+from fedkt.infra.precision import physical_cores
 from fedkt.tracking.folder import LATEST_FILE
 from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
 from fedkt.tracking.summary import read_environment
@@ -457,7 +457,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
               v["floor_text"], v["verdict"] + (f": {v['reason']}" if v.get("reason") else "")]
              for v in verdicts], markdown=True), ""]
     text += ["## Where the time went", "",
-             "Mean over seeds of each run's seconds per phase (fedkt.timing), summed over "
+             "Mean over seeds of each run's seconds per phase (fedkt.infra.timing), summed over "
              "its participants; other: the wall time no phase covers; all runs: the sum "
              "over every run of the suite (its runs one after another).", "",
              breakdown_table([*((arm, mean_breakdown([time_breakdown(r.info.rows)

@@ -15,7 +15,6 @@ Flower: the runtime moves the payloads.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import re
@@ -28,9 +27,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedkt.config import MethodConfig, RunConfig
+from fedkt.federated.payload import Payload, PayloadError
+from fedkt.infra.seeds import derive_seed as derive_seed  # re-exported
+from fedkt.infra.seeds import seed_everything as seed_everything  # re-exported
 from fedkt.methods.errors import RoundError as RoundError  # re-exported: public name
 from fedkt.methods.holdings import Holdings, Version, version_field
-from fedkt.payload import Payload, PayloadError
 from fedkt.tracking.folder import atomic_write
 
 log = logging.getLogger("fedkt.methods")
@@ -40,28 +41,12 @@ if TYPE_CHECKING:
     from fedkt.train.lm import LM
 
 
-def derive_seed(base: int, *tags: object) -> int:
-    """A stable 31-bit seed from a base seed and tags (independent of hash randomisation)."""
-    text = "/".join(str(t) for t in (base, *tags))
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
 def clients_per_round(cfg: RunConfig) -> int:
     """How many clients each round asks: ``max(1, round(fraction * K))`` of the K
     participants (all of them with ``clients.fraction: 1``)."""
     ids = cfg.client_ids()
     return len(ids) if cfg.clients.fraction >= 1 else max(1, round(cfg.clients.fraction
                                                                      * len(ids)))
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- client side
@@ -121,12 +106,12 @@ class ClientContext:
         The Gaussian mechanism on the change ``upload - reference`` (``reference``
         None: ``upload`` already is a change): clip its L2 norm to
         ``differential_privacy.clip_norm``, add ``N(0, (noise_multiplier * clip_norm)^2)``
-        (divided by sqrt(m) with ``noise: distributed``: :func:`fedkt.privacy.noise_share`).
+        (divided by sqrt(m) with ``noise: distributed``: :func:`fedkt.federated.privacy.noise_share`).
         """
         dp = self.cfg.differential_privacy
         if not dp.enabled:
             return upload
-        from fedkt.privacy import noise_share, privatize
+        from fedkt.federated.privacy import noise_share, privatize
 
         share = noise_share(dp.noise, clients_per_round(self.cfg), self.cfg.clients.min_replies)
         noisy, _ = privatize(upload, reference, clip_norm=dp.clip_norm,
@@ -160,7 +145,7 @@ class ClientContext:
         disk at its version, or this client's copy of that version.  ``start``: version 0,
         which every party builds itself from the seed (never sent).  ``check``: what
         :meth:`Payload.state` checks of a sent one (``like=``, ``finite=``).  A client
-        holding no such version raises :class:`~fedkt.payload.PayloadError` (it is excluded
+        holding no such version raises :class:`~fedkt.federated.payload.PayloadError` (it is excluded
         from the round and sent the object next time)."""
         version = msg.get(version_field(name))
         if isinstance(version, bool) or not isinstance(version, int | str):

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
+from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext
-from fedkt.payload import Payload
 from fedkt.train.lm import client_lm, client_test_metrics
 
 __all__ = ["client_evaluate"]

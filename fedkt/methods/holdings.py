@@ -15,7 +15,7 @@ vision FedAvg client runs.  Each is a *named, versioned* object:
 * client side, :meth:`fedkt.methods.base.ClientContext.received` takes the object from
   the request (and keeps it on the client's disk at its version) or from the client's
   own copy of that version (:meth:`~fedkt.methods.base.ClientContext.cached`); a client
-  that lacks it fails the call with a :class:`~fedkt.payload.PayloadError`, is excluded
+  that lacks it fails the call with a :class:`~fedkt.federated.payload.PayloadError`, is excluded
   from the round, and is sent the object next time.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from fedkt.payload import Payload
+from fedkt.federated.payload import Payload
 
 __all__ = ["Holdings", "Version", "version_field"]
 

@@ -100,7 +100,7 @@ TOPK = Tensors(r"^(values|indices|lengths|sample_ids|losses)$",
 # with knowledge: choices).
 CHOICES = Tensors(r"^posteriors$", exact=frozenset({"posteriors"}))
 # A model update, per parameter SVD factors or raw, with its shape
-# (fedkt.compression.to_payload; FedKD Eq. 8, encoder FedAvg).
+# (fedkt.federated.compression.to_payload; FedKD Eq. 8, encoder FedAvg).
 SVD_UPDATE = Tensors(r"^[\w.]+::(U|S|Vh|raw|shape)$")
 
 # The runtime's own reply fields, allowed in every reply: the handler's metrics, the

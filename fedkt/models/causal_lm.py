@@ -31,8 +31,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from fedkt.cache import cached
 from fedkt.config import ModelConfig
+from fedkt.infra.cache import cached
 from fedkt.models.layers import keep_first_layers
 from fedkt.models.offline import (
     OFFLINE_ALIASES,
@@ -267,10 +267,10 @@ def load_causal_lm(
     ``cfg.num_layers`` keeps only the first N decoder layers of whatever was loaded.
     ``cfg.quantization`` / ``cfg.device_map``: the weights are quantised by bitsandbytes
     and placed as they load (a quantised model on ``device``), see
-    :mod:`fedkt.placement`; otherwise the model is on the CPU and ``device`` is unused.
+    :mod:`fedkt.infra.placement`; otherwise the model is on the CPU and ``device`` is unused.
     Raises :class:`~fedkt.models.offline.ModelError` with what to do when it can't.
     """
-    from fedkt.placement import loader_kwargs
+    from fedkt.infra.placement import loader_kwargs
 
     extra = loader_kwargs(cfg, device)
     if cfg.quantization is not None:

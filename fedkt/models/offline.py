@@ -8,7 +8,7 @@ ALIAS``, see :mod:`fedkt.models.install`).  Each alias pins the packages it need
 and, where known, the sha256 of its main file: this table is the one source of both.
 
 This module also holds the error type the rest of :mod:`fedkt.models` shares and
-re-exports :func:`fedkt.cache.cache_dir` (``$FEDKT_CACHE`` or ``~/.cache/fedkt``).
+re-exports :func:`fedkt.infra.cache.cache_dir` (``$FEDKT_CACHE`` or ``~/.cache/fedkt``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from fedkt.cache import cache_dir, cache_entry, cached
+from fedkt.infra.cache import cache_dir, cache_entry, cached
 
 __all__ = [
     "OFFLINE_ALIASES",
@@ -95,7 +95,7 @@ def _verified_entry(
 ) -> Path:
     """``target`` made once by ``write(tmp)`` (which checks the sha256), plus its marker.
 
-    Other processes wait for the build (:func:`fedkt.cache.cache_entry`); the marker is
+    Other processes wait for the build (:func:`fedkt.infra.cache.cache_entry`); the marker is
     written under the entry's lock, after the file, so "verified" means complete.
     """
     valid = lambda p: _verified(p, expected_sha, expected_size)  # noqa: E731

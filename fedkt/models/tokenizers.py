@@ -41,7 +41,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers import trainers as tk_trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from fedkt.cache import cache_dir, cached
+from fedkt.infra.cache import cache_dir, cached
 from fedkt.models.offline import ModelError
 
 __all__ = [

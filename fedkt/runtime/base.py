@@ -27,15 +27,16 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import yaml
 
-from fedkt import progress
-from fedkt.aggregation import coordinate_median, far_beyond, fedavg, is_finite, state_norm
 from fedkt.config import RunConfig, TrackingConfig, parse_config, runtime_config_class
 from fedkt.eval import predictions
 from fedkt.eval.predictions import Predictions
+from fedkt.federated.aggregation import coordinate_median, far_beyond, fedavg, is_finite, state_norm
+from fedkt.federated.payload import Payload, PayloadError, dumps, loads
+from fedkt.infra import progress
+from fedkt.infra.precision import set_threads
+from fedkt.infra.timing import SAVED, Clock, clocks, eval_clock, now, phase, phase_seconds
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext, RoundError, derive_seed, seed_everything
-from fedkt.payload import Payload, PayloadError, dumps, loads
-from fedkt.precision import set_threads
 from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's names
     ENVELOPE,
     ERROR,
@@ -44,7 +45,6 @@ from fedkt.runtime.envelope import (  # noqa: F401 - re-exported: the runtime's 
     TransportError,
 )
 from fedkt.runtime.replies import check_reply, error_text
-from fedkt.timing import SAVED, Clock, clocks, eval_clock, now, phase, phase_seconds
 
 log = logging.getLogger("fedkt.runtime")
 
@@ -79,7 +79,7 @@ class Traffic:
     # The handlers' time without their evaluation (the method's compute on the client).
     compute: dict[int, Clock] = field(default_factory=lambda: defaultdict(Clock))
     # Server side: wall seconds spent waiting for clients, and the seconds per phase
-    # (fedkt.timing; "eval" among them) that ran in this process meanwhile (clients that
+    # (fedkt.infra.timing; "eval" among them) that ran in this process meanwhile (clients that
     # share it), for the server's compute and its own phases.
     wait: Clock = Clock()
     wait_phases: dict[str, Clock] = field(default_factory=dict)
@@ -414,7 +414,7 @@ def _fixed(seconds: float) -> str:
 
 def _phase_timings(before: dict[str, Clock]) -> dict[str, str]:
     """The handler's seconds per phase (``train/<phase>_seconds``: its row of the round), at
-    a fixed width.  ``<phase>_saved_seconds`` (what reused results spared, :mod:`fedkt.reuse`)
+    a fixed width.  ``<phase>_saved_seconds`` (what reused results spared, :mod:`fedkt.eval.reuse`)
     is there whenever its phase is, 0 if nothing was reused: a reply's size must not say
     whether a result was reused."""
     spent = phase_seconds(before, clocks())

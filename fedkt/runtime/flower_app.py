@@ -29,7 +29,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedkt.plugins import PLUGINS_ENV, import_plugins
+from fedkt.infra.plugins import PLUGINS_ENV, import_plugins
 from fedkt.runtime.base import ALLOW_REMOTE_CODE_KEY, handle_request, truthy
 from fedkt.runtime.envelope import ERROR, TransportError
 from fedkt.runtime.secagg import secure_fit
@@ -362,7 +362,7 @@ def make_client_app(state_root: Path | str | None = None,
         try:
             cid, state_root = _client(context)
         except Exception as exc:  # noqa: BLE001 - reported to the server as this client's error
-            from fedkt.payload import dumps
+            from fedkt.federated.payload import dumps
 
             reply = dumps({ERROR: f"{type(exc).__name__}: {exc}"})
         else:

@@ -1,10 +1,10 @@
 """What a client sends back, checked before the server uses any of it.
 
-A reply (after :func:`fedkt.payload.loads`) holds the method's fields and the runtime's
+A reply (after :func:`fedkt.federated.payload.loads`) holds the method's fields and the runtime's
 own: the envelope (``_fedkt``: seconds, compute, cpu and the handler's ``*_seconds``
 timings), ``metrics`` and, in evaluation calls, ``_predictions``.  Clients are not
 trusted: :func:`check_reply` checks the type, shape and size of every runtime field (and
-the bound on ``num_examples``) and raises :class:`~fedkt.payload.PayloadError` naming the
+the bound on ``num_examples``) and raises :class:`~fedkt.federated.payload.PayloadError` naming the
 client and the field, which excludes that client from the round.  Nothing of a reply is
 used before the whole of it passed.
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fedkt.config import ReplyLimits
-from fedkt.payload import Payload, PayloadError
+from fedkt.federated.payload import Payload, PayloadError
 from fedkt.runtime.envelope import ENVELOPE, ERROR, PREDICTIONS
 
 __all__ = ["MAX_LOSS", "MAX_METRIC", "MAX_SECONDS", "SERVER_ROW_KEYS", "CheckedReply",

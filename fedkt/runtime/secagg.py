@@ -61,7 +61,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedkt.config import SecureAggregationConfig
-from fedkt.payload import Payload, PayloadError, dumps, loads
+from fedkt.federated.payload import Payload, PayloadError, dumps, loads
 from fedkt.runtime.envelope import ENVELOPE, ERROR, ClientFailure
 
 AGGREGATE = "aggregate"  # envelope key: which reply field is summed, and how

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from fedkt.errors import CheckpointError
-from fedkt.timing import timed
+from fedkt.infra.timing import timed
 from fedkt.tracking.folder import HOLDINGS, LATEST_FILE, SERVER_STATE, RunRecorder, atomic_write
 
 __all__ = ["SUMS_FILE", "check_finite", "mark_checkpoint", "read_checkpoint", "record_sums",

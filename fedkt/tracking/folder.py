@@ -4,7 +4,7 @@ Layout of ``run_dir``::
 
     config.yaml              the validated run config
     environment.json         where its rounds were computed: versions and kernels
-                             (:mod:`fedkt.environment`; a second entry after a resume
+                             (:mod:`fedkt.infra.environment`; a second entry after a resume
                              elsewhere)
     metrics.jsonl            one JSON object per (round, participant, split)
                              (:mod:`fedkt.tracking.rows`)

@@ -182,12 +182,12 @@ def run_wall_time(rows: Sequence[dict[str, Any]]) -> float | None:
 
 def time_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
     """Where a run's time went: ``wall`` (:func:`run_wall_time`), the seconds of each
-    phase of :mod:`fedkt.timing` summed over every participant's rows (``<phase>_seconds``),
+    phase of :mod:`fedkt.infra.timing` summed over every participant's rows (``<phase>_seconds``),
     and ``other``: the wall time no phase covers (0 when the phases add up to more, as
     clients working in parallel on other machines can); ``saved``: the seconds reused
-    results spared (``<phase>_saved_seconds``, :mod:`fedkt.reuse`; not in the wall time).
+    results spared (``<phase>_saved_seconds``, :mod:`fedkt.eval.reuse`; not in the wall time).
     None without a wall time."""
-    from fedkt.timing import PHASES, SAVED
+    from fedkt.infra.timing import PHASES, SAVED
 
     wall = run_wall_time(rows)
     if wall is None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedkt.environment import ENVIRONMENT_FILE, describe
+from fedkt.infra.environment import ENVIRONMENT_FILE, describe
 from fedkt.tracking.rows import (
     best_round,
     is_eval,

@@ -90,7 +90,7 @@ def round_table(rows: Sequence[dict[str, Any]], round: int) -> str:
 def breakdown_table(named: Sequence[tuple[str, dict[str, float] | None]]) -> str:
     """A markdown table of :func:`time_breakdown` results: seconds and share of the wall
     time per phase, one line per name, and the seconds reused results spared."""
-    from fedkt.timing import PHASES
+    from fedkt.infra.timing import PHASES
 
     cols = [*PHASES, "other"]
     header = ["", "wall (s)", *(f"{c} (s, %)" for c in cols), "spared by reuse (s)"]

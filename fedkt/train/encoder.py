@@ -24,10 +24,11 @@ from torch import Tensor, nn
 
 from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
+from fedkt.infra.placement import pick_device
+from fedkt.infra.precision import autocast, grad_scaler, upcast
 from fedkt.methods.settings import EncoderHead as EncoderHead  # re-exported
-from fedkt.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import make_optimizer, pick_device, step, trainable
+from fedkt.train.optim import make_optimizer, step, trainable
 
 __all__ = [
     "EncoderHead",
@@ -214,7 +215,7 @@ def train_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: lis
 def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: list[dict]
                      ) -> dict[str, float]:
     """Accuracy, P/R/F1 of ``eval.positive_label``, macro-F1 and loss on ``records``."""
-    from fedkt import reuse
+    from fedkt.eval import reuse
     from fedkt.eval.evaluate import evaluate_text_classifier
 
     settings = {"batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,

@@ -23,10 +23,10 @@ import torch
 
 from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
-from fedkt.placement import client_device, server_device
-from fedkt.precision import autocast, grad_scaler, upcast
+from fedkt.infra.placement import client_device, pick_device, server_device
+from fedkt.infra.precision import autocast, grad_scaler, upcast
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import make_optimizer, pick_device, step, trainable
+from fedkt.train.optim import make_optimizer, step, trainable
 
 __all__ = [
     "LM",
@@ -90,9 +90,9 @@ def get_lm(model_cfg: ModelConfig, training: TrainingConfig, seed: int, device: 
                     str(training.gradient_checkpointing)])
     lm = _LM_CACHE.get(key)
     if lm is None:
+        from fedkt.infra.placement import placed_by_loader
         from fedkt.models.adapters import adapter_state, apply_peft
         from fedkt.models.causal_lm import load_causal_lm
-        from fedkt.placement import placed_by_loader
 
         model, tokenizer = load_causal_lm(model_cfg, seed=seed, device=device)
         if model_cfg.quantization is not None and training.peft in ("lora", "prefix"):
@@ -172,7 +172,7 @@ def train_lm(
     Plain training from the model's initial adapter (no ``extra_loss``, a fresh optimiser)
     is reused under ``training.reuse``: the trained weights are stored under a key of
     everything that decides them (the model as it starts, tokenizer, the batches' tokens,
-    the training settings, learning rate, seed, precision, code: :mod:`fedkt.reuse`), so
+    the training settings, learning rate, seed, precision, code: :mod:`fedkt.eval.reuse`), so
     the local training that every arm of a suite's seed does before its exchange is
     computed once.  A reused result loads the weights and torch's random state the
     training left, and reports the seconds it spared as ``train_saved_seconds``.
@@ -199,8 +199,7 @@ _STATS = "__train_stats__"  # [loss, steps, num_examples]
 def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
                      task_weight: float, lr: float | None, desc: str) -> dict[str, float]:
     """:func:`train_lm`'s plain training through the reuse store (its docstring)."""
-    from fedkt import reuse
-
+    from fedkt.eval import reuse
     tcfg = cfg.training
     epochs = max(1, math.ceil(tcfg.local_epochs))
     batches = [b for epoch in range(epochs)
@@ -271,9 +270,9 @@ def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
 def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]:
     """Evaluate a model on records of the run's task (accuracy, F1 or Rouge-L, loss); with
     ``eval.reuse``, a stored evaluation of the same model, records and settings is reused
-    (:mod:`fedkt.reuse`)."""
-    from fedkt import reuse
+    (:mod:`fedkt.eval.reuse`)."""
     from fedkt.data.formatting import chat_format
+    from fedkt.eval import reuse
     from fedkt.eval.evaluate import evaluate_causal_lm
 
     fd = _federated_data(cfg)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from fedkt.timing import timed
+from fedkt.infra.timing import timed
 
 __all__ = ["LoopStats", "run_steps"]
 
@@ -57,7 +57,7 @@ def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], fl
 
     ``total`` (the number of batches, when known) shows a progress bar for loops of 20
     steps or more.  ``modules`` are left in eval mode.  Its time is the ``train`` phase
-    unless the caller's phase (``distill``) already counts it (:mod:`fedkt.timing`).
+    unless the caller's phase (``distill``) already counts it (:mod:`fedkt.infra.timing`).
     """
     stats = LoopStats()
     torch.manual_seed(seed)  # dropout and any other in-model randomness

@@ -7,7 +7,8 @@
   the optimisers, then their schedules;
 * :func:`trainable`: the parameters of some modules that require gradients;
 * :func:`grad_norm`: the norm of a loss's gradient on the retained graph (diagnostics);
-* :func:`pick_device`: ``runtime.device`` -> a torch device.
+* :func:`pick_device`: ``runtime.device`` -> a torch device (:mod:`fedkt.infra.placement`'s,
+  re-exported).
 """
 
 from __future__ import annotations
@@ -19,16 +20,10 @@ from typing import Any
 import torch
 
 from fedkt.config import TrainingConfig
-from fedkt.privacy import update_norm
+from fedkt.federated.privacy import update_norm
+from fedkt.infra.placement import pick_device as pick_device  # re-exported
 
 __all__ = ["grad_norm", "make_optimizer", "pick_device", "step", "trainable"]
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    """``auto``: the GPU when there is one, else the CPU; otherwise the device named."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def trainable(*modules: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -65,7 +60,7 @@ def step(loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer], *,
     Zero the gradients, back-propagate, clip the L2 norm of each parameter group in
     ``clip`` to ``max_grad_norm`` (if set; groups are clipped separately), step the
     optimisers, then the ``schedules``.  ``scaler``: fp16 loss scaling
-    (:func:`fedkt.precision.grad_scaler`; ``None`` or a disabled one is the plain step).
+    (:func:`fedkt.infra.precision.grad_scaler`; ``None`` or a disabled one is the plain step).
     """
     scaled = scaler is not None and scaler.is_enabled()
     for opt in optimizers:

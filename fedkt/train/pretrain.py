@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from fedkt.config import DatasetConfig, ModelConfig
 from fedkt.data.images import DataSpec, image_tensors
 from fedkt.errors import ConfigError
+from fedkt.infra.precision import resolve_precision
 from fedkt.methods.settings import VisionPretrain as VisionPretrain  # re-exported
 from fedkt.models.vision import build_model, head_module
-from fedkt.precision import resolve_precision
 from fedkt.train.vision import device_of, train_vision
 
 __all__ = ["VisionPretrain", "check_pretrain_source", "pretrained_model",
@@ -113,8 +113,8 @@ def pretrained_model(
     settings, seed and the exact pixels and labels of ``records``. Without ``records``
     (``enabled: false`` on a pretrained external model) the model is returned as built.
     """
-    from fedkt.cache import cache_dir, cached
-    from fedkt.methods.base import derive_seed
+    from fedkt.infra.cache import cache_dir, cached
+    from fedkt.infra.seeds import derive_seed
 
     model = build_model(model_cfg, spec, derive_seed(seed, "pretrain-init", model_cfg.name))
     if not pretrain.enabled or not records:

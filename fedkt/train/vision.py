@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkt.eval import predictions
+from fedkt.infra.precision import autocast, grad_scaler, upcast
+from fedkt.infra.timing import timed_evaluation
 from fedkt.models.vision import pool_features
-from fedkt.precision import autocast, grad_scaler, upcast
-from fedkt.timing import timed_evaluation
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import step
 
@@ -39,7 +39,7 @@ def predict_logits(model: nn.Module, inputs: Tensor, batch_size: int = 256,
                    precision: str = "auto") -> Tensor:
     """Logits (fp32) of ``model`` (in eval mode) on ``inputs``; the model's mode is restored.
 
-    ``precision``: ``training.precision`` (:mod:`fedkt.precision`).
+    ``precision``: ``training.precision`` (:mod:`fedkt.infra.precision`).
     """
     was = model.training
     model.eval()
@@ -106,7 +106,7 @@ def train_vision(
     trainable parameters; ``modules`` (e.g. a bridging matrix) are put in train mode
     with the model. Batches follow a seeded shuffle per epoch; fractional ``epochs``
     stop part-way. The model is left in eval mode. Returns the mean loss, steps and
-    number of examples. ``precision``: ``training.precision`` (:mod:`fedkt.precision`; the
+    number of examples. ``precision``: ``training.precision`` (:mod:`fedkt.infra.precision`; the
     forward pass and loss run under autocast, the losses in fp32).
     """
     n = len(tensors[0])
@@ -166,8 +166,8 @@ def evaluate_vision(model: nn.Module, inputs: Tensor, labels: Tensor,
 
     The per-example predictions (``ids``: the records' ids, else positions) go to
     :func:`fedkt.eval.predictions.emit`.  ``reuse`` (``eval.reuse``): a stored evaluation
-    of the same model, inputs and settings is reused (:mod:`fedkt.reuse`)."""
-    from fedkt import reuse as reused
+    of the same model, inputs and settings is reused (:mod:`fedkt.eval.reuse`)."""
+    from fedkt.eval import reuse as reused
 
     return reused.evaluation(
         reuse, model, None, {"inputs": inputs, "labels": labels, "batch_size": batch_size,

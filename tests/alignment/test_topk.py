@@ -26,7 +26,7 @@ def test_bytes_per_entry_and_roundtrip():
     """Through the one wire format, :func:`fedkt.alignment.knowledge.pack_topk`: only real
     positions travel, 6 bytes an entry."""
     from fedkt.alignment.knowledge import pack_topk, packed_entries, unpack_topk
-    from fedkt.payload import PayloadError
+    from fedkt.federated.payload import PayloadError
 
     t = make_topk()
     assert t.bytes_per_entry == 6

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fedkt.config import ConfigError, parse_config
 from fedkt.data import DataError, format_prompt
-from fedkt.templates import HARD_MAX_WIDTH, check_template
+from fedkt.infra.templates import HARD_MAX_WIDTH, check_template
 from tests.conftest import small_config
 
 RECORD = {"id": "r1", "text": "hello", "label": 0, "extra": {"lang": "en"}}

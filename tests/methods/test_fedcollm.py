@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.evidence.paired_table import baseline_report
-from fedkt.losses import kl_div
+from fedkt.federated.payload import Payload, nbytes
 from fedkt.methods import get_method
 from fedkt.methods.fedavg import average_client_adapters
 from fedkt.methods.fedcollm import (
@@ -17,12 +17,12 @@ from fedkt.methods.fedcollm import (
     kd_mask,
     mutual_kl,
 )
-from fedkt.payload import Payload, nbytes
 from fedkt.runner import SERVER_STATE, run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
 from fedkt.train.lm import evaluate_lm, lm_batches, server_lm
+from fedkt.train.losses import kl_div
 
 torch.set_num_threads(1)
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedkt.compression import (
+from fedkt.config import ConfigError, apply_overrides, parse_config
+from fedkt.federated.compression import (
     decompress_state,
     encode_update,
     energy_rank,
     from_payload,
     threshold_schedule,
 )
-from fedkt.config import ConfigError, apply_overrides, parse_config
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext
 from fedkt.methods.fedkd import FedKDModels, fedkd_losses, layer_pairs

@@ -20,12 +20,12 @@ from fedkt.alignment.knowledge import (
 )
 from fedkt.alignment.targets import Received, build_targets, kd_loss, to_receiver
 from fedkt.config import ConfigError
+from fedkt.federated.payload import Payload, PayloadError, dumps, loads
+from fedkt.infra.precision import autocast
 from fedkt.methods import get_method
 from fedkt.methods.fedmkt import FedMKTConfig, distill, dual_min_ce
 from fedkt.methods.fedmkt.algorithm import other_losses
 from fedkt.methods.settings import ReceivingOptions
-from fedkt.payload import Payload, PayloadError, dumps, loads
-from fedkt.precision import autocast
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
@@ -452,7 +452,7 @@ def test_one_to_one_keeps_the_five_part_split(make_config):
     """D.2 / Table 1: one public part and one private part of a five-way split, for the
     single client (clients.participants: [k] with num_clients: 4), as one_to_one.yaml."""
     from fedkt.config import load_config
-    from fedkt.config_catalog import resolve_config
+    from fedkt.configs.catalog import resolve_config
     from fedkt.data.splits import run_data
 
     shipped = load_config(resolve_config("fedmkt/one_to_one"))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedkt.config import ModelConfig, TrainingConfig, apply_overrides, parse_config
+from fedkt.federated.payload import loads
 from fedkt.methods import get_method
 from fedkt.methods.fedsp.training import (
     align_auxiliary,
@@ -31,7 +32,6 @@ from fedkt.models.auxiliary import (
     prompts_into_llm,
 )
 from fedkt.models.causal_lm import load_causal_lm
-from fedkt.payload import loads
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport

@@ -12,6 +12,7 @@ import yaml
 from safetensors.torch import load_file
 
 from fedkt.config import load_config
+from fedkt.federated.payload import loads
 from fedkt.methods import get_method
 from fedkt.methods.fedsp.training import (
     PAPER_ADAMW,
@@ -19,7 +20,6 @@ from fedkt.methods.fedsp.training import (
     stage_optimizer,
 )
 from fedkt.models.auxiliary import prompts_averaged, prompts_repeated
-from fedkt.payload import loads
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from fedkt.config import ConfigError, ModelConfig, apply_overrides, parse_config
 from fedkt.data.images import data_spec, image_tensors
-from fedkt.losses import kl_div_from_probs
 from fedkt.methods import get_method
 from fedkt.methods.koala.losses import (
     BridgingMatrix,
@@ -31,6 +30,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
+from fedkt.train.losses import kl_div_from_probs
 from fedkt.train.pretrain import VisionPretrain, pretrained_model, server_pretrain_records
 from fedkt.train.vision import predict_logits
 from tests.conftest import load_benchmark
@@ -277,7 +277,7 @@ def test_reverse_distillation_trains_only_the_large_models_adapter(tmp_path):
 
 
 def test_homo_round_averages_by_sample_count_and_sends_the_global_model_back(tmp_path):
-    from fedkt.aggregation import fedavg
+    from fedkt.federated.aggregation import fedavg
 
     cfg = koala_config(tmp_path, "method.forward_distillation=false")
     server, clients = server_and_clients(cfg)

@@ -10,10 +10,10 @@ import torch
 from fedkt.config import ModelConfig, TrainingConfig
 from fedkt.data.splits import run_data
 from fedkt.errors import ConfigError
+from fedkt.infra.placement import client_device, placed_by_loader, plan_device_map, server_device
 from fedkt.models import ModelError, adapter_state
 from fedkt.models.adapters import enable_gradient_checkpointing
 from fedkt.models.causal_lm import load_causal_lm
-from fedkt.placement import client_device, placed_by_loader, plan_device_map, server_device
 from fedkt.runtime.base import client_view
 from fedkt.train.lm import clear_cache, get_lm, train_lm
 

@@ -17,9 +17,9 @@ import torch
 
 from fedkt import methods
 from fedkt.config import MethodConfig, RunConfig, parse_config
+from fedkt.federated.payload import Payload
 from fedkt.methods import registry
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
-from fedkt.payload import Payload
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport

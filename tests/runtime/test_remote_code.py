@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fedkt.payload import Payload, loads
+from fedkt.federated.payload import Payload, loads
 from fedkt.runtime.base import (
     ALLOW_REMOTE_CODE_ENV,
     ERROR,

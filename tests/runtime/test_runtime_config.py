@@ -15,7 +15,7 @@ from fedkt.config import (
     load_config,
     runtime_config_class,
 )
-from fedkt.payload import Payload
+from fedkt.federated.payload import Payload
 from fedkt.runtime.base import RuntimeClients, client_view, envelope_config
 from fedkt.runtime.local import LocalTransport
 

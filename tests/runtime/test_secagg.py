@@ -10,7 +10,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
-from fedkt.payload import loads
+from fedkt.federated.payload import loads
 from fedkt.runner import SERVER_STATE, run, run_job
 from fedkt.runtime.base import RoundError, default_state_root
 from fedkt.runtime.local import LocalTransport

@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import Tensor
 
+from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext, Clients, Server, broadcast
-from fedkt.payload import Payload
 from fedkt.train.lm import LM
 
 from .config import CentralizedConfig, StandaloneConfig, ZeroShotConfig

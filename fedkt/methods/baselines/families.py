@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from torch import Tensor, nn
 
 from fedkt.config import RunConfig
-from fedkt.placement import client_device, server_device
+from fedkt.infra.placement import client_device, server_device
 from fedkt.train.encoder import (
     build_encoder,
     check_text_classification,

@@ -3,17 +3,17 @@
 The whole model (``layers: null``, teacher size) or its embeddings and first N layers
 (student size) fine-tune on the clients' private data with cross-entropy; the server
 averages their updates.  The updates travel exactly as FedKD's do
-(:mod:`fedkt.exchange`: client update up, aggregate down, an ``adopt`` call), uncompressed
+(:mod:`fedkt.methods.exchange`: client update up, aggregate down, an ``adopt`` call), uncompressed
 unless ``compress: true``, so the two methods' bytes compare: the server is FedKD's, with
 the model's depth taken from ``layers``.  The server evaluates the global model.
 """
 
 from __future__ import annotations
 
-from fedkt.exchange import GLOBAL, upload_update
+from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext
+from fedkt.methods.exchange import GLOBAL, upload_update
 from fedkt.methods.fedkd import FedKDServer
-from fedkt.payload import Payload
 
 from .families import ENCODER, train_metrics
 

@@ -22,11 +22,10 @@ from torch import Tensor, nn
 from fedkt.config import ModelConfig, RunConfig
 from fedkt.data.images import data_spec, image_tensors
 from fedkt.errors import ConfigError
+from fedkt.federated.payload import Payload
+from fedkt.infra.placement import client_device, pick_device, server_device
 from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
 from fedkt.models.vision import build_model, head_module
-from fedkt.payload import Payload
-from fedkt.placement import client_device, server_device
-from fedkt.train.optim import pick_device
 from fedkt.train.pretrain import check_pretrain_source, pretrained_model, server_pretrain_records
 from fedkt.train.vision import evaluate_vision, extract_features, train_vision
 

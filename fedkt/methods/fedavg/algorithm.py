@@ -24,8 +24,8 @@ from typing import TypeVar
 import torch
 
 from fedkt.errors import ConfigError
+from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
-from fedkt.payload import Payload
 from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, train_lm
 
 from .config import AdapterAveragingConfig, FedAvgConfig

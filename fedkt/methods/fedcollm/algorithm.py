@@ -56,9 +56,9 @@ from fedkt.alignment.choices import require_choice_task
 from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.eval import predictions
+from fedkt.federated.privacy import update_norm
 from fedkt.methods.base import Clients, Server
 from fedkt.methods.fedavg import average_client_adapters
-from fedkt.privacy import update_norm
 from fedkt.train.lm import LM, client_lm, evaluate_lm, server_lm, train_lm
 
 from .config import FedCoLLMConfig

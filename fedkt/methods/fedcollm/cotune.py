@@ -28,12 +28,12 @@ from fedkt.alignment.choices import choice_knowledge, distill_choices, sent
 from fedkt.alignment.introspect import vocab_hash
 from fedkt.alignment.receiving import kd_scale
 from fedkt.data.lm_batches import IGNORE_INDEX
-from fedkt.losses import kl_div
-from fedkt.methods.base import derive_seed
-from fedkt.precision import autocast, grad_scaler
-from fedkt.timing import timed
+from fedkt.infra.precision import autocast, grad_scaler
+from fedkt.infra.seeds import derive_seed
+from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, lm_batches
 from fedkt.train.loop import run_steps
+from fedkt.train.losses import kl_div
 from fedkt.train.optim import grad_norm, make_optimizer, step, trainable
 
 from .config import FedCoLLMConfig

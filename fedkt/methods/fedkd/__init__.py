@@ -7,9 +7,9 @@ updates (Wu et al., Nature Communications 2022).
 
 from __future__ import annotations
 
-from fedkt.exchange import client_adopt
 from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.exchange import client_adopt
 from fedkt.methods.uploads import NUMBER, SVD_UPDATE
 
 from .algorithm import FedKDServer, client_train, train_fedkd

@@ -21,7 +21,7 @@ as "step N (Alg. 1 l. L)", by the numbered lines of the paper's Algorithm 1.  A 
    factorises the aggregate with the same ``T`` and sends it back ("adopt"); clients and
    server add its reconstruction to their copy of the global student.
 
-The exchange of steps 2-3 is :mod:`fedkt.exchange` (shared with encoder FedAvg, whose
+The exchange of steps 2-3 is :mod:`fedkt.methods.exchange` (shared with encoder FedAvg, whose
 bytes therefore compare).  Biases and norms travel raw; as in the official code the
 embeddings are frozen in both models (``freeze_embeddings``) and so never travel.  The
 teacher and the ``W_h`` maps stay on the client's disk.  Clients evaluate their
@@ -35,8 +35,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedkt.compression import from_payload
-from fedkt.exchange import (
+from fedkt.federated.compression import from_payload
+from fedkt.federated.payload import Payload
+from fedkt.infra.placement import client_device, server_device
+from fedkt.infra.precision import autocast, grad_scaler
+from fedkt.methods.base import ClientContext, Clients, Server
+from fedkt.methods.exchange import (
     GLOBAL,
     aggregate_updates,
     apply_update,
@@ -44,10 +48,6 @@ from fedkt.exchange import (
     sync_clients,
     upload_update,
 )
-from fedkt.methods.base import ClientContext, Clients, Server
-from fedkt.payload import Payload
-from fedkt.placement import client_device, server_device
-from fedkt.precision import autocast, grad_scaler
 from fedkt.train.encoder import (
     build_encoder,
     check_text_classification,

@@ -1,7 +1,7 @@
 """FedKD's losses, Eqs. 1-7 (Wu et al., "Communication-efficient federated learning via
 knowledge distillation", Nature Communications 13, 2032, 2022).
 
-KL argument order as in :mod:`fedkt.losses`: ``kl_div(p, q) = KL(P || Q)``, the first
+KL argument order as in :mod:`fedkt.train.losses`: ``kl_div(p, q) = KL(P || Q)``, the first
 argument the target.  :func:`fedkd_losses` applies Eqs. 1-7 to one batch of a client's
 teacher, student and ``W_h`` (:class:`~fedkt.methods.fedkd.models.FedKDModels`);
 :func:`loss_magnitudes` measures how hard Eq. 5 and Eq. 3 pull the teacher.
@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkt.errors import ConfigError
-from fedkt.losses import hidden_mse, kl_div, masked_mean
-from fedkt.precision import upcast
+from fedkt.infra.precision import upcast
 from fedkt.train.encoder import model_inputs
+from fedkt.train.losses import hidden_mse, kl_div, masked_mean
 from fedkt.train.optim import grad_norm, trainable
 
 if TYPE_CHECKING:

@@ -70,7 +70,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedkt import reuse
 from fedkt.alignment import choices, receiving
 from fedkt.alignment.knowledge import (
     PublicSet,
@@ -85,9 +84,10 @@ from fedkt.alignment.topk import TENSOR_FIELDS, TopKLogits
 from fedkt.config import ModelConfig, RunConfig
 from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
+from fedkt.eval import reuse
+from fedkt.federated.payload import Payload, PayloadError
+from fedkt.infra.precision import autocast
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
-from fedkt.payload import Payload, PayloadError
-from fedkt.precision import autocast
 from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, server_lm, train_lm
 
 from .config import FedMKTConfig

@@ -21,8 +21,8 @@ from torch import Tensor
 from fedkt.alignment.receiving import kd_scale
 from fedkt.alignment.targets import KDTargets, kd_loss
 from fedkt.config import RunConfig
-from fedkt.precision import upcast
-from fedkt.timing import timed
+from fedkt.infra.precision import upcast
+from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, train_lm
 from fedkt.train.optim import grad_norm, trainable
 

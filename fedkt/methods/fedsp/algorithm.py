@@ -73,6 +73,8 @@ from torch import Tensor, nn
 
 from fedkt.errors import ConfigError
 from fedkt.eval import predictions
+from fedkt.federated.payload import Payload, PayloadError
+from fedkt.infra.placement import client_device, pick_device, server_device
 from fedkt.methods.base import ClientContext, Clients, RoundError, Server, mean_number
 from fedkt.models.adapters import PREFIX_KEY, apply_peft, text_prefix
 from fedkt.models.auxiliary import (
@@ -88,10 +90,7 @@ from fedkt.models.auxiliary import (
     prompts_repeated,
     unwrap,
 )
-from fedkt.payload import Payload, PayloadError
-from fedkt.placement import client_device, server_device
 from fedkt.train.lm import LM, client_test_metrics, evaluate_lm, get_lm, prefix_init_text
-from fedkt.train.optim import pick_device
 
 from .aux_model import (
     AUX,
@@ -260,7 +259,7 @@ class FedSPServer(Server[PromptMessengerConfig]):
             return {**stats, "kd_cached": 1}
 
         if m.kd_cache:
-            from fedkt.cache import cache_dir, cached
+            from fedkt.infra.cache import cache_dir, cached
 
             key = self.kd_key()
             stats = cached(cache_dir("fedsp-kd") / f"{key[:40]}.safetensors", distill, load)

@@ -19,12 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedkt.federated.payload import Payload, PayloadError
+from fedkt.infra.placement import client_device, pick_device
 from fedkt.methods.base import ClientContext
 from fedkt.models.auxiliary import AuxSpec, aux_state, build_auxiliary, unwrap
-from fedkt.payload import Payload, PayloadError
-from fedkt.placement import client_device
 from fedkt.train.lm import LM
-from fedkt.train.optim import pick_device
 
 from .training import align_params, prefix_training
 

@@ -22,11 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from fedkt.config import RunConfig, TrainingConfig
+from fedkt.federated.payload import PayloadError
+from fedkt.infra.precision import autocast, grad_scaler, resolve_precision, upcast
+from fedkt.infra.timing import timed
 from fedkt.models.adapters import prefix_param, set_prefix
 from fedkt.models.auxiliary import aux_param_groups, unwrap
-from fedkt.payload import PayloadError
-from fedkt.precision import autocast, grad_scaler, resolve_precision, upcast
-from fedkt.timing import timed
 from fedkt.train.lm import LM, lm_batches, train_lm
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step

@@ -55,17 +55,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from fedkt import reuse
-from fedkt.aggregation import fedavg
 from fedkt.data.images import DataSpec, data_spec, image_tensors
 from fedkt.errors import ConfigError
-from fedkt.losses import kl_div_from_probs
+from fedkt.eval import reuse
+from fedkt.federated.aggregation import fedavg
+from fedkt.federated.payload import Payload
+from fedkt.infra.placement import client_device, pick_device, server_device
+from fedkt.infra.timing import timed
 from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
 from fedkt.models.vision import build_model, head_module
-from fedkt.payload import Payload
-from fedkt.placement import client_device, server_device
-from fedkt.timing import timed
-from fedkt.train.optim import pick_device
+from fedkt.train.losses import kl_div_from_probs
 from fedkt.train.pretrain import (
     check_pretrain_source,
     pretrained_model,

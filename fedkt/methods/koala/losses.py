@@ -5,7 +5,7 @@ client's logits refined, integrated by sample count, softened); Eqs. 3 and 11: r
 distillation into the large model's adapter; Eqs. 12-17: forward distillation into a
 small model, output KL plus the feature MSE through the bridging matrix W.
 
-One KL for every distillation step (Eqs. 3, 11, 12, 15): ``fedkt.losses.kl_div_from_probs``,
+One KL for every distillation step (Eqs. 3, 11, 12, 15): ``fedkt.train.losses.kl_div_from_probs``,
 the target distribution (the teacher's soft labels) its first argument,
 KL(P_teacher || P_student) = sum P_teacher (log P_teacher - log P_student), at
 temperature T on the student's logits and without a T^2 factor, as the equations are
@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedkt.losses import check_temperature, hidden_mse, kl_div_from_probs
+from fedkt.infra.precision import upcast
 from fedkt.models.vision import features_and_logits, pool_features
-from fedkt.precision import upcast
+from fedkt.train.losses import check_temperature, hidden_mse, kl_div_from_probs
 
 __all__ = [
     "BridgingMatrix",

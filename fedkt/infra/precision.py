@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from fedkt.config import ConfigError
+from fedkt.errors import ConfigError
 
 __all__ = [
     "PRECISIONS",

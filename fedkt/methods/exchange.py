@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
-from fedkt.compression import (
+from fedkt.federated.compression import (
     CompressedTensor,
     compressed_nbytes,
     decode_update,
@@ -35,10 +35,10 @@ from fedkt.compression import (
     from_payload,
     threshold_schedule,
 )
+from fedkt.federated.payload import Payload, PayloadError
 from fedkt.methods.base import ClientContext, Clients, mean_number
 from fedkt.methods.holdings import Holdings
 from fedkt.methods.settings import ExchangeSettings as ExchangeSettings  # re-exported
-from fedkt.payload import Payload, PayloadError
 
 __all__ = ["GLOBAL", "ExchangeSettings", "aggregate_updates", "apply_update", "client_adopt",
            "round_threshold", "sync_clients", "upload_update"]
@@ -101,7 +101,7 @@ def aggregate_updates(clients: Clients, holdings: Holdings, handler: str, state:
 
 def apply_update(state: State, update: Mapping[str, CompressedTensor]) -> State:
     """Step 2: ``state`` plus the reconstruction of a decoded ``update``
-    (:func:`~fedkt.compression.from_payload` of what travelled): the server and every
+    (:func:`~fedkt.federated.compression.from_payload` of what travelled): the server and every
     client add exactly the same tensors."""
     applied = decompress_state(update)
     return {k: v + applied[k] for k, v in state.items()}

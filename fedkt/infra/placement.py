@@ -8,6 +8,8 @@
   ``device_map`` (``model.device_map: auto`` spreads a model over every visible GPU);
 * :func:`placed_by_loader`: whether the loader placed the model itself (then nobody may
   ``.to()`` it: a quantised or device-mapped model stays where it was put);
+* :func:`pick_device`: ``runtime.device`` (``auto``: the GPU when there is one) -> a
+  torch device;
 * :func:`plan_device_map`: the device map accelerate would give a model config under a
   memory budget, computed on the meta device (no weights), for planning and tests.
 
@@ -24,8 +26,17 @@ if TYPE_CHECKING:
 
     from fedkt.config import ModelConfig, RunConfig
 
-__all__ = ["client_device", "loader_kwargs", "placed_by_loader", "plan_device_map",
-           "server_device"]
+__all__ = ["client_device", "loader_kwargs", "pick_device", "placed_by_loader",
+           "plan_device_map", "server_device"]
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU; otherwise the device named."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def server_device(cfg: RunConfig) -> str:
@@ -66,8 +77,6 @@ def bnb_config(model_cfg: ModelConfig) -> Any:
 def loader_kwargs(model_cfg: ModelConfig, device: str | torch.device | None) -> dict[str, Any]:
     """``from_pretrained`` keywords that quantise and place the model (empty: load as
     before, on the CPU, and let the caller move it)."""
-    from fedkt.train.optim import pick_device
-
     kwargs: dict[str, Any] = {}
     if model_cfg.quantization is not None:
         kwargs["quantization_config"] = bnb_config(model_cfg)

@@ -4,7 +4,7 @@ The same seed and config give the same numbers on one machine kind, not across k
 CPU with AMX and one without run other bf16 matrix kernels (oneDNN), whose rounding moves
 a fine-tuning run's final accuracy by more than a second seed does
 (docs/evidence.md, "Machines"). Each run folder keeps ``environment.json``; ``summary.md``
-and a suite's ``suite.md`` name it, and the reuse keys (:mod:`fedkt.reuse`) include
+and a suite's ``suite.md`` name it, and the reuse keys (:mod:`fedkt.eval.reuse`) include
 :func:`kernels`.
 """
 

@@ -21,12 +21,12 @@ of them, and a repeated key reads the stored result instead of running the model
 * the code (:func:`code_digest`): every fedkt source file, the versions of torch,
   transformers and peft, and what picks the kernels (torch's CPU capability, the CPU's
   matrix flags such as AMX, ``ONEDNN_MAX_CPU_ISA``, the GPU:
-  :func:`fedkt.environment.kernels`).
+  :func:`fedkt.infra.environment.kernels`).
 
 Entries live under ``$FEDKT_REUSE_CACHE`` (default ``$FEDKT_CACHE/reuse``): ``eval/`` one
 gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set,
 ``train/`` one per plain training (:func:`fedkt.train.lm.train_lm`: the trained adapter).
-They are written through :func:`fedkt.cache.cached` (one builder per key, the others
+They are written through :func:`fedkt.infra.cache.cached` (one builder per key, the others
 wait and read; published by one rename), so ``fedkt suite run --jobs N``, several suites
 and a killed run are safe.  Deleting the folder is always safe.
 
@@ -40,7 +40,7 @@ docs/security.md, the reuse store's trust boundary).
 A reused result takes the place of the computation: the rows and prediction files are
 those the computation gives (``eval.reuse: false`` recomputes, rows then equal but for
 timings), and the seconds it took when it was computed are reported as
-``eval_saved_seconds`` / ``knowledge_saved_seconds`` (:func:`fedkt.timing.saved`).
+``eval_saved_seconds`` / ``knowledge_saved_seconds`` (:func:`fedkt.infra.timing.saved`).
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ from typing import Any
 
 import torch
 
-from fedkt.cache import CACHE_ERRORS, cache_dir, cached
-from fedkt.environment import kernels, libraries
 from fedkt.eval import predictions
-from fedkt.timing import now, phase, saved
+from fedkt.infra.cache import CACHE_ERRORS, cache_dir, cached
+from fedkt.infra.environment import kernels, libraries
+from fedkt.infra.timing import now, phase, saved
 
 __all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats", "store",
            "tensor_digest", "tensors", "tokenizer_digest"]
@@ -177,7 +177,7 @@ def _canonical(value: Any) -> Any:
         return str(value)
     if hasattr(value, "tolist"):  # numpy
         return _canonical(value.tolist())
-    raise TypeError(f"fedkt.reuse: cannot key a {type(value).__qualname__} (pass the "
+    raise TypeError(f"fedkt.eval.reuse: cannot key a {type(value).__qualname__} (pass the "
                     "settings that decide it instead)")
 
 
@@ -246,7 +246,7 @@ def tokenizer_digest(tokenizer: Any) -> str:
 @functools.cache
 def code_digest() -> str:
     """fedkt's source files, the versions of torch, transformers and peft, and what picks
-    the kernels (:func:`fedkt.environment.kernels`: the CPU's capability and matrix flags
+    the kernels (:func:`fedkt.infra.environment.kernels`: the CPU's capability and matrix flags
     such as AMX, oneDNN's ISA cap, the GPU): a result computed by other code or kernels is
     never reused."""
     h = hashlib.sha256()

@@ -19,13 +19,17 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-__all__ = ["MIN_ITEMS", "bar", "counted", "current_participant", "participant"]
+__all__ = ["MIN_ITEMS", "bar", "counted", "current_participant", "current_scope", "participant",
+           "scope"]
 
 T = TypeVar("T")
 
 MIN_ITEMS = 20  # fewer items than this: no bar (as training's loops of under 20 steps)
 
 _WHO: ContextVar[str] = ContextVar("fedkt_progress_participant", default="")
+# Which of a participant's models is at work (FedCoLLM's ``global_slm``): a bar's label, and
+# the key of the prediction tables emitted inside (:mod:`fedkt.eval.predictions`).
+_SCOPE: ContextVar[str] = ContextVar("fedkt_prediction_scope", default="")
 
 
 @contextmanager
@@ -43,16 +47,30 @@ def current_participant() -> str:
     return _WHO.get()
 
 
+@contextmanager
+def scope(name: str) -> Iterator[None]:
+    """Tables emitted inside belong to ``name`` (a metric prefix such as ``slm``); bars made
+    inside show it after the participant."""
+    token = _SCOPE.set(name)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def current_scope() -> str:
+    """The innermost :func:`scope` (``""`` outside one)."""
+    return _SCOPE.get()
+
+
 def bar(total: int, what: str, *, unit: str = "items") -> Any:
     """A tqdm bar of ``total`` items for ``what``, labelled with the participant.
 
     Quiet when stderr is not a terminal or ``total`` is under :data:`MIN_ITEMS`; use it
     as a context manager and call ``update(n)`` as items finish.
     """
-    from fedkt.eval.predictions import current_scope
-
-    scope = current_scope()  # a second model of one participant (FedCoLLM's global_slm)
-    label = " ".join(p for p in (current_participant(), scope, what) if p)
+    model = current_scope()  # a second model of one participant (FedCoLLM's global_slm)
+    label = " ".join(p for p in (current_participant(), model, what) if p)
     return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True,
                 disable=None if total >= MIN_ITEMS else True)
 

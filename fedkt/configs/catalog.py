@@ -30,7 +30,7 @@ class UnknownConfigError(ValueError):
 # What `fedkt run` with no argument runs.
 DEFAULT_CONFIG = "demo"
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parent
 
 _SUFFIXES = (".yaml", ".yml")
 # Prefixes a name may carry when copied from the docs, e.g. `configs/fedkd/quick.yaml`.
@@ -121,7 +121,7 @@ def cmd_configs_show(args: argparse.Namespace) -> int:
 
 def cmd_configs_explain(args: argparse.Namespace) -> int:
     from fedkt.config.explain import explain
-    from fedkt.plugins import import_plugins
+    from fedkt.infra.plugins import import_plugins
 
     import_plugins()  # methods and runtimes a plugin registers (FEDKT_PLUGINS)
     print(explain(args.key, args.method))

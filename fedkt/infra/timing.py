@@ -9,7 +9,7 @@ a teacher's knowledge is ``knowledge``, not ``eval``.  :func:`clocks` is the run
 total per phase of this thread, in wall seconds and CPU seconds of the process; a
 participant's row reports the difference over its work as ``<phase>_seconds``, and what
 no phase covers is the rest of its ``wall_time``.  A result reused instead of computed
-(:mod:`fedkt.reuse`) spends little; :func:`saved` records the seconds its computation took,
+(:mod:`fedkt.eval.reuse`) spends little; :func:`saved` records the seconds its computation took,
 reported as ``eval_saved_seconds`` / ``knowledge_saved_seconds``.
 
 A round's *compute* is its time minus the evaluation it contains (and, on the server,
@@ -33,7 +33,7 @@ __all__ = ["PHASES", "SAVED", "Clock", "clocks", "eval_clock", "evaluating", "no
 
 # The phases a run's time is broken into (fedkt report, suite.md, docs/performance.md).
 PHASES = ("eval", "train", "distill", "knowledge", "align", "comm", "checkpoint")
-# What reused results saved (fedkt.reuse): the seconds their computation took when it ran,
+# What reused results saved (fedkt.eval.reuse): the seconds their computation took when it ran,
 # reported as ``<phase>_saved_seconds``; not part of the run's wall time.
 SAVED = ("eval_saved", "knowledge_saved", "train_saved")
 
