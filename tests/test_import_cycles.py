@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "fedkt"
@@ -41,14 +42,17 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the fedkt modules it imports anywhere (module level or in a function)."""
+def import_graph(nodes: Callable[[ast.AST], list[ast.AST]] | None = None
+                 ) -> dict[str, set[str]]:
+    """Module -> the fedkt modules it imports among the nodes ``nodes`` picks from its tree
+    (default :func:`_runtime_nodes`: anywhere, module level or in a function)."""
+    nodes = nodes or _runtime_nodes
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

@@ -6,9 +6,8 @@ imports only for type checking."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-from tests.test_import_cycles import _modules, _resolve, import_graph
+from tests.test_import_cycles import _modules, import_graph
 
 # Bottom-up. A module belongs to the layer of its longest listed prefix ("fedkt" itself
 # only exactly); a module may import its own layer and those below.
@@ -85,26 +84,7 @@ def _module_level_nodes(tree: ast.AST) -> list[ast.AST]:
 
 def module_level_graph() -> dict[str, set[str]]:
     """Module -> the fedkt modules it imports when it is imported."""
-    modules: dict[str, Path] = _modules()
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges: set[str] = set()
-        for node in _module_level_nodes(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*parts, *([node.module] if node.module else [])])
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            else:
-                continue
-            edges |= {m for t in targets if (m := _resolve(t, modules)) and m != name}
-        graph[name] = edges
-    return graph
+    return import_graph(_module_level_nodes)
 
 
 def upward_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:

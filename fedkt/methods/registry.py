@@ -108,7 +108,7 @@ def _behaviour_call(call: ast.Call, tree: ast.Module) -> ast.Call | None | bool:
     """The ``Behaviour(...)`` call a ``Method(...)`` call passes as ``behaviour=``, directly
     or through a module-level name bound to one; False when it passes none (the defaults);
     None when the sources do not tell."""
-    behaviour = next((k.value for k in call.keywords if k.arg == "behaviour"), None)
+    behaviour = _keyword(call, "behaviour")
     if behaviour is None:
         return False
     if isinstance(behaviour, ast.Name):  # _BEHAVIOUR = Behaviour(...) at module level
@@ -140,20 +140,16 @@ def _flags(call: ast.Call, tree: ast.Module) -> dict[str, bool] | None:
 
 def _check_reference(call: ast.Call, tree: ast.Module, names: dict[str, str]) -> str | None:
     """``module:attribute`` of the ``check`` a ``Method(...)`` call passes, directly or in
-    its ``behaviour=`` (a ``Behaviour(...)`` call, or a module-level name bound to one);
-    ``""`` when it passes none (no check); None when the sources do not tell."""
+    its ``behaviour=`` (:func:`_behaviour_call`); ``""`` when it passes none (no check);
+    None when the sources do not tell."""
     check = _keyword(call, "check")
     if check is not None:
         return _reference(check, names)
-    behaviour = _keyword(call, "behaviour")
-    if isinstance(behaviour, ast.Name):  # _BEHAVIOUR = Behaviour(...) at module level
-        bound = [n.value for n in tree.body if isinstance(n, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == behaviour.id for t in n.targets)]
-        if len(bound) != 1 or not isinstance(bound[0], ast.Call):
-            return None
-        check = _keyword(bound[0], "check")
-        return "" if check is None else _reference(check, names)
-    return "" if behaviour is None or isinstance(behaviour, ast.Call) else None
+    behaviour = _behaviour_call(call, tree)
+    if behaviour is None:
+        return None
+    check = None if behaviour is False else _keyword(behaviour, "check")
+    return "" if check is None else _reference(check, names)
 
 
 @functools.cache
