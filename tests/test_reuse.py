@@ -4,6 +4,7 @@ results shows whether it did, but the seconds it spared."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import threading
@@ -36,6 +37,7 @@ def _spy_forward(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = LlamaForCausalLM.forward
 
+    @functools.wraps(real)  # the same signature: callers that read it see the real one
     def counted(self, *args, **kwargs):
         calls.append(1)
         return real(self, *args, **kwargs)

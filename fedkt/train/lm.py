@@ -25,6 +25,7 @@ from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.infra.placement import client_device, pick_device, server_device
 from fedkt.infra.precision import autocast, grad_scaler, upcast
+from fedkt.train.logits import forward_kept, keeps_positions, kept_positions, target_mask
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
 
@@ -251,10 +252,15 @@ def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
                                              lr=lr if lr is not None else lm.lr)
     scaler = grad_scaler(tcfg, device)
 
+    # Without an extra loss only the task loss reads the logits: the output layer runs at
+    # the target positions alone (fedkt.train.logits).
+    kept = extra_loss is None and keeps_positions(model)
+
     def batch_loss(i: int, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast(tcfg, device):  # the loss terms cast logits to fp32 themselves
-            out = model(**batch)
+            out = (forward_kept(model, batch, kept_positions(target_mask(batch["labels"])))[0]
+                   if kept else model(**batch))
             loss = task_weight * upcast(out.loss)
             if extra_loss is not None:
                 loss = loss + extra_loss(model, batch, out, i)

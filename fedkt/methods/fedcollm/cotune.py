@@ -32,6 +32,7 @@ from fedkt.infra.precision import autocast, grad_scaler
 from fedkt.infra.seeds import derive_seed
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, lm_batches
+from fedkt.train.logits import forward_kept, keeps_positions, kept_positions, target_mask
 from fedkt.train.loop import run_steps
 from fedkt.train.losses import kl_div
 from fedkt.train.optim import grad_norm, make_optimizer, step, trainable
@@ -116,17 +117,26 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
                   g_batch: dict[str, Tensor], method: FedCoLLMConfig,
                   bridge: CrossTokenizerKL | None = None) -> CoTuneLosses:
     """Eqs. 4-6 on one D_a batch (``f_batch`` tokenized for the LLM, ``g_batch`` for the SLM)."""
-    f_out, g_out = llm(**f_batch), slm(**g_batch)
     detach = method.cotune_gradients == "own"
     if bridge is None:
         if not torch.equal(f_batch["input_ids"], g_batch["input_ids"]):
             raise ValueError("fedcollm: the LLM and SLM batches differ; a shared tokenizer "
                              "must give identical token ids")
-        vocab = min(f_out.logits.shape[-1], g_out.logits.shape[-1])  # padded embeddings differ
-        kl_fg, kl_gf = mutual_kl(f_out.logits[..., :vocab].float(),
-                                 g_out.logits[..., :vocab].float(), method.temperature,
-                                 kd_mask(g_batch, method.kd_positions), detach_targets=detach)
+        mask = kd_mask(g_batch, method.kd_positions)
+        if keeps_positions(llm) and keeps_positions(slm):
+            # the output layers run only where the KL or the task loss reads them
+            keep = kept_positions(mask | target_mask(g_batch["labels"]))
+            (f_out, f_logits), (g_out, g_logits) = (forward_kept(llm, f_batch, keep),
+                                                    forward_kept(slm, g_batch, keep))
+            mask = mask[:, keep]
+        else:
+            f_out, g_out = llm(**f_batch), slm(**g_batch)
+            f_logits, g_logits = f_out.logits, g_out.logits
+        vocab = min(f_logits.shape[-1], g_logits.shape[-1])  # padded embeddings differ
+        kl_fg, kl_gf = mutual_kl(f_logits[..., :vocab].float(), g_logits[..., :vocab].float(),
+                                 method.temperature, mask, detach_targets=detach)
     else:
+        f_out, g_out = llm(**f_batch), slm(**g_batch)
         kl_fg, kl_gf = bridge.mutual_kl(f_out.logits, g_out.logits, f_batch, g_batch,
                                         method.kd_positions, method.temperature,
                                         detach_targets=detach)
