@@ -42,7 +42,10 @@ class FedCoLLMConfig(AdapterAveragingConfig):
         "training.lr)."))
     kd_positions: Literal["target", "all"] = Field("target", description=(
         'Positions the KL terms average over: the response tokens only ("target", like the task '
-        'loss) or every non-padding position ("all").'))
+        'loss) or every non-padding position ("all"). The paper does not say (Eqs. 4-5 write '
+        "E_x KL(f(x), g(x)) over D_a next to L_FT on the same samples, and nothing travels that "
+        'would fix positions); "target" is FATE-LLM\'s FedCoLLM, which masks the KL to the '
+        "labelled (response) tokens, and keeps L_FT and L_KD over the same tokens."))
     top_k: int = Field(128, ge=1, description=(
         "Different tokenizers only: logits kept per position for the aligned KL."))
     ft_weight: float = Field(1.0, ge=0, description=(

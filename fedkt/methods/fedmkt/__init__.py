@@ -1,9 +1,10 @@
 """FedMKT: mutual knowledge transfer between a server LLM and heterogeneous client SLMs by
 top-K logits on a public set (Fan et al., COLING 2025), and its LLM2SLM baseline.
 
-``config.py`` (settings), ``distill.py`` (Algorithm 2, Eqs. 5-10), ``algorithm.py`` (the
-server's round and the client handlers).  Knowledge sets, token alignment and targets
-are shared pieces in :mod:`fedkt.alignment`.
+``config.py`` (settings), ``algorithm.py`` (the server's round and the client handlers),
+``knowledge.py`` (what a participant computes, sends and learns from: one interface, top-K
+logits or choice posteriors), ``distill.py`` (Algorithm 2, Eqs. 5-10).  Knowledge sets,
+token alignment and targets are shared pieces in :mod:`fedkt.alignment`.
 """
 
 from __future__ import annotations

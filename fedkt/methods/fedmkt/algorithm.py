@@ -57,9 +57,12 @@ Messages per round and client: one ``train_and_share`` call (steps 1-2) and one
 (:mod:`fedkt.methods.holdings`, version = the round whose step 6 made it): a client is
 sent it only when it does not hold that version (LLM2SLM: once).
 
-Knowledge sets, their wire format and the targets built from them are in
-:mod:`fedkt.alignment` (``knowledge``, ``targets``, one cross-tokenizer ``bridge``);
-DualMinCE and the distillation step are in :mod:`.distill`.
+What a participant knows and how it learns from the other side's is one interface,
+:class:`~.knowledge.Knowledge` (:mod:`.knowledge`): top-K logits (the paper) or choice
+posteriors (``knowledge: choices``), each computed, packed, unpacked and validated on
+receipt, and learned from by :func:`~.knowledge.learn_from_knowledge`, the one step
+behind the server's steps 4-5 and a client's step 7.  Wire formats, token alignment and
+targets are :mod:`fedkt.alignment`'s; DualMinCE and the distillation step :mod:`.distill`'s.
 """
 
 from __future__ import annotations
@@ -70,36 +73,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedkt.alignment import choices, receiving
-from fedkt.alignment.knowledge import (
-    PublicSet,
-    knowledge_set,
-    pack_topk,
-    packed_entries,
-    unpack_topk,
-    vocab_size,
-)
-from fedkt.alignment.targets import Received, build_targets, to_receiver
-from fedkt.alignment.topk import TENSOR_FIELDS, TopKLogits
-from fedkt.config import ModelConfig, RunConfig
+from fedkt.alignment import choices
+from fedkt.alignment.topk import TopKLogits
 from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
-from fedkt.eval import reuse
-from fedkt.federated.payload import Payload, PayloadError
-from fedkt.infra.precision import autocast
+from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext, Clients, Server, mean_number
 from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, server_lm, train_lm
 
 from .config import FedMKTConfig
-from .distill import DIAGNOSTICS, distill, dual_min_ce
+from .knowledge import (
+    KDStep,
+    Knowledge,
+    Sender,
+    knowledge_for,
+    learn_from_knowledge,
+    model_tokenizer,
+)
 
 S0 = "s0"  # the held object: the server's knowledge set S_0, by the round that made it
-
-
-def other_losses(others: list[Received], own: TopKLogits) -> Tensor:
-    """[M, N]: each received set's per-sample loss (``inf`` where it sent nothing)."""
-    n = own.values.shape[0]
-    return torch.stack([o.losses for o in others]) if others else torch.zeros(0, n)
 
 
 class FedMKTServer(Server[FedMKTConfig]):
@@ -119,41 +111,31 @@ class FedMKTServer(Server[FedMKTConfig]):
         if not records:
             raise ConfigError("data.split: fedmkt transfers knowledge on the public set, which "
                               "is empty; use split scheme 'fedmkt' or public_fraction > 0")
-        if m.knowledge == "choices":
+        if m.knowledge == "choices":  # each model scores the choices in its own tokens
             choices.require_choice_task(self.data().task)
         self.llm = server_lm(cfg)
         if m.knowledge == "logits":  # aligned token by token: one text for every model
             check_shared_template(cfg.data.chat_template, {"server": self.llm.tokenizer, **{
-                f"client {cid}": _tokenizer(cfg.clients.model_for(cid))
+                f"client {cid}": model_tokenizer(cfg.clients.model_for(cid))
                 for cid in cfg.client_ids()}}, cfg.method.name)
         self.adapter = self.llm.trainable()
-        # D_p tokenized with its gold answers (the top-K logits are taken along them)
-        self.public = (PublicSet.build(cfg, self.llm.tokenizer, records)
-                       if m.knowledge == "logits" else None)
+        # the LLM's knowledge of D_p (top-K logits along the gold answers, or posteriors)
+        self.knowledge: Knowledge = knowledge_for(cfg, self.llm.tokenizer, records)
+        self.public = getattr(self.knowledge, "public", None)  # D_p in the LLM's tokens
         self.global_adapter: dict[str, Tensor] | None = None
         self.s0: TopKLogits | Tensor | None = None  # S_0 of the current adapter
         self.s0_version = 0  # round whose step 6 made S_0 (0: the initial adapter)
-        self._client_sides: dict[str, tuple[Any, PublicSet]] = {}
 
     def own_knowledge(self) -> TopKLogits | Tensor:
         """S_0 of the LLM's current adapter (recomputed after training or a resume): its
         top-K logits, or with ``knowledge: choices`` its [N, C] posteriors."""
         if self.s0 is None:
-            self.s0 = own_knowledge(self.cfg, self.llm.reset(self.adapter), self.public)
+            self.s0 = self.knowledge.compute(self.llm.reset(self.adapter))
         return self.s0
-
-    def client_side(self, cid: int) -> tuple[Any, PublicSet]:
-        """Client ``cid``'s tokenizer and its tokenization of D_p (for step 3)."""
-        mcfg: ModelConfig = self.cfg.clients.model_for(cid)
-        key = mcfg.model_dump_json()
-        if key not in self._client_sides:
-            tok = _tokenizer(mcfg)
-            self._client_sides[key] = (tok, PublicSet.build(self.cfg, tok, self.data().public))
-        return self._client_sides[key]
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         """One round of Algorithm 1 (server side); the extensions are in the helpers it
-        calls (:meth:`learn_own_data`, :meth:`client_update2`, :meth:`s0_message`)."""
+        calls (:meth:`learn_own_data`, :meth:`clients_distill`, :meth:`s0_message`)."""
         m: FedMKTConfig = self.method
         # steps 1-2 (Alg. 1 l. 11, 24-31): clients train on private data (Eq. 4), share S_k
         exchange = m.teacher != "none"  # teacher: none (a control): no step 2-7 but step 1
@@ -171,34 +153,60 @@ class FedMKTServer(Server[FedMKTConfig]):
                     for cid in replies}
         # step 7 (Alg. 1 l. 20, 33-41): clients align S_0, DualMinCE against their own
         # loss, train on L3
-        got = self.client_update2(msgs, clients)
+        got = self.clients_distill(msgs, clients)
         if exchange:
             self.holdings.confirm(msgs, got, S0, self.s0_version)
             metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
         return metrics
 
-    def client_update2(self, msgs: dict[int, Payload], clients: Clients) -> dict[int, Payload]:
-        """Step 7 (Alg. 1 l. 20, ClientUpdate2): the clients' ``distill`` call; the replies
-        that arrived.  ``post_fedavg`` (an extension, FATE-LLM's option for homogeneous
-        SLMs; the paper does not average) FedAvgs their adapters after it, which every
-        client then adopts and evaluates."""
+    def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
+                           ) -> dict[str, float]:
+        """Steps 3-5 (Alg. 1 l. 12-18): each S_k validated and aligned to the LLM's tokens
+        (a client whose S_k fails is left out of the round, with the reason), DualMinCE,
+        the LLM trained on L2; its objective is the row's ``server_loss``.  LLM2SLM
+        (``llm_training: false``, the paper's baseline) skips them: the LLM only teaches;
+        so does ``teacher: none`` (the no-exchange control: no S_k came)."""
+        m: FedMKTConfig = self.method
+        if not m.llm_training:
+            return {}
+        if m.teacher == "none":
+            return {"train/kd_steps": 0}
+        own = self.own_knowledge()
+        # step 3 (Alg. 1 l. 12): each S_k on receipt: validated, mapped to the LLM's tokens
+        received = clients.validate(dict(sorted(replies.items())), lambda cid, reply: (
+            self.knowledge.unpack(reply, Sender(f"client {cid}", self.cfg.clients.model_for(cid)),
+                                  own)), "train_and_share")
+        # steps 4-5 (Alg. 1 l. 13-18; Alg. 2 l. 6-11): DualMinCE; L2 = lambda L_FT +
+        # (1 - lambda) L_KD (Eqs. 5, 7, 9)
+        step = KDStep(m.server_kd_epochs, self.cfg.server.lr, self.seed(rnd, "kd"),
+                      "server kd", rehearse=self.data().server)
+        out = learn_from_knowledge(self.knowledge, self.llm.reset(self.adapter), own,
+                                   list(received.values()), step, objective="server_loss",
+                                   taken="kd_from_clients")
+        self.adapter = self.llm.trainable()
+        self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
+        return {**out, **self.knowledge.traffic([replies[cid] for cid in received]),
+                "train/rejected_clients": len(replies) - len(received)}
+
+    def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
+        control) permutes S_0's samples, by a permutation fixed for each S_0 version;
+        ``marginal`` gives every sample S_0's mean posterior."""
+        sent = self.knowledge.sent(self.own_knowledge(), self.seed(self.s0_version, "shuffle"))
+        fields = self.knowledge.pack(sent)
+        return fields, fields.pop(self.knowledge.field)
+
+    def clients_distill(self, msgs: dict[int, Payload], clients: Clients) -> dict[int, Payload]:
+        """Step 7 (Alg. 1 l. 20, the paper's ClientUpdate2): every client's ``distill``
+        call; the replies that arrived.  ``post_fedavg`` (an extension, FATE-LLM's option
+        for homogeneous SLMs; the paper does not average) FedAvgs their adapters after
+        it, which every client then adopts and evaluates."""
         if not (self.method.post_fedavg and msgs):
             return clients.call("distill", msgs)
         got, self.global_adapter = clients.aggregate(
             "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
         clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
         return got
-
-    def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
-        control) permutes S_0's samples, by a permutation fixed for each S_0 version;
-        ``marginal`` gives every sample S_0's mean posterior."""
-        m: FedMKTConfig = self.method
-        own = self.own_knowledge()
-        if m.knowledge == "logits":
-            return {"vocab_size": own.vocab_size, "k": m.top_k}, pack_topk(own)
-        return {}, choices.pack(choices.sent(own, m.teacher,
-                                             self.seed(self.s0_version, "shuffle")))
 
     def learn_own_data(self, rnd: int) -> dict[str, float]:
         """An extension (``data.split.server_size``): the LLM trains on the server's own
@@ -211,84 +219,6 @@ class FedMKTServer(Server[FedMKTConfig]):
         self.adapter = self.llm.trainable()
         self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
         return {"train/server_own_loss": stats["loss"]}
-
-    def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
-                           ) -> dict[str, float]:
-        """Steps 3-5 (Alg. 1 l. 12-18): validate and align each S_k, DualMinCE, train the
-        LLM on L2; its objective is the row's ``server_loss``.  LLM2SLM (``llm_training:
-        false``, the paper's baseline) skips them: the LLM only teaches; so does ``teacher:
-        none`` (the no-exchange control: no S_k came).
-
-        A client whose S_k fails validation is excluded from the round (with the reason).
-        """
-        m: FedMKTConfig = self.method
-        if not m.llm_training:
-            return {}
-        if m.teacher == "none":
-            return {"train/kd_steps": 0}
-        if m.knowledge == "choices":
-            return self.learn_from_clients_choices(rnd, replies, clients)
-        own = self.own_knowledge()
-
-        def receive(cid: int, reply: Payload) -> tuple[Received, dict]:
-            source = f"client {cid}"
-            tok, pub = self.client_side(cid)
-            packed = reply.state("topk", source=source, finite=False)
-            if reply.get("k") != m.top_k:
-                raise PayloadError(f"{source}: field 'k' is {reply.get('k')!r}, "
-                                   f"expected {m.top_k}")
-            topk = unpack_topk(packed, vocab_size(tok), m.top_k, source)  # on receipt
-            # step 3 (Alg. 1 l. 12): SLM -> LLM tokens
-            return to_receiver(topk, tok, pub, self.llm.tokenizer, self.public, source), packed
-
-        checked = clients.validate(dict(sorted(replies.items())), receive, "train_and_share")
-        rejected = len(replies) - len(checked)
-        others: list[Received] = [aligned for aligned, _ in checked.values()]
-        entries = tensor_bytes = 0
-        for _, packed in checked.values():
-            e, b = packed_entries(packed)
-            entries, tensor_bytes = entries + e, tensor_bytes + b
-        # step 4 (Alg. 1 l. 13; Alg. 2 l. 6-11): DualMinCE; step 5 (Alg. 1 l. 15-18):
-        # L2 = lambda L_FT + (1 - lambda) L_KD (Eqs. 5, 7, 9)
-        selection = dual_min_ce(own.losses, other_losses(others, own))
-        targets = build_targets(own, others, self.public, selection,
-                                fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
-        stats = distill(self.cfg, self.llm.reset(self.adapter), self.data().public, targets,
-                        epochs=m.server_kd_epochs, lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"),
-                        desc="server kd")
-        self.adapter = self.llm.trainable()
-        self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
-        out = {"train/server_loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
-               "train/kd_from_clients": targets.fraction_from_others(),
-               "train/kd_one_hot": stats["kd_one_hot"],
-               **{f"train/{k}": stats[k] for k in DIAGNOSTICS},
-               "train/topk_entries": entries, "train/rejected_clients": rejected}
-        if entries:
-            out["train/topk_bytes_per_entry"] = tensor_bytes / entries
-        return out
-
-    def learn_from_clients_choices(self, rnd: int, replies: dict[int, Payload],
-                                   clients: Clients) -> dict[str, float]:
-        """Steps 3-5 with ``knowledge: choices`` (an extension): each client's posteriors
-        over the task's choices, validated; per sample a teacher by ``selection``; the LLM
-        trains on lambda CE + (1 - lambda) KL over the choices (no alignment needed)."""
-        m: FedMKTConfig = self.method
-        own = self.own_knowledge()
-        n, c = own.shape
-        checked = clients.validate(
-            dict(sorted(replies.items())),
-            lambda cid, reply: choices.unpack(reply.get(choices.FIELD), n, c, f"client {cid}"),
-            "train_and_share")
-        stats = learn_choices(self.cfg, self.llm.reset(self.adapter), self.data().public, own,
-                              list(checked.values()), epochs=m.server_kd_epochs,
-                              lr=self.cfg.server.lr, seed=self.seed(rnd, "kd"), desc="server kd",
-                              rehearse=self.data().server)
-        self.adapter = self.llm.trainable()
-        self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
-        return _finite({"train/server_loss": stats["loss"], "train/kd_loss": stats["kd_loss"],
-                        "train/kd_from_clients": stats["kd_taken"], "train/kd_steps": stats["steps"],
-                        "train/rejected_clients": len(replies) - len(checked),
-                        **_receiving_metrics(stats)})
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
@@ -312,46 +242,6 @@ class FedMKTServer(Server[FedMKTConfig]):
         self.s0 = None
 
 
-# --------------------------------------------------------------------------- client side
-
-
-_TOKENIZERS: dict[str, Any] = {}
-
-
-def _tokenizer(mcfg: ModelConfig) -> Any:
-    """A model's tokenizer, loaded once per process."""
-    from fedkt.models import load_tokenizer
-
-    key = mcfg.model_dump_json()
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = load_tokenizer(mcfg)
-    return _TOKENIZERS[key]
-
-
-def _client_public(ctx: ClientContext, lm: LM) -> PublicSet:
-    return PublicSet.build(ctx.cfg, lm.tokenizer, ctx.data().public)
-
-
-def own_knowledge(cfg: RunConfig, lm: LM, public: PublicSet | None) -> TopKLogits | Tensor:
-    """A model's knowledge of D_p: its knowledge set S (the top-K logits along the gold
-    answers, the paper) or, with ``knowledge: choices``, its [N, C] choice posteriors."""
-    m: FedMKTConfig = cfg.method
-    if m.knowledge == "choices":
-        return choices.choice_knowledge(cfg, lm, run_public(cfg), temperature=m.temperature)
-    def compute() -> dict[str, Tensor]:
-        s = knowledge_set(lm, public, m.top_k, batch_size=cfg.eval.batch_size,
-                          reduction=m.selection_loss)
-        return {**{f: getattr(s, f) for f in TENSOR_FIELDS},
-                "vocab_size": torch.tensor([s.vocab_size])}
-
-    with autocast(cfg, lm.model):  # a model, public set and settings seen before: reused
-        got = reuse.tensors(cfg.eval.reuse, "topk", lm.model, lm.tokenizer,
-                            {"public": public.seqs, "pad_id": public.pad_id, "k": m.top_k,
-                             "batch_size": cfg.eval.batch_size,
-                             "reduction": m.selection_loss}, compute)
-    return TopKLogits(vocab_size=int(got["vocab_size"][0]), **{f: got[f] for f in TENSOR_FIELDS})
-
-
 def _mean_reported(replies: dict[int, Payload], field: str, key: str) -> dict[str, float]:
     """``{key: the replies' mean of field}`` (:func:`mean_number`), or nothing when no
     reply reported it."""
@@ -359,45 +249,17 @@ def _mean_reported(replies: dict[int, Payload], field: str, key: str) -> dict[st
     return {} if mean is None else {key: mean}
 
 
-def _finite(metrics: dict[str, float]) -> dict[str, float]:
-    """Metrics without NaN (a loss over no step: nothing was distilled)."""
-    return {k: v for k, v in metrics.items() if math.isfinite(v)}
+# --------------------------------------------------------------------------- client side
 
 
-def _receiving_metrics(stats: dict[str, float]) -> dict[str, float]:
-    """``train/*`` of the receiving options a distillation ran (:mod:`fedkt.alignment.
-    receiving`): its KD and rehearsal steps, rehearsal CE and anchoring KL."""
-    return {f"train/{k}": stats[k] for k in ("kd_steps", "rehearsal_steps", "rehearsal_loss",
-                                             "anchor_loss") if k in stats}
+def _knowledge(ctx: ClientContext, lm: LM) -> Knowledge:
+    """This client's knowledge of D_p, in its model's tokens."""
+    return knowledge_for(ctx.cfg, lm.tokenizer, ctx.data().public)
 
 
-def run_public(cfg: RunConfig) -> list[dict]:
-    from fedkt.data.splits import run_data
-
-    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed).public
-
-
-def learn_choices(cfg: RunConfig, lm: LM, public: list[dict], own: Tensor,
-                  others: list[Tensor], *, epochs: float, lr: float | None, seed: int,
-                  desc: str, rehearse: list[dict]) -> dict[str, float]:
-    """Steps 4-5 / 7 with ``knowledge: choices`` (an extension): pick a teacher per sample
-    (``selection``: DualMinCE on the gold choice, the lowest entropy, or always), then
-    L = lambda CE + (1 - lambda) KL(teacher || learner) over the choices.  ``teacher:
-    self`` (a control) distils every sample towards the learner's own posteriors instead
-    of the others'.  The receiving options (``receiving``) narrow the samples taken, add
-    the anchoring term to ``own`` and T**2, and rehearse on the learner's own labelled
-    records ``rehearse``."""
-    m: FedMKTConfig = cfg.method
-    rule = {"dual_min_ce": "min_ce"}.get(m.selection, m.selection)
-    if m.teacher == "self":
-        others, rule = [own], "always"
-    gold = (torch.tensor([int(r["label"]) for r in public]) if rule == "min_ce" else None)
-    targets, chosen = choices.select(own, others, rule, gold)
-    taken = receiving.taken(m.receiving, targets, own, chosen)
-    return choices.distill_choices(
-        cfg, lm, public, targets, taken, epochs=epochs, lr=lr, seed=seed,
-        kd_weight=1.0 - m.ft_weight, ft_weight=m.ft_weight, temperature=m.temperature,
-        desc=desc, **receiving.distill_options(m.receiving, m.temperature, own, rehearse))
+def _kept(knowledge: Knowledge) -> str:
+    """Where a client keeps its own knowledge between steps 2 and 7."""
+    return f"own_{knowledge.field}"
 
 
 def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
@@ -415,57 +277,43 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     reply = Payload(train_loss=loss, metrics=metrics)
     if m.teacher == "none":  # the no-exchange control: no knowledge, step 7 distils nothing
         return reply
-    if m.knowledge == "choices":  # an extension: posteriors over the task's choices
-        own_p = own_knowledge(ctx.cfg, lm, None)
-        ctx.save_state("own_choices", choices.pack(own_p))  # for step 7's selection
-        if msg.get("share"):
-            sent = choices.sent(own_p, m.teacher, ctx.seed("shuffle"))
-            reply[choices.FIELD] = choices.pack(sent)
-        return reply
-    own = own_knowledge(ctx.cfg, lm, _client_public(ctx, lm))
-    packed = pack_topk(own)
-    ctx.save_state("own_topk", packed)  # for this client's own DualMinCE in step 7
+    knowledge = _knowledge(ctx, lm)
+    own = knowledge.compute(lm)  # step 2 (Alg. 1 l. 29-31): S_k on D_p
+    fields = knowledge.pack(own)
+    ctx.save_state(_kept(knowledge), fields[knowledge.field])  # for step 7's own selection
     if msg.get("share"):
-        entries, nbytes = packed_entries(packed)
-        reply.update(topk=packed, vocab_size=own.vocab_size, k=m.top_k)
-        metrics.update({"train/topk_entries": entries,
-                        "train/topk_bytes_per_entry": nbytes / entries if entries else 0.0})
+        sent = knowledge.sent(own, ctx.seed("shuffle"))  # the sender-side controls
+        reply.update(fields if sent is own else knowledge.pack(sent))
+        metrics.update(knowledge.traffic([reply]))
     return reply
 
 
 def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
-    """Step 7 (Alg. 1 l. 33-41): align S_0 to this client's tokens, DualMinCE, train on L3
-    (Eqs. 6, 8, 10)."""
+    """Step 7 (Alg. 1 l. 33-41): align S_0 to this client's tokens, DualMinCE against its
+    own S_k of step 2 (its adapter has not changed since), train on L3 (Eqs. 6, 8, 10)."""
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid)
     lm.reset(ctx.load_state("adapter"))
     if m.teacher == "none":  # the no-exchange control: the model of step 1, evaluated
         return _step7_reply(ctx, lm, Payload(metrics={"train/kd_steps": 0}))
-    if m.knowledge == "choices":
-        return _client_distill_choices(ctx, msg, lm)
-    public = _client_public(ctx, lm)
-    own_packed = ctx.load_state("own_topk")
-    if own_packed is None:
-        raise RuntimeError(f"{ctx.name}: no knowledge set of its own on disk; 'train_and_share' "
+    knowledge = _knowledge(ctx, lm)
+    kept = ctx.load_state(_kept(knowledge))
+    if kept is None:
+        raise RuntimeError(f"{ctx.name}: no knowledge of its own on disk; 'train_and_share' "
                            "must run before 'distill'")
-    own = unpack_topk(own_packed, vocab_size(lm.tokenizer), m.top_k, f"{ctx.name} (own)")
-    server_tok = _tokenizer(ctx.cfg.server)
-    packed = ctx.received(msg, S0, finite=False)  # sent now, or kept from an earlier round
-    s0 = unpack_topk(packed, vocab_size(server_tok), m.top_k, "server")  # validated on receipt
-    server_public = PublicSet.build(ctx.cfg, server_tok, ctx.data().public)
-    aligned = to_receiver(s0, server_tok, server_public, lm.tokenizer, public, "server")
-    selection = dual_min_ce(own.losses, other_losses([aligned], own))  # Alg. 2 l. 6-11
-    targets = build_targets(own, [aligned], public, selection,
-                            fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
-    stats = distill(ctx.cfg, lm, ctx.data().public, targets, epochs=m.client_kd_epochs,
-                    lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
-                    seed=ctx.seed("kd"), desc=f"{ctx.name} kd")
+    own = knowledge.unpack(Payload({knowledge.field: kept}), Sender(f"{ctx.name} (own)"))
+    # S_0, sent now or kept from an earlier round: validated, aligned (Alg. 1 l. 35)
+    s0 = ctx.received(msg, S0, finite=knowledge.finite)
+    s0 = knowledge.unpack(Payload(msg, **{knowledge.field: s0}), Sender("server", ctx.cfg.server),
+                          own)
+    # Alg. 1 l. 36-41: DualMinCE against its own loss; L3 = lambda L_FT + (1 - lambda) L_KD
+    step = KDStep(m.client_kd_epochs, m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
+                  ctx.seed("kd"), f"{ctx.name} kd", rehearse=ctx.private)
+    metrics = learn_from_knowledge(knowledge, lm, own, [s0], step, objective="l3_loss",
+                                   taken="kd_from_server")
     ctx.save_state("adapter", lm.trainable())
-    metrics = {"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
-               "train/kd_from_server": targets.fraction_from_others(),
-               "train/kd_one_hot": stats["kd_one_hot"],
-               **{f"train/{k}": stats[k] for k in DIAGNOSTICS}}
-    return _step7_reply(ctx, lm, Payload(kd_loss=stats["kd_loss"], metrics=metrics))
+    return _step7_reply(ctx, lm, Payload(kd_loss=metrics.get("train/kd_loss", 0.0),
+                                         metrics=metrics))
 
 
 def _step7_reply(ctx: ClientContext, lm: LM, reply: Payload) -> Payload:
@@ -476,29 +324,6 @@ def _step7_reply(ctx: ClientContext, lm: LM, reply: Payload) -> Payload:
     else:
         reply["metrics"].update(client_test_metrics(ctx, lm))
     return reply
-
-
-def _client_distill_choices(ctx: ClientContext, msg: Payload, lm: LM) -> Payload:
-    """Step 7 with ``knowledge: choices`` (an extension): S_0's posteriors validated, a
-    teacher per sample against this client's own posteriors of step 2, KD over the choices."""
-    m: FedMKTConfig = ctx.method
-    own_packed = ctx.load_state("own_choices")
-    if own_packed is None:
-        raise RuntimeError(f"{ctx.name}: no posteriors of its own on disk; 'train_and_share' "
-                           "must run before 'distill'")
-    public = ctx.data().public
-    own = choices.unpack(own_packed, len(public), own_packed["posteriors"].shape[-1],
-                         f"{ctx.name} (own)")
-    s0 = choices.unpack(ctx.received(msg, S0), *own.shape, "server")
-    stats = learn_choices(ctx.cfg, lm, public, own, [s0], epochs=m.client_kd_epochs,
-                          lr=m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
-                          seed=ctx.seed("kd"), desc=f"{ctx.name} kd", rehearse=ctx.private)
-    ctx.save_state("adapter", lm.trainable())
-    metrics = _finite({"train/kd_loss": stats["kd_loss"], "train/l3_loss": stats["loss"],
-                       "train/kd_from_server": stats["kd_taken"], "train/kd_steps": stats["steps"],
-                       **_receiving_metrics(stats)})
-    return _step7_reply(ctx, lm, Payload(
-        kd_loss=stats["kd_loss"] if math.isfinite(stats["kd_loss"]) else 0.0, metrics=metrics))
 
 
 def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:

@@ -48,8 +48,12 @@ class FedMKTConfig(MethodConfig):
         "on the ground-truth next token (\"one_hot\", Appendix B 3(d)), the model's own top-K "
         '("own", an extension) or no distillation ("skip").'))
     kd_positions: Literal["all", "target"] = Field("all", description=(
-        'Positions L_KD covers: every position that predicts a real token ("all", the paper) or '
-        'only those predicting target tokens ("target", like L_FT).'))
+        'Positions L_KD covers: every position that predicts a real token ("all") or only those '
+        'predicting target tokens ("target", like L_FT). "all" is the paper\'s reading: its '
+        "knowledge set holds the logits of every token of a public text (Appendix B aligns every "
+        "token; Appendix C counts N x S x K logits, S the text length), and L_KD (Eqs. 7-8) is "
+        "the CE against them over S~ with no position left out; FATE-LLM's FedMKT averages it "
+        "over every non-padding position (the attention mask)."))
     post_fedavg: bool = Field(False, description=(
         "Homogeneous setting only: FedAvg of the client adapters after step 7."))
     knowledge: Literal["logits", "choices"] = Field("logits", description=(
