@@ -211,11 +211,12 @@ def _scan_bucket(qarr: np.ndarray, active: np.ndarray, lb: np.ndarray, cols: np.
     # power of two so that a bucket costs a few cdist calls, not one per row.
     limit = np.where(best_d[active] == lb, best_t[active], len(tarr))
     limit = np.minimum(1 << np.ceil(np.log2(np.maximum(limit, 1))).astype(np.int64), len(tarr))
-    for lim in np.unique(limit):
-        rows = active[limit == lim]
-        cols_l = cols[:np.searchsorted(cols, lim)]
-        if len(cols_l) == 0:
+    n_cols = np.searchsorted(cols, limit)  # rows with equal column counts share a call
+    for k in np.unique(n_cols):
+        if k == 0:
             continue
+        rows = active[n_cols == k]
+        cols_l = cols[:k]
         choices = tarr[cols_l].tolist()
         step = max(1, _CDIST_CELLS // len(cols_l))
         for s in range(0, len(rows), step):
