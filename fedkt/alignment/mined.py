@@ -14,7 +14,9 @@ quickly, through
    and every such pair is yielded), vectorised in numpy;
 3. for what remains, length buckets searched in order of growing length difference
    (|len(a) - len(b)| is a lower bound of the distance) with rapidfuzz ``cdist``,
-   stopping once the best distance found is below the next bucket's gap.
+   stopping once the best distance found is below the next bucket's gap; each bucket is
+   split into groups of strings with similar characters, and a query skips a group whose
+   character envelope bounds the distance above its best so far.
 
 Strings here are already normalised (:func:`fedkt.alignment.introspect.normalize_vocab`);
 the vocabulary mapping between two tokenizers is :mod:`fedkt.alignment.vocab`.
@@ -33,6 +35,7 @@ __all__ = ["brute_force_mapping", "mined_mapping"]
 
 _MAX_JOIN_LEN = 40  # queries longer than this skip the hash joins (they are few; buckets are small)
 _CDIST_CELLS = 1 << 24  # cap on one cdist result matrix (cells)
+_SMALL_CDIST = 1 << 16  # smaller cdist calls run on one thread
 
 
 # --------------------------------------------------------------------------- reference
@@ -80,6 +83,13 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def _keep(dropped: np.ndarray, length: int) -> np.ndarray:
+    """For each row of ``dropped`` (distinct positions): the other positions, in order."""
+    mask = np.ones((len(dropped), length), dtype=bool)
+    np.put_along_axis(mask, dropped, False, axis=1)
+    return np.nonzero(mask)[1].reshape(len(dropped), length - dropped.shape[1])
+
+
 class _Families:
     """Hashed deletion variants of a set of strings, grouped into join families.
 
@@ -95,29 +105,28 @@ class _Families:
     def __init__(self, strings: Sequence[str], owners: np.ndarray, level: int) -> None:
         fam: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
             k: [] for k in ("p0", "p1", "p2", "pos1", "sub2", "pp2")}
-        lens = np.fromiter((len(strings[i]) for i in owners), dtype=np.int64, count=len(owners))
+        lens = np.fromiter(map(len, map(strings.__getitem__, owners.tolist())), dtype=np.int64,
+                           count=len(owners))
         for length in np.unique(lens):
             length = int(length)
             idx = owners[lens == length]
             if length:
-                flat = "".join(strings[i] for i in idx)
+                flat = "".join(map(strings.__getitem__, idx.tolist()))
                 codes = np.frombuffer(flat.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
                 codes = codes.reshape(len(idx), length).astype(np.uint64) + np.uint64(1)
             else:
                 codes = np.zeros((len(idx), 0), dtype=np.uint64)
             fam["p0"].append((idx, self._hash(codes, np.arange(length)[None, :])[:, 0]))
             if length >= 1:
-                keep1 = np.array([[p for p in range(length) if p != x] for x in range(length)],
-                                 dtype=np.int64).reshape(length, length - 1)
+                keep1 = _keep(np.arange(length)[:, None], length)
                 h1 = self._hash(codes, keep1)  # [n, length]
                 rep = np.repeat(idx, length)
                 fam["p1"].append((rep, h1.ravel()))
                 pos = np.tile(np.arange(length, dtype=np.uint64), len(idx))
                 fam["pos1"].append((rep, self._tag(h1.ravel(), pos)))
             if level >= 2 and length >= 2:
-                pairs = np.array(list(itertools.combinations(range(length), 2)), dtype=np.int64)
-                keep2 = np.array([[p for p in range(length) if p != x and p != y]
-                                  for x, y in pairs], dtype=np.int64).reshape(len(pairs), length - 2)
+                pairs = np.stack(np.triu_indices(length, 1), axis=1)  # (x, y), x < y, in order
+                keep2 = _keep(pairs, length)
                 h2 = self._hash(codes, keep2).ravel()  # [n * npairs]
                 rep = np.repeat(idx, len(pairs))
                 xs = np.tile(pairs[:, 0].astype(np.uint64), len(idx))
@@ -202,11 +211,12 @@ def _scan_bucket(qarr: np.ndarray, active: np.ndarray, lb: np.ndarray, cols: np.
     # power of two so that a bucket costs a few cdist calls, not one per row.
     limit = np.where(best_d[active] == lb, best_t[active], len(tarr))
     limit = np.minimum(1 << np.ceil(np.log2(np.maximum(limit, 1))).astype(np.int64), len(tarr))
-    for lim in np.unique(limit):
-        rows = active[limit == lim]
-        cols_l = cols[:np.searchsorted(cols, lim)]
-        if len(cols_l) == 0:
+    n_cols = np.searchsorted(cols, limit)  # rows with equal column counts share a call
+    for k in np.unique(n_cols):
+        if k == 0:
             continue
+        rows = active[n_cols == k]
+        cols_l = cols[:k]
         choices = tarr[cols_l].tolist()
         step = max(1, _CDIST_CELLS // len(cols_l))
         for s in range(0, len(rows), step):
@@ -222,8 +232,10 @@ def _improve(queries: list[str], sub: np.ndarray, choices: list[str], ranks: np.
     cutoff = int(best_d[sub].max())
     # Short strings: rapidfuzz's SIMD path (no cutoff) is fastest.
     use_cutoff = max_len > 64 and cutoff < 1 << 30
+    small = len(queries) * len(choices) < _SMALL_CDIST  # threads cost more than they save
     D = process.cdist(queries, choices, scorer=Levenshtein.distance, dtype=dtype,
-                      workers=workers, score_cutoff=cutoff if use_cutoff else None)
+                      workers=1 if small else workers,
+                      score_cutoff=cutoff if use_cutoff else None)
     j = D.argmin(axis=1)  # first minimum = smallest rank among the choices
     d = D[np.arange(len(sub)), j].astype(np.int64)
     t = ranks[j]
@@ -240,12 +252,11 @@ def _fold_targets(queries: list[str], targets: list[str]) -> tuple[list[str], np
     distances to every query, and only the first (the smallest rank) is kept.  Qwen2.5's
     151,807 distinct strings are 113,939 against Gemma-3's remaining queries.
     """
-    alphabet = set().union(*map(set, queries))
+    alphabet = set("".join(queries))
     stand_in = next(chr(c) for c in range(0xE000, 0x110000) if chr(c) not in alphabet)
+    table = dict.fromkeys(map(ord, set("".join(targets)) - alphabet), stand_in)
     kept: dict[str, int] = {}
-    for rank, t in enumerate(targets):
-        folded = t if all(c in alphabet for c in t) else \
-            "".join(c if c in alphabet else stand_in for c in t)
+    for rank, folded in enumerate(t.translate(table) for t in targets):
         kept.setdefault(folded, rank)
     return list(kept), np.fromiter(kept.values(), dtype=np.int64, count=len(kept))
 
@@ -267,39 +278,67 @@ def _occurrences(codes: np.ndarray) -> np.ndarray:
     return np.tril(same).sum(axis=2)
 
 
-def _envelopes(targets: list[str], tlens: np.ndarray, alphabet: np.ndarray) -> np.ndarray:
-    """[length, character]: the most times any target of that length holds the character
-    (``alphabet``: sorted code points; its last column, for other characters, stays 0)."""
-    env = np.zeros((int(tlens.max()) + 1, len(alphabet) + 1), dtype=np.int64)
+_GROUP = 128  # targets per envelope group (a length bucket's strings, by sorted characters)
+
+
+def _groups(targets: list[str], tlens: np.ndarray, alphabet: np.ndarray
+            ) -> dict[int, tuple[list[np.ndarray], np.ndarray]]:
+    """Length buckets split into groups with their character envelopes.
+
+    For each length m: the groups' target ranks (each group rank-sorted) and their
+    envelopes, [group, character]: the most times any string of the group holds the
+    character (``alphabet``: sorted code points; the last column, for other characters,
+    stays 0).  Strings with the same sorted characters are grouped together, so a group's
+    envelope is tight.
+    """
+    out: dict[int, tuple[list[np.ndarray], np.ndarray]] = {}
     for m in np.unique(tlens):
+        m = int(m)
         idx = np.flatnonzero(tlens == m)
+        bucket = [targets[i] for i in idx.tolist()]
+        order = sorted(range(len(idx)), key=lambda i: sorted(bucket[i]))
+        idx = idx[order]
+        gid = np.arange(len(idx)) // _GROUP
+        env = np.zeros((int(gid[-1]) + 1, len(alphabet) + 1), dtype=np.int16)
         for start in range(0, len(idx), 4096):
-            codes = _codes([targets[i] for i in idx[start:start + 4096]], int(m))
+            codes = _codes([bucket[i] for i in order[start:start + 4096]], m)
             if codes.size:
                 col = np.searchsorted(alphabet, codes)
-                np.maximum.at(env[int(m)], col.ravel(), _occurrences(codes).ravel())
-    return env
+                g = np.broadcast_to(gid[start:start + 4096, None], col.shape)
+                np.maximum.at(env, (g.ravel(), col.ravel()), _occurrences(codes).ravel())
+        out[m] = ([np.sort(idx[s:s + _GROUP]) for s in range(0, len(idx), _GROUP)], env)
+    return out
+
+
+def _held(env: np.ndarray, col: np.ndarray, occ: np.ndarray) -> np.ndarray:
+    """[group, row]: how many of each query row's characters (columns ``col``, with
+    occurrence numbers ``occ``) each group's envelope holds."""
+    out = np.empty((env.shape[0], col.shape[0]), dtype=np.int64)
+    step = max(1, (1 << 24) // max(1, env.shape[0] * col.shape[1]))
+    for s in range(0, col.shape[0], step):
+        out[:, s:s + step] = (env[:, col[s:s + step]] >= occ[s:s + step]).sum(axis=2)
+    return out
 
 
 def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
                  workers: int) -> np.ndarray:
     """Exact MinED by length buckets in order of growing length gap (targets rank-sorted).
 
-    A query row skips the bucket of length m when the bound max(L, m) - min(m, I) exceeds
-    its best distance so far, where I counts the query's characters (with repeats) that
-    the bucket's envelope holds (the most times any of its strings holds each character):
-    the matches of an alignment, at most I, leave max(L, m) - I characters to edit.  When
-    the bound equals the best distance, only ranks below the best are scanned.  The best
-    starts from the first ranks (short strings such as a space: the nearest of many
+    Each length bucket is split into groups of similar strings (:func:`_groups`).  A query
+    row skips a group of length m when the bound max(L, m) - min(m, I) exceeds its best
+    distance so far, where I counts the query's characters (with repeats) that the group's
+    envelope holds (the most times any of its strings holds each character): the matches
+    of an alignment, at most I, leave max(L, m) - I characters to edit.  When the bound
+    equals the best distance, only ranks below the best are scanned.  The best starts
+    from the first ranks (short strings such as a space: the nearest of many
     foreign-script tokens).
     """
     targets, kept = _fold_targets(queries, targets)
     tlens = tlens[kept]
     alphabet = np.unique(_codes(["".join(targets)], sum(map(len, targets))))
-    env = _envelopes(targets, tlens, alphabet)
+    groups = _groups(targets, tlens, alphabet)
     out = np.empty(len(queries), dtype=np.int64)
-    qlens = np.fromiter((len(q) for q in queries), dtype=np.int64, count=len(queries))
-    buckets = {int(L): np.flatnonzero(tlens == L) for L in np.unique(tlens)}
+    qlens = np.fromiter(map(len, queries), dtype=np.int64, count=len(queries))
     tmax = int(tlens.max())
     tarr = np.array(targets, dtype=object)
     first = np.arange(min(_FIRST_RANKS, len(targets)))
@@ -324,20 +363,22 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
             if not (best_d >= gap).any():
                 break
             for m in sorted({L - gap, L + gap}):
-                if m not in buckets:
+                if m not in groups:
                     continue
-                held = (env[m][col] >= occ).sum(axis=1)
-                lb = max(L, m) - np.minimum(m, held)  # >= gap
-                active = np.flatnonzero(best_d >= lb)
-                if len(active):
-                    _scan_bucket(qarr, active, lb[active], buckets[m], tarr, L + gap,
-                                 best_d, best_t, workers)
+                cols, env = groups[m]
+                lbs = max(L, m) - np.minimum(m, _held(env, col, occ))  # [group, row], >= gap
+                for g, cols_g in enumerate(cols):
+                    active = np.flatnonzero(best_d >= lbs[g])
+                    if len(active):
+                        _scan_bucket(qarr, active, lbs[g, active], cols_g, tarr, L + gap,
+                                     best_d, best_t, workers)
         out[rows] = best_t
     return kept[out]
 
 
-def _sentinel(alphabet: set[str]) -> str:
+def _sentinel(targets: list[str]) -> str:
     """A character that no target string contains (private-use area first)."""
+    alphabet = set("".join(targets))
     for code in range(0xE000, 0x110000):
         if 0xD800 <= code < 0xE000:
             continue
@@ -346,23 +387,22 @@ def _sentinel(alphabet: set[str]) -> str:
     raise ValueError("mined_mapping: the target vocabulary uses every character")
 
 
-def _fold_foreign(query: str, alphabet: set[str], sentinel: str) -> str:
-    """``query`` with every character absent from the targets replaced by ``sentinel``.
+def _fold_foreign(queries: list[str], alphabet: set[str], sentinel: str) -> list[str]:
+    """``queries`` with every character absent from the targets replaced by ``sentinel``.
 
     Edit distance compares a query's characters only with the target's, never with each
     other, so characters that equal no target character are interchangeable: folding them
     into one keeps every distance, hence the MinED answer. Foreign-script tokens (62k of
     Gemma-3's against SmolLM2) collapse to a few hundred distinct queries.
     """
-    if all(c in alphabet for c in query):
-        return query
-    return "".join(c if c in alphabet else sentinel for c in query)
+    table = dict.fromkeys(map(ord, set("".join(queries)) - alphabet), sentinel)
+    return [q.translate(table) for q in queries]
 
 
 def _nearest(qs: list[str], uniq: list[str], ulens: np.ndarray, workers: int) -> np.ndarray:
     """Rank in ``uniq`` of each query's MinED target (queries with no exact match)."""
     rank = np.full(len(qs), -1, dtype=np.int64)
-    qlens = np.fromiter((len(q) for q in qs), dtype=np.int64, count=len(qs))
+    qlens = np.fromiter(map(len, qs), dtype=np.int64, count=len(qs))
     joinable = np.flatnonzero(qlens <= _MAX_JOIN_LEN)
     if len(joinable):
         t_owner = np.flatnonzero(ulens <= _MAX_JOIN_LEN + 2)
@@ -413,23 +453,20 @@ def mined_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str],
             uid.append(j)
     uid_arr = np.asarray(uid, dtype=np.int64)
     exact = {s: r for r, s in enumerate(uniq)}
-    ulens = np.fromiter((len(s) for s in uniq), dtype=np.int64, count=len(uniq))
+    ulens = np.fromiter(map(len, uniq), dtype=np.int64, count=len(uniq))
 
     # Unique source strings; exact matches first.
-    src_index: dict[str, int] = {}
-    src_inverse = np.fromiter((src_index.setdefault(s, len(src_index)) for s in src_tokens),
-                              dtype=np.int64, count=len(src_tokens))
+    src = list(src_tokens)
+    src_index = {s: i for i, s in enumerate(dict.fromkeys(src))}
+    src_inverse = np.fromiter(map(src_index.__getitem__, src), dtype=np.int64, count=len(src))
     qs = list(src_index)
-    rank = np.array([exact.get(s, -1) for s in qs], dtype=np.int64)
+    rank = np.fromiter(map(exact.get, qs, itertools.repeat(-1)), dtype=np.int64, count=len(qs))
     todo = np.flatnonzero(rank < 0)
     if len(todo):
         # The rest, with foreign characters folded (same distances), each distinct once.
-        alphabet = set().union(*map(set, uniq))
-        sentinel = _sentinel(alphabet)
-        folded: dict[str, int] = {}
-        fold_of = np.fromiter(
-            (folded.setdefault(_fold_foreign(qs[i], alphabet, sentinel), len(folded))
-             for i in todo), dtype=np.int64, count=len(todo))
-        rank[todo] = _nearest(list(folded), uniq, ulens, workers)[fold_of]
+        folded = _fold_foreign([qs[i] for i in todo], set("".join(uniq)), _sentinel(uniq))
+        fold_index = {s: i for i, s in enumerate(dict.fromkeys(folded))}
+        fold_of = np.fromiter(map(fold_index.__getitem__, folded), dtype=np.int64,
+                              count=len(folded))
+        rank[todo] = _nearest(list(fold_index), uniq, ulens, workers)[fold_of]
     return uid_arr[rank][src_inverse]
-
