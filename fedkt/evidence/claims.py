@@ -202,7 +202,7 @@ def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | 
         if floor is not None and estimate is not None and claim.tolerance is None:
             d = estimate if claim.greater else -estimate
             if abs(d) < floor:
-                return Decision(NOT_RESOLVED, f"|estimate| below the detection floor {floor:.3f}")
+                return Decision(NOT_RESOLVED, f"the estimate's size is below the detection floor {floor:.3f}")
         return Decision(NOT_RESOLVED, "the interval contains the boundary")
     k = len(per_seed)
     if high == low and len(set(per_seed)) <= 1:  # exact: no resample or seed moves it (bytes)
