@@ -13,18 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedkt.alignment import brute_force_mapping, mined, mined_mapping
-
-
-def _scan(src: list[str], tgt: list[str]) -> list[int]:
-    """The exhaustive path alone (``mined._bucket_scan``) on every query, as target ids."""
-    order = sorted(range(len(tgt)), key=lambda j: (tgt[j], j))
-    uniq, uid = [], []
-    for j in order:
-        if not uniq or tgt[j] != uniq[-1]:
-            uniq.append(tgt[j])
-            uid.append(j)
-    ranks = mined._bucket_scan(list(src), uniq, np.array([len(t) for t in uniq]), workers=1)
-    return [uid[r] for r in ranks]
+from tests.alignment.test_vocab import _scan
 
 
 def _word(rng: random.Random, alphabet: str, lo: int, hi: int) -> str:
