@@ -10,7 +10,7 @@ import yaml
 from fedkt.cli import main
 from fedkt.tracking import without_timings
 from tests.conftest import small_config
-from tests.fault_injection import client_faults
+from tests.support.fault_injection import client_faults
 
 
 def write_config(tmp_path, *overrides, name="run"):
@@ -130,7 +130,7 @@ def test_list_imports_no_torch_and_lists_every_entry():
     assert f"tiny model presets: {', '.join(sorted(TINY_PRESETS))}" in listing
     assert ", ".join(sorted(OFFLINE_ALIASES)) in listing
     # A plugin registers a method: `fedkt list` imports it and shows it.
-    env["FEDKT_PLUGINS"] = "tests.plugin_method"
+    env["FEDKT_PLUGINS"] = "tests.support.plugin_method"
     out = subprocess.run([sys.executable, "-m", "fedkt.cli", "list"], capture_output=True,
                          text=True, cwd=root, env=env, timeout=300)
     assert out.returncode == 0, out.stderr

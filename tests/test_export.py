@@ -21,7 +21,7 @@ from fedkt.export import ExportError, _participant_lm, export_model
 from fedkt.runner import run
 from fedkt.train.lm import _federated_data, evaluate_lm
 
-RELOAD = Path(__file__).with_name("export_reload.py")
+RELOAD = Path(__file__).parent / "support" / "export_reload.py"
 TOL = 1e-5  # fp32 on both sides
 
 

@@ -382,7 +382,7 @@ class Docs:
 
 @dataclass(frozen=True)
 class Conformance:
-    """What the conformance test (``tests/conformance.py``) runs a method on and holds it to."""
+    """What the conformance test (``tests/support/conformance.py``) runs a method on and holds it to."""
 
     # The smallest run of this method on tiny models: a shipped config's name
     # (``fedkt configs list``) or a YAML path; the conformance test runs it with

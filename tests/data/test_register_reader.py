@@ -20,7 +20,7 @@ ROWS = [("play some jazz", "1"), ("what's the weather", "0"), ("add milk to my l
 def tsv(monkeypatch, tmp_path):
     """A TSV file and the plugin's reader, registered for this test only."""
     monkeypatch.setattr(R, "_READERS", dict(R._READERS))
-    plugin = importlib.import_module("tests.plugin_reader")
+    plugin = importlib.import_module("tests.support.plugin_reader")
     R._READERS.pop(".tsv", None)  # as before the plugin's import
     path = tmp_path / "train.tsv"
     path.write_text("utterance\tintent\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS))

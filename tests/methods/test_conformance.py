@@ -1,7 +1,7 @@
 """Conformance: every registered method, on the tiny config it declares, for two rounds.
 
 Each method's uploads stay within its declaration, payload inspection is clean and a run
-resumed after a crash in round 2 equals the uninterrupted one (:mod:`tests.conformance`).
+resumed after a crash in round 2 equals the uninterrupted one (:mod:`tests.support.conformance`).
 A new method is checked by registering it (``tests/methods/test_new_method.py`` runs these
 checks on a copied package); nothing here lists methods.
 """
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedkt.methods import available
-from tests.conformance import conformance
+from tests.support.conformance import conformance
 
 # Minutes of tiny encoder runs that other tests already cover: checked with -m slow.
 SLOW = {"standalone_encoder", "centralized_encoder"}
@@ -44,7 +44,7 @@ def test_the_train_loss_check_catches_a_server_objective():
     """The server row's train ``loss`` must be the clients' mean: the old FedMKT/KOALA row
     (the server's own objective under ``loss``) fails, an excluded client is left out, a
     method without client handlers (centralized) keeps its model's own loss."""
-    from tests.conformance import check_train_loss
+    from tests.support.conformance import check_train_loss
 
     def rows(server_loss: float) -> list[dict]:
         return [{"round": 0, "participant": "server", "split": "test", "loss": 9.0},
@@ -68,7 +68,7 @@ def test_every_method_names_its_handlers_from_the_shared_vocabulary():
     checked here for every method without running it (the runs above check it too)."""
     from fedkt.methods import get_method
     from fedkt.methods.base import SHARED_HANDLERS
-    from tests.conformance import handler_name_problems
+    from tests.support.conformance import handler_name_problems
 
     methods = [get_method(name) for name in available()]
     assert [p for m in methods for p in handler_name_problems(m)] == []
@@ -84,7 +84,7 @@ def test_a_handler_outside_the_vocabulary_is_caught():
     under a shared name, a stale or undescribed listing each fail, naming the method."""
     from fedkt.methods.base import Conformance, Method, Server
     from fedkt.methods.fedavg import FedAvgConfig
-    from tests.conformance import handler_name_problems
+    from tests.support.conformance import handler_name_problems
 
     def noop(ctx, msg):
         return msg

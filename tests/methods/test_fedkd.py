@@ -28,7 +28,7 @@ from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.encoder import text_batches, trainable_state
 from tests.conftest import load_benchmark, needs_models
-from tests.fault_injection import client_faults
+from tests.support.fault_injection import client_faults
 
 
 @pytest.fixture(autouse=True)

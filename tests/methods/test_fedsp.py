@@ -37,7 +37,7 @@ from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.lm import LM
 from tests.conftest import needs_models
-from tests.fault_injection import client_faults
+from tests.support.fault_injection import client_faults
 
 torch.set_num_threads(1)
 PREFIX = TrainingConfig(peft="prefix", prefix_tokens=4)

@@ -16,7 +16,7 @@ from pathlib import Path
 from fedkt.config import ConfigError
 from fedkt.methods import available, get_method, registry
 from fedkt.tracking import without_timings
-from tests.conformance import check_method, conformance
+from tests.support.conformance import check_method, conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 from tests.conftest import final_test_rows
-from tests.fault_injection import client_faults
+from tests.support.fault_injection import client_faults
 
 
 def local(cfg):

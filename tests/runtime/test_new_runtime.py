@@ -30,7 +30,7 @@ BYTES = ("bytes_sent", "bytes_received")
 def journal(monkeypatch):
     """The plugin runtime, registered for this test only."""
     monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))
-    plugin = importlib.import_module("tests.plugin_runtime")
+    plugin = importlib.import_module("tests.support.plugin_runtime")
     registry._RUNTIMES.pop(plugin.NAME, None)  # as before the plugin's import
     return plugin
 
@@ -69,7 +69,7 @@ def test_a_runtime_registered_outside_fedkt_validates_its_section_and_runs_a_job
     assert load_config(path) == cfg
 
     # The command in a fresh process, which registers the runtime from FEDKT_PLUGINS.
-    env = {**os.environ, "FEDKT_PLUGINS": "tests.plugin_runtime",
+    env = {**os.environ, "FEDKT_PLUGINS": "tests.support.plugin_runtime",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "fedkt.cli", "run", str(path), "-q"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -1,5 +1,5 @@
 """A plugin's variant of a fedkt method, registered outside fedkt with one of fedkt's
-server classes (``tests/plugin_method.py``), runs on ``flower-sim``: the registry records
+server classes (``tests/support/plugin_method.py``), runs on ``flower-sim``: the registry records
 the module that called ``register`` (not the server class's module, which is fedkt's and
 does not register the variant), so each Flower worker imports the plugin again."""
 
@@ -14,7 +14,7 @@ from fedkt.methods import registry
 from fedkt.runner import run
 from tests.conftest import small_config
 
-MODULE = "tests.plugin_method"
+MODULE = "tests.support.plugin_method"
 # Its name, not imported: importing the module at collection would register the variant
 # for the whole session (and into docs/configuration.md's reference).
 NAME = "fedavg_plugin_variant"

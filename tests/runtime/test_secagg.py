@@ -16,7 +16,7 @@ from fedkt.runtime.base import RoundError, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.runtime.secagg import REST
 from tests.conftest import final_test_rows
-from tests.fault_injection import client_faults
+from tests.support.fault_injection import client_faults
 
 SECURE = ("secure_aggregation.enabled=true", "secure_aggregation.max_weight=64")
 THREE = ("clients.num_clients=3", "rounds=1")

@@ -1,4 +1,4 @@
-"""The payload inspection (:mod:`tests.inspection`) is not vacuous.
+"""The payload inspection (:mod:`tests.support.inspection`) is not vacuous.
 
 The conformance test (``tests/methods/test_conformance.py``) runs every registered method
 and inspects every reply; here edits of a real FedAvg reply show that each check catches
@@ -13,8 +13,8 @@ import torch
 
 from fedkt.data.splits import run_data
 from fedkt.federated.payload import loads
-from tests.inspection import check_reply, private_needles
-from tests.trust_helpers import recorded_run
+from tests.support.inspection import check_reply, private_needles
+from tests.support.trust_helpers import recorded_run
 
 
 def test_the_checks_catch_a_leak_an_extra_field_and_a_base_weight():

@@ -165,7 +165,7 @@ def recorded_run(method: str) -> RecordedRun:
     """The real run of ``method`` on its tiny config that the conformance test records (two
     rounds, every reply's bytes kept; once per test session).  A test that replays its
     replies with a 1-round config gets round 1's."""
-    from tests.conformance import conformance  # it builds on this module
+    from tests.support.conformance import conformance  # it builds on this module
 
     return conformance(method).run
 

@@ -1,6 +1,6 @@
 """``fedkt`` that pauses in round N before the checkpoint, for tests that kill it there.
 
-    python -m tests.paused_run N fedkt-arguments...   (e.g. ``2 run config.yaml -q``)
+    python -m tests.support.paused_run N fedkt-arguments...   (e.g. ``2 run config.yaml -q``)
 
 It runs :func:`fedkt.cli.main` with the arguments after N, like ``python -m fedkt.cli``,
 with one change: in round N the server says so on stderr (:data:`PAUSE_LINE`) and sleeps

@@ -8,7 +8,7 @@ import pytest
 
 from fedkt.infra import timing
 from fedkt.tracking import breakdown_table, time_breakdown
-from tests.conformance import conformance
+from tests.support.conformance import conformance
 
 
 def test_the_outermost_phase_takes_the_time():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedkt.eval import reuse
-from tests.test_reuse import cfg_records
+from tests.eval.test_reuse import cfg_records
 
 
 def _entry(reuse_store: Path) -> Path:

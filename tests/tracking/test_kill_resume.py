@@ -2,7 +2,7 @@
 
 The server is killed (a) reliably inside round 2 after the clients replied and the
 round's metrics rows were written, but before its checkpoint (``fedkt run`` started
-through ``python -m tests.paused_run 2``, which pauses there, see tests/paused_run.py),
+through ``python -m tests.support.paused_run 2``, which pauses there, see tests/support/paused_run.py),
 and (b) for FedAvg once more, as soon as the resumed run has checkpointed round 2 (so
 somewhere in round 3, wherever it happens to be).
 """
@@ -24,13 +24,13 @@ from fedkt.runner import SERVER_STATE, client_state_root, run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, read_rows, without_timings
 from tests.conftest import ROOT
-from tests.paused_run import PAUSE_LINE
+from tests.support.paused_run import PAUSE_LINE
 
 
 def _fedkt(*args: str, pause: int | None = None) -> subprocess.Popen:
     """``fedkt ARGS -q`` in a child process; ``pause``: it stops in that round before the
     checkpoint (and says so on stderr) until killed."""
-    main = ["fedkt.cli"] if pause is None else ["tests.paused_run", str(pause)]
+    main = ["fedkt.cli"] if pause is None else ["tests.support.paused_run", str(pause)]
     return subprocess.Popen([sys.executable, "-m", *main, *args, "-q"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

@@ -256,7 +256,7 @@ def test_a_suite_table_is_the_same_with_reuse_on_and_off_and_each_key_is_compute
 
     import yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     suite = yaml.safe_load((root / "configs" / "suites" / "quick.yaml").read_text())
     suite["seeds"] = [0]
     suite["base"]["rounds"] = 1

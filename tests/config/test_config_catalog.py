@@ -182,7 +182,7 @@ def test_fedkt_configs_explain_imports_neither_torch_nor_the_method():
             "rc = main(['configs', 'explain', 'method.top_k', '--method', 'fedmkt']); "
             "print(rc, 'torch' in sys.modules, 'fedkt.methods.fedmkt.algorithm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).parents[1], timeout=300)
+                         cwd=Path(__file__).parents[2], timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Logits kept per position" in out.stdout
     assert out.stdout.splitlines()[-1] == "0 False False"

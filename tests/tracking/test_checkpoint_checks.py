@@ -20,7 +20,7 @@ from fedkt.cli import main
 from fedkt.errors import CheckpointError
 from fedkt.export import export_model
 from tests.conftest import finished_run
-from tests.test_run_folder import (
+from tests.tracking.test_run_folder import (
     ROUNDS,
     copy_of,
     edit_latest,

@@ -25,8 +25,13 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.envelope import ENVELOPE, ERROR, PREDICTIONS
 from fedkt.tracking import without_timings
-from tests.test_malformed_replies import BAD, assert_excluded, metrics_file_rows, tampered_run
-from tests.trust_helpers import ReplayTransport, recorded_run, tiny_config
+from tests.runtime.test_malformed_replies import (
+    BAD,
+    assert_excluded,
+    metrics_file_rows,
+    tampered_run,
+)
+from tests.support.trust_helpers import ReplayTransport, recorded_run, tiny_config
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ excluded and the reason (naming the client and the field) in ``metrics.jsonl``; 
 ``min_replies`` = all clients the run must fail with a :class:`RoundError` naming both.
 
 The clients' real replies come from one real recorded run per method
-(:func:`tests.trust_helpers.recorded_run`); the server side (setup, validation,
+(:func:`tests.support.trust_helpers.recorded_run`); the server side (setup, validation,
 aggregation, evaluation, metrics) runs for real on every tampered run.
 """
 
@@ -25,7 +25,7 @@ from fedkt.federated.payload import Payload, dumps
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, default_state_root
 from fedkt.runtime.local import LocalTransport
-from tests.trust_helpers import (
+from tests.support.trust_helpers import (
     ReplayTransport,
     TamperingTransport,
     recorded_run,

@@ -30,7 +30,7 @@ from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import LOCK_FILE, RunFolderBusy, read_rows, run_lock
 from tests.conftest import ROOT, finished_run, small_config
-from tests.paused_run import PAUSE_LINE
+from tests.support.paused_run import PAUSE_LINE
 
 ROUNDS = 3
 
@@ -276,7 +276,7 @@ def test_read_only_folder_is_an_error_not_a_traceback(tmp_path, capsys):
 
 
 def _fedkt(*args: str, pause: int | None = None) -> subprocess.Popen:
-    main_module = ["fedkt.cli"] if pause is None else ["tests.paused_run", str(pause)]
+    main_module = ["fedkt.cli"] if pause is None else ["tests.support.paused_run", str(pause)]
     return subprocess.Popen([sys.executable, "-m", *main_module, *args, "-q"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

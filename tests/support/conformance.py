@@ -11,7 +11,7 @@ transport that records the exact bytes every client sends back, and asserts:
    declared (``Method.conformance.uploads``) and every reply stays within its declaration
    (:func:`fedkt.methods.uploads.undeclared`);
 2. payload inspection is clean: no private text or image in any reply's bytes, no
-   base-model weight by name or value (:mod:`tests.inspection`);
+   base-model weight by name or value (:mod:`tests.support.inspection`);
 3. resume is exact: a copy of the run folder as a crash in round 2 leaves it (round 2's
    metrics and client state written, no checkpoint) resumes to the same metrics rows and
    the same final server state and holdings as the run that was not interrupted;
@@ -37,8 +37,8 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, without_timings
-from tests.inspection import check_reply, private_needles
-from tests.trust_helpers import RecordedRun, RecordingTransport, scratch, tiny_config
+from tests.support.inspection import check_reply, private_needles
+from tests.support.trust_helpers import RecordedRun, RecordingTransport, scratch, tiny_config
 
 
 @dataclass

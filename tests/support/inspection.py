@@ -10,7 +10,7 @@
     that uploads a whole (small) model uploads exactly that model.
 
 Used by the conformance test (every registered method) and by
-``tests/test_payload_inspection.py`` (the checks catch what they should).
+``tests/federated/test_payload_inspection.py`` (the checks catch what they should).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from fedkt.federated.payload import loads
 from fedkt.methods import get_method
 from fedkt.methods.uploads import undeclared
-from tests.trust_helpers import RecordedRun, flat_tensors
+from tests.support.trust_helpers import RecordedRun, flat_tensors
 
 PREDICTION_COLUMNS = {"id", "gold", "pred", "pred_norm", "scores", "rougeL"}
 

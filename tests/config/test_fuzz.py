@@ -32,7 +32,7 @@ from fedkt.data.records import DatasetConfig
 from fedkt.federated.payload import MAGIC, Payload, PayloadError, dumps, loads
 from fedkt.methods import available
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FILES = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

@@ -1,6 +1,6 @@
 """Score multiple-choice items with an exported model, using only transformers and peft.
 
-``python tests/export_reload.py ITEMS.json EXPORT_DIR...`` prints, as JSON, for each
+``python tests/support/export_reload.py ITEMS.json EXPORT_DIR...`` prints, as JSON, for each
 export folder, each item's log-likelihood per choice.  ITEMS.json: ``{"max_length": N, "items": [[context,
 [choice, ...]], ...]}``.  An adapter folder (``adapter_config.json``) is loaded as
 ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder)``, any

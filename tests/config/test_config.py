@@ -69,7 +69,7 @@ def test_yaml_file_round_trip(tmp_path):
 def test_shipped_configs_validate():
     from pathlib import Path
 
-    configs = sorted(Path(__file__).parents[1].glob("configs/**/*.yaml"))
+    configs = sorted(Path(__file__).parents[2].glob("configs/**/*.yaml"))
     assert configs, "no configs shipped"
     for path in configs:
         if "suites" in path.parts:
@@ -85,7 +85,7 @@ def test_configuration_reference_is_current():
 
     from fedkt.config import config_reference
 
-    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     assert config_reference() in doc, "run: python -m fedkt.config --write"
 
 

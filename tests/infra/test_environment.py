@@ -16,7 +16,7 @@ from fedkt.infra.environment import describe, environment, kernels
 from fedkt.runner import run
 from fedkt.tracking.summary import read_environment, summary_markdown
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_config):
