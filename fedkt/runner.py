@@ -20,7 +20,7 @@ from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
 from fedkt.eval.harness import run_after_job
 from fedkt.evidence.paired_table import round0_summary
-from fedkt.federated.privacy import noise_share, round_epsilon
+from fedkt.federated import privacy
 from fedkt.infra import progress
 from fedkt.infra.environment import ENVIRONMENT_FILE, environment
 from fedkt.infra.precision import resolve_precision, set_threads
@@ -139,9 +139,8 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             eval_clock() - evaluated - traffic.wait_phases.get("eval", Clock()))
         dp = cfg.differential_privacy
         if dp.enabled:  # the privacy budget each client has spent so far
-            share = noise_share(dp.noise, clients_per_round(cfg), cfg.clients.min_replies)
             server_metrics.setdefault("train", {}).update(
-                round_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rnd, share))
+                privacy.budget(dp, rnd, clients_per_round(cfg), cfg.clients.min_replies))
         server_eval = _server_evaluate(cfg, server, recorder, rnd) if evaluate else {}
         sums = checkpoint.write_checkpoint(recorder, server.state_dict(),
                                            server.holdings.state_dict(), rnd)

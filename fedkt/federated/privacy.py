@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -44,6 +44,8 @@ __all__ = [
     "Conversion",
     "GaussianAccountant",
     "add_gaussian_noise",
+    "budget",
+    "client_noise_multiplier",
     "clip_update",
     "gaussian_rdp",
     "noise_share",
@@ -397,6 +399,20 @@ def noise_share(noise: str, clients_per_round: int, min_replies: int | None) -> 
     if noise != "distributed":
         raise ValueError(f"noise must be 'local' or 'distributed', got {noise!r}")
     return max(1, min(clients_per_round, min_replies or clients_per_round))
+
+
+def client_noise_multiplier(dp: Any, per_round: int, min_replies: int | None) -> float:
+    """The noise multiplier each client adds under ``differential_privacy`` settings ``dp``:
+    ``dp.noise_multiplier / sqrt(m)``, m = :func:`noise_share` (``per_round``: clients a
+    round asks; ``min_replies``: ``clients.min_replies``)."""
+    return dp.noise_multiplier / math.sqrt(noise_share(dp.noise, per_round, min_replies))
+
+
+def budget(dp: Any, rounds: int, per_round: int, min_replies: int | None) -> dict[str, float]:
+    """The budget each client has spent after ``rounds`` rounds under settings ``dp``, as
+    the server logs it (:func:`round_epsilon`; arguments as :func:`client_noise_multiplier`)."""
+    share = noise_share(dp.noise, per_round, min_replies)
+    return round_epsilon(dp.clip_norm, dp.noise_multiplier, dp.delta, rounds, share)
 
 
 def round_epsilon(clip_norm: float, noise_multiplier: float, delta: float, rounds: int,

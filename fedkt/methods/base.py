@@ -16,7 +16,6 @@ Flower: the runtime moves the payloads.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -106,16 +105,15 @@ class ClientContext:
         The Gaussian mechanism on the change ``upload - reference`` (``reference``
         None: ``upload`` already is a change): clip its L2 norm to
         ``differential_privacy.clip_norm``, add ``N(0, (noise_multiplier * clip_norm)^2)``
-        (divided by sqrt(m) with ``noise: distributed``: :func:`fedkt.federated.privacy.noise_share`).
+        (divided by sqrt(m) with ``noise: distributed``: :func:`fedkt.federated.privacy.client_noise_multiplier`).
         """
         dp = self.cfg.differential_privacy
         if not dp.enabled:
             return upload
-        from fedkt.federated.privacy import noise_share, privatize
+        from fedkt.federated.privacy import client_noise_multiplier, privatize
 
-        share = noise_share(dp.noise, clients_per_round(self.cfg), self.cfg.clients.min_replies)
-        noisy, _ = privatize(upload, reference, clip_norm=dp.clip_norm,
-                             noise_multiplier=dp.noise_multiplier / math.sqrt(share),
+        sigma = client_noise_multiplier(dp, clients_per_round(self.cfg), self.cfg.clients.min_replies)
+        noisy, _ = privatize(upload, reference, clip_norm=dp.clip_norm, noise_multiplier=sigma,
                              seed=self.seed("dp"))
         return noisy
 

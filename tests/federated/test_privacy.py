@@ -359,3 +359,20 @@ def test_cross_check_with_opacus():
         eps_theirs, _ = rdp_mod.get_privacy_spent(orders=orders, rdp=theirs, delta=1e-5)
         eps_ours, _ = P.rdp_to_epsilon(ours, orders, 1e-5, conversion="balle")
         assert eps_ours == pytest.approx(float(eps_theirs), rel=1e-6)
+
+
+def test_budget_and_client_noise_follow_the_noise_share():
+    """What the runner logs and what a client adds, from the dp settings alone: local noise
+    is m = 1; distributed noise over 4 asked clients with min_replies 2 is m = 2."""
+    from types import SimpleNamespace
+
+    local = SimpleNamespace(noise="local", noise_multiplier=1.2, clip_norm=0.5, delta=1e-5)
+    dist = SimpleNamespace(**{**vars(local), "noise": "distributed"})
+    assert P.client_noise_multiplier(local, 4, 2) == 1.2
+    assert P.client_noise_multiplier(dist, 4, 2) == pytest.approx(1.2 / math.sqrt(2))
+    assert P.client_noise_multiplier(dist, 4, None) == pytest.approx(0.6)
+    assert P.budget(local, 3, 4, 2) == P.round_epsilon(0.5, 1.2, 1e-5, 3)
+    got = P.budget(dist, 3, 4, 2)
+    assert got == P.round_epsilon(0.5, 1.2, 1e-5, 3, share=2)
+    # the lone upload carries less noise, so its epsilon is larger than the sum's
+    assert got["dp_epsilon_upload"] > got["dp_epsilon"] > 0
