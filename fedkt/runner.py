@@ -30,7 +30,7 @@ from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_ev
 from fedkt.runtime.base import RuntimeClients, Transport
 from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
-from fedkt.runtime.replies import SERVER_ROW_KEYS
+from fedkt.runtime.report import round_report, split_metrics
 from fedkt.tracking import checkpoint
 from fedkt.tracking.checkpoint import read_checkpoint, record_sums, sha256_of  # noqa: F401
 from fedkt.tracking.folder import (
@@ -45,20 +45,6 @@ from fedkt.tracking.summary import read_environment
 from fedkt.tracking.trackers import Tracking, open_tracking
 
 log = logging.getLogger("fedkt")
-
-
-def _split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """``{"train/loss": 1, "test/accuracy": .5}`` -> ``{"train": {...}, "test": {...}}``.
-
-    Names of the server's own row keys (``round``, ``participant``, ...) are dropped: a
-    client's metrics never stand in for them (its reply check refuses them first,
-    :mod:`fedkt.runtime.replies`)."""
-    out: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():
-        split, _, name = key.rpartition("/")
-        if name not in SERVER_ROW_KEYS:
-            out.setdefault(split or "train", {})[name] = value
-    return out
 
 
 def run_job(
@@ -132,7 +118,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         clients.start_round(rnd, evaluate)
         seed_everything(server.seed(rnd))
         started, evaluated, phases = now(), eval_clock(), clocks()
-        server_metrics = _split_metrics(server.round(rnd, clients) or {})
+        server_metrics = split_metrics(server.round(rnd, clients) or {})
         traffic = clients.traffic
         # The server's own work: the round without waiting for clients or evaluating.
         compute = (now() - started) - traffic.wait - (
@@ -147,8 +133,8 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         timing = {"wall_time": time.perf_counter() - t0, "compute_time": max(0.0, compute.wall),
                   "compute_cpu": max(0.0, compute.cpu),
                   **_server_phases(phases, traffic.wait_phases)}
-        recorder.log_rows(round_rows(rnd, server_metrics, server_eval, clients.ids, traffic,
-                                     timing))
+        report = round_report(rnd, server_metrics, server_eval, clients.ids, traffic, timing)
+        recorder.log_rows(report.rows())
         _write_client_predictions(cfg, server, recorder, rnd, traffic)
         checkpoint.mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
@@ -164,50 +150,6 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
     if cfg.eval.compare_round0 and not quiet:
         print(_round0_comparison(cfg, run_dir), flush=True)
     return recorder.rows()
-
-
-def round_rows(rnd: int, server: dict[str, dict[str, float]],
-               evaluated: dict[str, dict[str, float]], cids: list[int], traffic: Any,
-               timing: dict[str, float]) -> list[dict[str, Any]]:
-    """The metrics rows of round ``rnd``, in the order they are logged.
-
-    ``server``: the server's metrics by split (its round's, with the privacy budget);
-    ``evaluated``: :func:`_server_evaluate`'s ``{participant: metrics}``; ``traffic``: the
-    round's :class:`~fedkt.runtime.base.Traffic`; ``timing``: the server's seconds (wall,
-    compute, per phase).  Rows: the server's train row (its train metrics, the round's
-    bytes, the clients whose replies were used, ``timing``), its test row (the round's
-    test metrics and its evaluation), a test row per other server-side model, then per
-    client that was asked: its train row (its train metrics, bytes from its side, its
-    seconds, ``excluded`` with the reason, ``eval_bytes``) and a row per other split."""
-    server_test = {**server.get("test", {}), **evaluated.get("server", {})}
-    rows: list[dict[str, Any]] = [{
-        "round": rnd, "participant": "server", "split": "train", **server.get("train", {}),
-        "bytes_sent": sum(traffic.sent.values()),
-        "bytes_received": sum(traffic.received.values()),
-        "clients_replied": len(cids) - len(traffic.excluded), **timing}]
-    if "test" in server or "server" in evaluated:
-        rows.append({"round": rnd, "participant": "server", "split": "test", **server_test})
-    rows += [{"round": rnd, "participant": name, "split": "test", **values}
-             for name, values in evaluated.items() if name != "server"]
-    for cid in cids:
-        if cid not in traffic.sent:
-            continue
-        per_split = _split_metrics(traffic.metrics.get(cid, {}))
-        row = {"round": rnd, "participant": f"client_{cid}", "split": "train",
-               **per_split.pop("train", {}),
-               "bytes_sent": traffic.received.get(cid, 0),
-               "bytes_received": traffic.sent.get(cid, 0),
-               "wall_time": traffic.seconds.get(cid, 0.0),
-               "compute_time": traffic.compute[cid].wall,
-               "compute_cpu": traffic.compute[cid].cpu}
-        if cid in traffic.excluded:
-            row["excluded"] = traffic.excluded[cid]
-        if traffic.eval_bytes.get(cid):
-            row["eval_bytes"] = traffic.eval_bytes[cid]
-        rows.append(row)
-        rows += [{"round": rnd, "participant": f"client_{cid}", "split": split, **values}
-                 for split, values in per_split.items()]
-    return rows
 
 
 def evaluates_round0(cfg: RunConfig) -> bool:
@@ -299,7 +241,7 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
         recorder.log({"round": 0, "participant": name, "split": "test", **values, **wall})
         wall = {}
     for cid in clients.ids:
-        split = _split_metrics(traffic.metrics.get(cid, {}))
+        split = split_metrics(traffic.metrics.get(cid, {}))
         if split.get("test"):  # with the seconds per phase of the client's evaluation
             timing = {k: v for k, v in split.get("train", {}).items() if k.endswith("_seconds")}
             recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test",

@@ -1,11 +1,11 @@
-"""The runner's rows of one round (``fedkt.runner.round_rows``): which rows, in which
+"""One round's typed report (``fedkt.runtime.report``) and its rows: which rows, in which
 order, with which fields, from the server's metrics, its evaluation and the traffic."""
 
 from __future__ import annotations
 
 from fedkt.infra.timing import Clock
-from fedkt.runner import round_rows
 from fedkt.runtime.base import Traffic
+from fedkt.runtime.report import ClientReport, round_report, split_metrics
 
 
 def _traffic() -> Traffic:
@@ -23,7 +23,15 @@ def test_round_rows_server_then_models_then_clients():
     server = {"train": {"loss": 1.25, "server_loss": 0.75}, "test": {"own": 1.0}}
     evaluated = {"server": {"accuracy": 0.25}, "global_slm": {"accuracy": 0.5}}
     timing = {"wall_time": 3.0, "compute_time": 1.0, "compute_cpu": 0.5}
-    rows = round_rows(4, server, evaluated, [0, 1, 2], _traffic(), timing)
+    report = round_report(4, server, evaluated, [0, 1, 2], _traffic(), timing)
+    # Typed: the asked clients the round sent something, each number once.
+    assert [c.cid for c in report.clients] == [0, 2] and report.clients_replied == 2
+    assert report.clients[0] == ClientReport(
+        cid=0, metrics={"train": {"loss": 1.25}, "test": {"accuracy": 0.5}}, bytes_sent=40,
+        bytes_received=100, wall_time=1.5, compute_time=1.25, compute_cpu=1.0, eval_bytes=7)
+    assert report.clients[1].excluded.startswith("TimeoutError")
+    assert (report.bytes_sent, report.bytes_received) == (200, 40)
+    rows = report.rows()
     assert [(r["participant"], r["split"]) for r in rows] == [
         ("server", "train"), ("server", "test"), ("global_slm", "test"),
         ("client_0", "train"), ("client_0", "test"), ("client_2", "train")]
@@ -45,6 +53,12 @@ def test_round_rows_server_then_models_then_clients():
 
 
 def test_round_rows_without_evaluation_has_no_test_rows():
-    rows = round_rows(1, {"train": {"loss": 2.0}}, {}, [0], _traffic(), {"wall_time": 1.0})
+    rows = round_report(1, {"train": {"loss": 2.0}}, {}, [0], _traffic(), {"wall_time": 1.0}).rows()
     assert [(r["participant"], r["split"]) for r in rows] == [
         ("server", "train"), ("client_0", "train"), ("client_0", "test")]
+
+
+def test_split_metrics_by_split_without_row_keys():
+    got = split_metrics({"train/loss": 1.0, "test/accuracy": 0.5, "kd_steps": 3.0,
+                         "train/participant": 7.0, "round": 2.0})
+    assert got == {"train": {"loss": 1.0, "kd_steps": 3.0}, "test": {"accuracy": 0.5}}
