@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -83,6 +84,13 @@ def finished_run(tmp_path_factory, *overrides: str) -> Path:
     cfg = small_config(tmp_path_factory.mktemp("runs") / "done", *overrides)
     run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     return cfg.run_dir
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    """A copy of a :func:`finished_run` folder at ``tmp_path / "run"``, for one test to change."""
+    where = tmp_path / "run"
+    shutil.copytree(finished, where)
+    return where
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import subprocess
 import sys
 import zlib
@@ -23,7 +22,7 @@ import pytest
 import torch
 
 from fedkt.cli import main
-from tests.conftest import ROOT, finished_run, small_config
+from tests.conftest import ROOT, copy_of, finished_run, small_config
 
 ROUNDS = 2
 
@@ -37,12 +36,6 @@ def _one_thread():
 def finished(tmp_path_factory) -> Path:
     """A finished 2-round FedAvg run (tiny models), copied by each test."""
     return finished_run(tmp_path_factory, f"rounds={ROUNDS}")
-
-
-def copy_of(finished: Path, tmp_path: Path) -> Path:
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished, run_dir)
-    return run_dir
 
 
 def write_config(tmp_path: Path, *overrides: str) -> Path:

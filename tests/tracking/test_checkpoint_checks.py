@@ -19,10 +19,9 @@ from safetensors.torch import load_file, save_file
 from fedkt.cli import main
 from fedkt.errors import CheckpointError
 from fedkt.export import export_model
-from tests.conftest import finished_run
+from tests.conftest import copy_of, finished_run
 from tests.tracking.test_run_folder import (
     ROUNDS,
-    copy_of,
     edit_latest,
     flip_bit,
     latest,

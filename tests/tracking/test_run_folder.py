@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import LOCK_FILE, RunFolderBusy, read_rows, run_lock
-from tests.conftest import ROOT, finished_run, small_config
+from tests.conftest import ROOT, copy_of, finished_run, small_config
 from tests.support.paused_run import PAUSE_LINE
 
 ROUNDS = 3
@@ -44,12 +43,6 @@ def _one_thread():
 def finished(tmp_path_factory) -> Path:
     """A finished 3-round FedAvg run (tiny models), its folder copied by each test."""
     return finished_run(tmp_path_factory, f"rounds={ROUNDS}", "eval.plots=false")
-
-
-def copy_of(finished: Path, tmp_path: Path) -> Path:
-    where = tmp_path / "run"
-    shutil.copytree(finished, where)
-    return where
 
 
 def snapshot(folder: Path) -> dict[str, str]:
