@@ -16,7 +16,7 @@ import torch
 
 from fedkt.cli import main
 from fedkt.tracking import LOCK_FILE
-from tests.conftest import finished_run
+from tests.conftest import copy_of, finished_run
 
 ROUNDS = 2
 
@@ -50,8 +50,7 @@ def target_with(tmp_path: Path, *files: str) -> Path:
 
 def planted(finished: Path, tmp_path: Path, name: str, target: Path) -> Path:
     """A copy of the finished run whose ``name`` is a link to ``target``."""
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished, run_dir)
+    run_dir = copy_of(finished, tmp_path)
     where = run_dir / name
     if where.is_dir():
         shutil.rmtree(where)
@@ -104,8 +103,7 @@ def test_a_run_subfolder_that_is_a_link_is_refused_and_its_target_kept(finished,
 def test_a_round_folder_that_is_a_link_is_refused(finished, tmp_path, capsys, where):
     target = target_with(tmp_path, "keep.txt")
     before = tree(target)
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished, run_dir)
+    run_dir = copy_of(finished, tmp_path)
     link = run_dir / where
     if link.exists():
         shutil.rmtree(link)
@@ -133,8 +131,7 @@ def test_pruning_never_deletes_through_a_link(finished, tmp_path):
     from fedkt.tracking.folder import PlantedLink
 
     target = target_with(tmp_path, "keep.txt")
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished, run_dir)
+    run_dir = copy_of(finished, tmp_path)
     recorder = RunRecorder(run_dir, resume=True)  # (it refuses a folder with the link)
     (run_dir / "checkpoints" / "round_0000").symlink_to(target)  # planted while it runs
     with pytest.raises(PlantedLink, match=r"checkpoints/round_0000: a symbolic link"):
