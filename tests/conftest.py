@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -135,3 +136,20 @@ def pytest_collection_modifyitems(config, items):
         name = item.nodeid.partition("[")[0]
         if {item.nodeid, name} & listed or item.nodeid.partition("::")[0].startswith(prefixes):
             item.add_marker(pytest.mark.heavy)
+    # Longest files first: pytest-xdist's --dist loadfile hands out whole files in this
+    # order, so the files that take minutes start at once instead of last (the run then
+    # ends with short files on both workers). Stable: the order inside a file is kept.
+    cost = _file_seconds(lines)
+    items.sort(key=lambda item: -cost.get(item.nodeid.partition("::")[0], 0.0))
+
+
+def _file_seconds(lines: list[str]) -> dict[str, float]:
+    """Measured seconds per test file, summed from tests/heavy.txt's ``# 2.5s`` notes."""
+    cost: dict[str, float] = {}
+    for line in lines:
+        entry, _, note = line.partition("#")
+        seconds = re.match(r"\s*([0-9.]+)s", note)
+        if entry.strip() and seconds:
+            path = entry.strip().partition("::")[0]
+            cost[path] = cost.get(path, 0.0) + float(seconds.group(1))
+    return cost

@@ -47,7 +47,7 @@ from fedkt.infra.precision import autocast, grad_scaler, upcast
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM
 from fedkt.train.loop import run_steps
-from fedkt.train.optim import make_optimizer, step, trainable
+from fedkt.train.optim import Accumulate, make_optimizer, step, trainable
 
 __all__ = ["FIELD", "choice_knowledge", "choice_logprobs", "distill_choices", "encode", "entropy",
            "marginal", "pack", "require_choice_task", "select", "sent", "shuffled", "unpack"]
@@ -449,30 +449,59 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
     scaler = grad_scaler(cfg.training, device)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     kd_sums = {"kd_loss": 0.0, "anchor_loss": 0.0}
-    own_losses: list[float] = []
+    own_sums: list[float] = []  # each rehearsal step's CE
 
-    def batch_loss(i: int, item: tuple[str, list[int]]) -> tuple[Tensor, dict[str, Tensor]]:
-        kind, idx = item
+    micro = cfg.training.kd_micro_batch
+
+    def part(kind: str, sub: list[int], n: int, w_sum: Tensor | None) -> Tensor:
+        """The loss of the samples ``sub`` of a batch of ``n``, each term normalised by the
+        whole batch's count (or KD weight ``w_sum``): a batch's parts sum to its loss."""
+        whole = len(sub) == n  # the whole batch: the means, as without micro-batches
+
+        def share(x: Tensor) -> Tensor:
+            return x.mean() if whole else x.sum() / n
+
+        def nll(logq: Tensor, gold_rows: Tensor) -> Tensor:
+            y = gold_rows.to(logq.device)
+            return F.nll_loss(logq, y) if whole else F.nll_loss(logq, y, reduction="sum") / n
+
+        rows = torch.tensor(sub)
         if kind == OWN:  # rehearsal: the gold choice of the student's own records
             with autocast(cfg.training, device):
-                logq = choice_logprobs(model, [own_enc[j] for j in idx], pad)
-            ce = F.nll_loss(logq, own_gold[torch.tensor(idx)].to(logq.device))
-            own_losses.append(float(ce.detach()))
-            return ce, {}
+                logq = choice_logprobs(model, [own_enc[j] for j in sub], pad)
+            ce = nll(logq, own_gold[rows])
+            own_sums[-1] += float(ce.detach())
+            return ce
         with autocast(cfg.training, device):
-            logq = choice_logprobs(model, [encoded[j] for j in idx], pad, temperature)
-        rows = torch.tensor(idx)
+            logq = choice_logprobs(model, [encoded[j] for j in sub], pad, temperature)
         w = taken[rows].to(logq.device, torch.float32)
-        kl = (kl_rows(targets[rows], logq) * w).sum() / w.sum().clamp_min(1.0)
+        kl = (kl_rows(targets[rows], logq) * w).sum() / w_sum
         kd_sums["kd_loss"] += float(kl.detach())
         loss = scale * kd_weight * kl
         if anchored:  # Learning without Forgetting: KL to its own pre-exchange posteriors
-            a = kl_rows(anchor[rows], logq).mean()
+            a = share(kl_rows(anchor[rows], logq))
             kd_sums["anchor_loss"] += float(a.detach())
             loss = loss + scale * anchor_weight * a
         if gold is not None:
-            loss = loss + ft_weight * F.nll_loss(logq, gold[rows].to(logq.device))
-        return loss, {}
+            loss = loss + ft_weight * nll(logq, gold[rows])
+        return loss
+
+    def batch_loss(i: int, item: tuple[str, list[int]]) -> tuple[Tensor | Accumulate, dict]:
+        kind, idx = item
+        if kind == OWN:
+            own_sums.append(0.0)
+        w_sum = None if kind == OWN else taken[torch.tensor(idx)].float().sum().clamp_min(1.0)
+        if not micro or len(idx) <= micro:
+            return part(kind, idx, len(idx), w_sum), {}
+
+        def accumulate(backward) -> float:  # training.kd_micro_batch: gradient accumulation
+            total = 0.0
+            for s in range(0, len(idx), micro):
+                loss = part(kind, idx[s : s + micro], len(idx), w_sum)
+                backward(loss)
+                total += float(loss.detach())
+            return total
+        return accumulate, {}
 
     stats = run_steps(plan, batch_loss,
                       lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
@@ -480,9 +509,9 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
                       modules=[model], seed=seed, total=len(plan), desc=desc)
     out.update(loss=stats.loss, kd_loss=kd_sums["kd_loss"] / total, steps=stats.steps)
     if rehearsal_ratio > 0:
-        out.update(kd_steps=total, rehearsal_steps=len(own_losses))
+        out.update(kd_steps=total, rehearsal_steps=len(own_sums))
     if anchored:
         out["anchor_loss"] = kd_sums["anchor_loss"] / total
-    if own_losses:
-        out["rehearsal_loss"] = sum(own_losses) / len(own_losses)
+    if own_sums:
+        out["rehearsal_loss"] = sum(own_sums) / len(own_sums)
     return out

@@ -108,12 +108,16 @@ def interleave(kd_batches: Sequence[list[int]], n_own: int, ratio: float, batch_
 
 
 def distill_options(options: ReceivingOptions, temperature: float, own: Tensor,
-                    rehearse: Sequence[dict]) -> dict:
+                    rehearse: Sequence[dict], *, client: bool) -> dict:
     """The receiving options as :func:`fedkt.alignment.choices.distill_choices` takes them,
     for a receiver whose pre-exchange posteriors are ``own`` and whose own labelled
-    records are ``rehearse`` (empty: nothing to rehearse on)."""
+    records are ``rehearse`` (empty: nothing to rehearse on); ``client``: a client's SLM
+    (its anchoring weight is ``client_anchor_weight`` where set), else the LLM."""
+    weight = options.anchor_weight
+    if client and options.client_anchor_weight is not None:
+        weight = options.client_anchor_weight
     return {"scale": kd_scale(temperature, options.t_squared),
-            "anchor": own if options.anchor_weight > 0 else None,
-            "anchor_weight": options.anchor_weight,
+            "anchor": own if weight > 0 else None,
+            "anchor_weight": weight,
             "rehearse": rehearse if options.rehearsal_ratio > 0 else (),
             "rehearsal_ratio": options.rehearsal_ratio if rehearse else 0.0}

@@ -53,6 +53,12 @@ class TrainingConfig(_Strict):
         "Mixed precision of training, scoring and generation (torch.autocast; weights, adapters "
         "and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX) "
         "or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/infra/precision.py)."))
+    kd_micro_batch: int | None = Field(None, ge=1, description=(
+        "Choice-posterior distillation (method.knowledge: choices; FedMKT and FedCoLLM): run "
+        "each batch_size batch as micro-batches of this many samples and accumulate their "
+        "gradients into one optimiser step. The same loss and update (up to float rounding and "
+        "dropout's draws), with the activations of this many samples instead of batch_size "
+        "(docs/performance.md, memory). None: the whole batch at once."))
     gradient_checkpointing: bool = Field(False, description=(
         "Recompute each decoder layer's activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing, non-reentrant): activation memory of training "

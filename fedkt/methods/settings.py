@@ -96,7 +96,12 @@ class ReceivingOptions(_Strict):
     anchor_weight: float = Field(0.0, ge=0, description=(
         "Anchoring (Learning without Forgetting, Li & Hoiem 2016): the weight of "
         "KL(own || learner) over every public sample, own = the receiver's posteriors before "
-        "the exchange (0: none)."))
+        "the exchange (0: none). The LLM's weight, and the clients' unless "
+        "client_anchor_weight sets theirs."))
+    client_anchor_weight: float | None = Field(None, ge=0, description=(
+        "The clients' (SLMs') anchoring weight where it should differ from the LLM's "
+        "(None: anchor_weight). FedCoLLM's SLM: its KD term is about ten times its anchoring "
+        "term at weight 1 (docs/methods/fedcollm.md)."))
     t_squared: bool = Field(False, description=(
         "Multiply every KD and anchoring term by T**2, T = method.temperature (Hinton et al. "
         "2015), so their gradients keep their size as T grows; false: the papers' loss at T."))
@@ -125,7 +130,7 @@ class ReceivingOptions(_Strict):
     def active(self) -> list[str]:
         """The options set away from their defaults, as ``method.receiving.<field>``."""
         return [f"method.receiving.{k}" for k in ("rehearsal_ratio", "anchor_weight",
-                                                  "t_squared", "take")
+                                                  "client_anchor_weight", "t_squared", "take")
                 if getattr(self, k) != type(self).model_fields[k].default]
 
 

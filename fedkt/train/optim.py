@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,11 @@ from fedkt.config import TrainingConfig
 from fedkt.federated.privacy import update_norm
 from fedkt.infra.placement import pick_device as pick_device  # re-exported
 
-__all__ = ["grad_norm", "make_optimizer", "pick_device", "step", "trainable"]
+__all__ = ["Accumulate", "grad_norm", "make_optimizer", "pick_device", "step", "trainable"]
+
+# A step's loss as micro-batches: called with ``backward``, it back-propagates each part
+# through it (gradients accumulate) and returns the parts' summed value.
+Accumulate = Callable[[Callable[[torch.Tensor], None]], float]
 
 
 def trainable(*modules: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -52,7 +56,7 @@ def make_optimizer(params: Any, cfg: TrainingConfig, total_steps: int,
     return opt, sched
 
 
-def step(loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer], *,
+def step(loss: torch.Tensor | Accumulate, optimizers: Sequence[torch.optim.Optimizer], *,
          clip: Sequence[Sequence[torch.nn.Parameter]] = (), max_grad_norm: float | None = None,
          scaler: torch.amp.GradScaler | None = None, schedules: Sequence[Any] = ()) -> float:
     """One gradient step of every optimiser in ``optimizers`` from ``loss``; its value.
@@ -61,11 +65,21 @@ def step(loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer], *,
     ``clip`` to ``max_grad_norm`` (if set; groups are clipped separately), step the
     optimisers, then the ``schedules``.  ``scaler``: fp16 loss scaling
     (:func:`fedkt.infra.precision.grad_scaler`; ``None`` or a disabled one is the plain step).
+    ``loss`` may be an :data:`Accumulate`: it back-propagates its micro-batches' parts
+    itself (gradient accumulation) through the function it is given, and returns the sum.
     """
     scaled = scaler is not None and scaler.is_enabled()
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    (scaler.scale(loss) if scaled else loss).backward()
+
+    def backward(part: torch.Tensor) -> None:
+        (scaler.scale(part) if scaled else part).backward()
+
+    if callable(loss):
+        value = float(loss(backward))
+    else:
+        backward(loss)
+        value = float(loss.detach())
     if scaled:
         for opt in optimizers:
             scaler.unscale_(opt)
@@ -83,7 +97,7 @@ def step(loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer], *,
     for sched in schedules:
         if sched is not None:
             sched.step()
-    return float(loss.detach())
+    return value
 
 
 def grad_norm(loss: torch.Tensor | float, params: list[torch.nn.Parameter]) -> float:

@@ -152,3 +152,62 @@ def test_anchoring_starts_at_zero_and_holds_the_student_near_its_posteriors(sett
         after = choices.choice_knowledge(cfg, lm, public)
         drift[weight] = float(receiving.kl_rows(own, after.double().clamp_min(1e-30).log()).mean())
     assert drift[5.0] < drift[0.0]
+
+
+def test_micro_batches_accumulate_the_same_update_as_the_whole_batch(make_config):
+    """training.kd_micro_batch: a batch of 4 as micro-batches of 1 or of 3 and 1 (every
+    term on: partial KD weights, anchoring, the gold choice, rehearsal) trains the adapter
+    the whole batch trains, to float rounding (the losses to 1e-5); a micro-batch of the batch's size is the
+    whole batch, bit for bit. (tiny-llama: no dropout anywhere, so the draws cannot differ.)"""
+    cfg = make_config("data.split={scheme: fedmkt, test_size: 16}", "data.max_public=8",
+                      "data.max_private_per_client=6", "clients.models=[{name: tiny-llama}]",
+                      "training.batch_size=4", "training.lr=5e-3", "training.precision=fp32",
+                      "training.lora.dropout=0", method="fedavg")
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    lm, public, own = client_lm(cfg, 0), fd.public, fd.private[0]
+    start = {k: v.clone() for k, v in lm.trainable().items()}
+    gen = torch.Generator().manual_seed(3)
+    teacher = torch.softmax(3 * torch.randn(len(public), 7, generator=gen), -1)
+    anchor = torch.softmax(torch.randn(len(public), 7, generator=gen), -1)
+    taken = torch.arange(len(public)) % 3 != 1
+    trained = {}
+    for micro in (None, 1, 3, 4):
+        lm.reset(start)
+        run = cfg.model_copy(update={"training": cfg.training.model_copy(
+            update={"kd_micro_batch": micro})})
+        stats = choices.distill_choices(run, lm, public, teacher, taken, epochs=2, lr=None,
+                                        seed=1, kd_weight=1.0, ft_weight=0.5, anchor=anchor,
+                                        anchor_weight=0.7, rehearse=own, rehearsal_ratio=0.5)
+        trained[micro] = (stats, lm.trainable())
+    whole_stats, whole = trained[None]
+    moved = max(float((whole[k] - start[k]).abs().max()) for k in whole)
+    assert moved > 1e-3 and whole_stats["rehearsal_steps"] > 0
+    for micro in (1, 3):
+        stats, got = trained[micro]
+        for key in ("loss", "kd_loss", "anchor_loss", "rehearsal_loss", "steps"):
+            assert stats[key] == pytest.approx(whole_stats[key], rel=1e-5), (micro, key)
+        for k, v in whole.items():
+            # AdamW's early steps are about lr * sign(g): a component whose gradient is
+            # near zero moves by rounding, 0.3% of the largest move at most here
+            assert torch.allclose(got[k], v, atol=1e-2 * moved, rtol=0), (micro, k)
+    assert trained[4][0] == whole_stats
+    assert all(torch.equal(trained[4][1][k], v) for k, v in whole.items())
+
+
+def test_the_clients_anchoring_weight_applies_to_clients_only():
+    """receiving.client_anchor_weight: a client's SLM anchors with it, the LLM with
+    anchor_weight; unset, both take anchor_weight; 0 for one side drops its term."""
+    own = torch.full((3, 7), 1 / 7)
+    options = ReceivingOptions(anchor_weight=1.0, client_anchor_weight=10.0)
+    llm = receiving.distill_options(options, 1.0, own, (), client=False)
+    slm = receiving.distill_options(options, 1.0, own, (), client=True)
+    assert (llm["anchor_weight"], slm["anchor_weight"]) == (1.0, 10.0)
+    assert llm["anchor"] is own and slm["anchor"] is own
+    same = ReceivingOptions(anchor_weight=2.0)
+    assert receiving.distill_options(same, 1.0, own, (), client=True)["anchor_weight"] == 2.0
+    only_slm = ReceivingOptions(client_anchor_weight=3.0)
+    assert receiving.distill_options(only_slm, 1.0, own, (), client=False)["anchor"] is None
+    assert receiving.distill_options(only_slm, 1.0, own, (), client=True)["anchor_weight"] == 3.0
+    assert only_slm.active() == ["method.receiving.client_anchor_weight"]
+    with pytest.raises(ValueError, match="client_anchor_weight: teacher: none"):
+        only_slm.check("choices", "none")

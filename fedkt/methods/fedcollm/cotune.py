@@ -229,10 +229,12 @@ def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int
               "max_steps": m.cotune_max_steps}
     f = distill_choices(cfg, llm, records, t_f, receiving.taken(m.receiving, t_f, p_f, every),
                         lr=m.llm_lr or cfg.training.lr, desc="fedcollm kd llm", **common,
-                        **receiving.distill_options(m.receiving, m.temperature, p_f, rehearse))
+                        **receiving.distill_options(m.receiving, m.temperature, p_f, rehearse,
+                                                    client=False))
     g = distill_choices(cfg, slm, records, t_g, receiving.taken(m.receiving, t_g, p_g, every),
                         lr=m.slm_lr or cfg.training.lr, desc="fedcollm kd slm", **common,
-                        **receiving.distill_options(m.receiving, m.temperature, p_g, ()))
+                        **receiving.distill_options(m.receiving, m.temperature, p_g, (),
+                                                    client=True))
     # how often each model's choice agreed with the other's before co-tuning
     agree = float((p_f.argmax(-1) == p_g.argmax(-1)).float().mean()) if len(records) else 0.0
     out = {"cotune_llm": f["loss"], "cotune_kd_llm": f["kd_loss"], "cotune_slm": g["loss"],

@@ -308,7 +308,7 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
                           own)
     # Alg. 1 l. 36-41: DualMinCE against its own loss; L3 = lambda L_FT + (1 - lambda) L_KD
     step = KDStep(m.client_kd_epochs, m.client_kd_lr or ctx.cfg.clients.model_for(ctx.cid).lr,
-                  ctx.seed("kd"), f"{ctx.name} kd", rehearse=ctx.private)
+                  ctx.seed("kd"), f"{ctx.name} kd", rehearse=ctx.private, client=True)
     metrics = learn_from_knowledge(knowledge, lm, own, [s0], step, objective="l3_loss",
                                    taken="kd_from_server")
     ctx.save_state("adapter", lm.trainable())

@@ -66,13 +66,15 @@ class Sender:
 class KDStep:
     """How a learner's distillation runs: passes over D_p, learning rate (None: the
     model's), seed, progress label, and the learner's own labelled records (rehearsal,
-    ``receiving``: an extension of the choice path)."""
+    ``receiving``: an extension of the choice path); ``client``: the learner is a client's
+    SLM (``receiving.client_anchor_weight``), not the LLM."""
 
     epochs: float
     lr: float | None
     seed: int
     desc: str
     rehearse: Sequence[dict] = ()
+    client: bool = False
 
 
 class Knowledge(Protocol):
@@ -306,7 +308,8 @@ class ChoiceKnowledge:
             self.cfg, lm, self.records, targets, taken, epochs=step.epochs, lr=step.lr,
             seed=step.seed, kd_weight=1.0 - m.ft_weight, ft_weight=m.ft_weight,
             temperature=m.temperature, desc=step.desc,
-            **receiving.distill_options(m.receiving, m.temperature, own, step.rehearse))
+            **receiving.distill_options(m.receiving, m.temperature, own, step.rehearse,
+                                        client=step.client))
         out = {"loss": stats["loss"], "kd_loss": stats["kd_loss"], "kd_taken": stats["kd_taken"],
                "kd_steps": stats["steps"],
                **{k: stats[k] for k in ("kd_steps", "rehearsal_steps", "rehearsal_loss",
