@@ -128,9 +128,8 @@ def pytest_collection_modifyitems(config, items):
     each): ``python -m pytest -m "not slow and not heavy"`` is the fast tier.  A listed
     test id also marks its parametrisations (``test_x`` marks ``test_x[a]``); a listed
     file (``.py``) or folder (``/``) marks every test in it."""
-    lines = HEAVY.read_text(encoding="utf-8").splitlines() if HEAVY.is_file() else []
-    listed = {line.split("#")[0].strip() for line in lines}
-    listed.discard("")
+    seconds = _heavy_entries()
+    listed = set(seconds)
     prefixes = tuple(e for e in listed if e.endswith((".py", "/")))
     for item in items:
         name = item.nodeid.partition("[")[0]
@@ -139,17 +138,21 @@ def pytest_collection_modifyitems(config, items):
     # Longest files first: pytest-xdist's --dist loadfile hands out whole files in this
     # order, so the files that take minutes start at once instead of last (the run then
     # ends with short files on both workers). Stable: the order inside a file is kept.
-    cost = _file_seconds(lines)
+    cost: dict[str, float] = {}
+    for entry, s in seconds.items():
+        path = entry.partition("::")[0]
+        cost[path] = cost.get(path, 0.0) + s
     items.sort(key=lambda item: -cost.get(item.nodeid.partition("::")[0], 0.0))
 
 
-def _file_seconds(lines: list[str]) -> dict[str, float]:
-    """Measured seconds per test file, summed from tests/heavy.txt's ``# 2.5s`` notes."""
-    cost: dict[str, float] = {}
+def _heavy_entries() -> dict[str, float]:
+    """tests/heavy.txt's entries, each with the seconds its ``# 2.5s`` note records (0 where
+    the note gives none)."""
+    lines = HEAVY.read_text(encoding="utf-8").splitlines() if HEAVY.is_file() else []
+    entries: dict[str, float] = {}
     for line in lines:
         entry, _, note = line.partition("#")
-        seconds = re.match(r"\s*([0-9.]+)s", note)
-        if entry.strip() and seconds:
-            path = entry.strip().partition("::")[0]
-            cost[path] = cost.get(path, 0.0) + float(seconds.group(1))
-    return cost
+        if entry.strip():
+            measured = re.match(r"\s*([0-9.]+)s", note)
+            entries[entry.strip()] = float(measured.group(1)) if measured else 0.0
+    return entries

@@ -101,14 +101,19 @@ def test_rehearsal_interleaves_own_batches_at_the_ratio(ratio):
         receiving.interleave(kd, 0, ratio, 3, 5)
 
 
-@pytest.fixture
-def setting(make_config):
+def _setting(make_config, model: str):
+    """A receiver's config, its model (client 0's ``model``), public and own records."""
     cfg = make_config("data.split={scheme: fedmkt, test_size: 16}", "data.max_public=8",
-                      "data.max_private_per_client=6", "clients.models=[{name: tiny-gpt2}]",
+                      "data.max_private_per_client=6", f"clients.models=[{{name: {model}}}]",
                       "training.batch_size=4", "training.lr=5e-3", "training.precision=fp32",
                       "training.lora.dropout=0", method="fedavg")
     fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
     return cfg, client_lm(cfg, 0), fd.public, fd.private[0]
+
+
+@pytest.fixture
+def setting(make_config):
+    return _setting(make_config, "tiny-gpt2")
 
 
 def test_rehearsal_steps_use_the_receivers_own_records_and_no_public_label(setting,
@@ -159,12 +164,7 @@ def test_micro_batches_accumulate_the_same_update_as_the_whole_batch(make_config
     term on: partial KD weights, anchoring, the gold choice, rehearsal) trains the adapter
     the whole batch trains, to float rounding (the losses to 1e-5); a micro-batch of the batch's size is the
     whole batch, bit for bit. (tiny-llama: no dropout anywhere, so the draws cannot differ.)"""
-    cfg = make_config("data.split={scheme: fedmkt, test_size: 16}", "data.max_public=8",
-                      "data.max_private_per_client=6", "clients.models=[{name: tiny-llama}]",
-                      "training.batch_size=4", "training.lr=5e-3", "training.precision=fp32",
-                      "training.lora.dropout=0", method="fedavg")
-    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
-    lm, public, own = client_lm(cfg, 0), fd.public, fd.private[0]
+    cfg, lm, public, own = _setting(make_config, "tiny-llama")
     start = {k: v.clone() for k, v in lm.trainable().items()}
     gen = torch.Generator().manual_seed(3)
     teacher = torch.softmax(3 * torch.randn(len(public), 7, generator=gen), -1)
