@@ -49,8 +49,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.run_dir.exists() and not cfg.run_dir.is_dir():
         raise NotADirectoryError(f"output_dir: {cfg.run_dir} is a file, not a folder")
     args.run_dir = str(cfg.run_dir)  # for the resume hint if a round fails
-    # A folder that is not a run is refused before the lock would put a file into it.
-    if cfg.run_dir.is_dir() and not is_run_folder(cfg.run_dir) and any(cfg.run_dir.iterdir()):
+    # A folder that is not a run is refused before the lock would put a file into it; one
+    # that holds only a lock file (a run killed before it wrote its config) is empty.
+    if cfg.run_dir.is_dir() and not is_run_folder(cfg.run_dir) and any(
+            p.name != LOCK_FILE for p in cfg.run_dir.iterdir()):
         raise not_a_run(cfg.run_dir, args.overwrite)
     # The folder's lock is taken before the folder is checked, so two runs into one folder
     # cannot both find it empty; in-process runtimes keep it to the end (the run loop takes

@@ -237,15 +237,8 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
     server_eval = _server_evaluate(cfg, server, recorder, 0)
     traffic = clients.traffic
     wall = {"wall_time": time.perf_counter() - t0, **_server_phases(phases, traffic.wait_phases)}
-    for name, values in server_eval.items():
-        recorder.log({"round": 0, "participant": name, "split": "test", **values, **wall})
-        wall = {}
-    for cid in clients.ids:
-        split = split_metrics(traffic.metrics.get(cid, {}))
-        if split.get("test"):  # with the seconds per phase of the client's evaluation
-            timing = {k: v for k, v in split.get("train", {}).items() if k.endswith("_seconds")}
-            recorder.log({"round": 0, "participant": f"client_{cid}", "split": "test",
-                          **split["test"], **timing})
+    report = round_report(0, {}, server_eval, clients.ids, traffic, wall)
+    recorder.log_rows(report.evaluation_rows())
     _write_client_predictions(cfg, server, recorder, 0, traffic)
     if not quiet:
         print(recorder.round_table(0), flush=True)

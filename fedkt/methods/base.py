@@ -240,19 +240,21 @@ class Clients(Protocol):
         ...
 
 
-def mean_number(replies: dict[int, Payload], key: str, cids: Iterable[int] | None = None
+def mean_metric(replies: dict[int, Payload], key: str, cids: Iterable[int] | None = None
                 ) -> float | None:
-    """Mean of a reported number (a loss) over the replies where it is a finite number.
+    """Mean of a metric the clients reported (``"train/loss"``) over the replies that hold
+    it, or None when none does.
 
-    Such numbers are metrics: a missing or malformed one is logged and skipped, it never
-    excludes a client.  ``cids``: only these replies (default all).
+    A reply's ``metrics`` reach the method checked by the runtime (finite, plausible; an
+    implausible one excluded its client), so the number the server averages is the one
+    its client's row shows: it travels once.  ``cids``: only these replies (default all).
     """
     values = []
     for cid in (replies if cids is None else cids):
-        try:
-            values.append(replies[cid].number(key, source=f"client {cid}"))
-        except (KeyError, PayloadError) as exc:
-            log.warning("ignoring client %s's %r: %s", cid, key, exc)
+        metrics = replies[cid].get("metrics")
+        value = metrics.get(key) if isinstance(metrics, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values.append(float(value))
     return sum(values) / len(values) if values else None
 
 

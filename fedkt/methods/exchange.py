@@ -36,7 +36,7 @@ from fedkt.federated.compression import (
     threshold_schedule,
 )
 from fedkt.federated.payload import Payload, PayloadError
-from fedkt.methods.base import ClientContext, Clients, mean_number
+from fedkt.methods.base import ClientContext, Clients, mean_metric
 from fedkt.methods.holdings import Holdings
 from fedkt.methods.settings import ExchangeSettings as ExchangeSettings  # re-exported
 
@@ -90,7 +90,7 @@ def aggregate_updates(clients: Clients, holdings: Holdings, handler: str, state:
     up = sum(sent) / len(sent) if sent else dense  # secure aggregation: dense uploads
     metrics = {"train/upload_ratio": dense / max(1, up),
                "train/download_ratio": dense / max(1, compressed_nbytes(from_payload(encoded)))}
-    loss = mean_number(replies, "train_loss", [c for c, r in replies.items()
+    loss = mean_metric(replies, "train/loss", [c for c, r in replies.items()
                                                if r.get("num_examples")])
     if loss is not None:
         metrics["train/loss"] = loss

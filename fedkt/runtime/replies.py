@@ -10,8 +10,10 @@ used before the whole of it passed.
 
 Metric names are checked too: a client cannot name a metric after a key the server
 writes in its rows (:data:`SERVER_ROW_KEYS`).  Numbers must be plausible, not only finite:
-accuracies and F1 in [0, 1], Rouge in [0, 100], losses (metrics and method fields such as
-``train_loss``) in [0, :data:`MAX_LOSS`], any other metric within ``±``:data:`MAX_METRIC`.
+accuracies and F1 in [0, 1], Rouge in [0, 100], losses (metrics such as ``train/loss``, and
+any method field named ``*loss``) in [0, :data:`MAX_LOSS`], any other metric within
+``±``:data:`MAX_METRIC`.  The checked metrics go on to the method (its payload's
+``metrics``), so a reported number travels once: the rows and the server read the same.
 A client's error text is escaped (:func:`error_text`) before anyone logs it.
 """
 
@@ -60,7 +62,7 @@ _RANGES = (
 class CheckedReply:
     """A reply's runtime fields, checked: numbers only, finite and in range."""
 
-    payload: Payload  # the method's fields (without the runtime's)
+    payload: Payload  # the method's fields and its checked ``metrics`` (no envelope, no predictions)
     seconds: float = 0.0
     compute: float = 0.0
     cpu: float = 0.0
@@ -206,4 +208,6 @@ def check_reply(reply: Payload, cid: int, limits: ReplyLimits) -> CheckedReply:
                            f"than runtime.limits.predictions_bytes = {limits.predictions_bytes}")
     payload = Payload({k: v for k, v in reply.items()
                        if k not in (ENVELOPE, PREDICTIONS, "metrics")})
+    if metrics:  # the method reads its reported numbers from here (mean_metric), checked
+        payload["metrics"] = dict(metrics)
     return CheckedReply(payload, seconds, compute, cpu, {**metrics, **timings}, blob)

@@ -5,7 +5,8 @@ A round's numbers come from three places: the server's ``round()`` (its metrics,
 entry per server-side participant) and the clients' replies, which the transport counts
 in a :class:`~fedkt.runtime.base.Traffic` (bytes, seconds, metrics, exclusions).
 :func:`round_report` gathers them into one :class:`RoundReport`; the runner logs its
-:meth:`RoundReport.rows`, and nothing else reads the traffic for rows.
+:meth:`RoundReport.rows` (round 0, where every model is only evaluated:
+:meth:`RoundReport.evaluation_rows`), and nothing else reads the traffic for rows.
 """
 
 from __future__ import annotations
@@ -106,6 +107,24 @@ class RoundReport:
                  for name, values in self.evaluated.items() if name != "server"]
         for client in self.clients:
             rows += client.rows(rnd)
+        return rows
+
+    def evaluation_rows(self) -> list[dict[str, Any]]:
+        """Round 0's rows (every model evaluated, nothing trained): a test row per
+        server-side participant, the first with the server's seconds, then a test row per
+        client that evaluated, with its seconds per phase."""
+        rows: list[dict[str, Any]] = []
+        timing = dict(self.timing)
+        for name, values in self.evaluated.items():
+            rows.append({"round": self.round, "participant": name, "split": "test",
+                         **values, **timing})
+            timing = {}
+        for client in self.clients:
+            if client.metrics.get("test"):
+                seconds = {k: v for k, v in client.metrics.get("train", {}).items()
+                           if k.endswith("_seconds")}
+                rows.append({"round": self.round, "participant": f"client_{client.cid}",
+                             "split": "test", **client.metrics["test"], **seconds})
         return rows
 
 

@@ -309,9 +309,11 @@ def test_fedmkt_hetero_rounds_transfer_both_ways(make_config):
     vocabs = {c: r["vocab_size"] for c, r in up.items()}
     assert vocabs[0] != vocabs[1]
     assert metrics["train/topk_bytes_per_entry"] == 6.0
-    # the server row's loss is the clients' mean; the LLM's own objective (L2) has its key
+    # the server row's loss is the clients' mean of the loss they report once, among their
+    # metrics (no reply field repeats it); the LLM's own objective (L2) has its key
+    assert not any("train_loss" in r or "kd_loss" in r for r in up.values())
     assert metrics["train/loss"] == pytest.approx(
-        sum(r["train_loss"] for r in up.values()) / len(up))
+        sum(r["metrics"]["train/loss"] for r in up.values()) / len(up))
     assert metrics["train/server_loss"] > 0 and metrics["train/server_loss"] != metrics["train/loss"]
     assert metrics["train/topk_entries"] == sum(
         r["topk"]["values"].numel() for r in up.values())

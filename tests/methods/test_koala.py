@@ -312,7 +312,7 @@ def test_hete_round_distils_every_client_model_and_returns_it(tmp_path):
     metrics = server.round(1, clients)
     assert metrics["train/forward_loss"] > 0 and math.isfinite(metrics["train/reverse_kl"])
     # the server row's loss is the clients' mean CE; its own objective is reverse_kl
-    losses = [r["train_loss"] for r in clients.replies["train"].values()]
+    losses = [r["metrics"]["train/loss"] for r in clients.replies["train"].values()]
     assert metrics["train/loss"] == pytest.approx(sum(losses) / len(losses))
     assert metrics["train/loss"] != metrics["train/reverse_kl"]
     for cid, reply in clients.replies["train"].items():

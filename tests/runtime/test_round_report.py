@@ -62,3 +62,17 @@ def test_split_metrics_by_split_without_row_keys():
     got = split_metrics({"train/loss": 1.0, "test/accuracy": 0.5, "kd_steps": 3.0,
                          "train/participant": 7.0, "round": 2.0})
     assert got == {"train": {"loss": 1.0, "kd_steps": 3.0}, "test": {"accuracy": 0.5}}
+
+
+def test_round0_rows_are_test_rows_with_the_seconds_on_the_first_and_each_clients():
+    t = _traffic()
+    t.metrics[0]["train/eval_seconds"] = 0.75  # its evaluation's seconds, by phase
+    timing = {"wall_time": 2.0, "eval_seconds": 1.5}
+    evaluated = {"server": {"accuracy": 0.25}, "global_slm": {"accuracy": 0.5}}
+    rows = round_report(0, {}, evaluated, [0, 1, 2], t, timing).evaluation_rows()
+    assert rows == [
+        {"round": 0, "participant": "server", "split": "test", "accuracy": 0.25, **timing},
+        {"round": 0, "participant": "global_slm", "split": "test", "accuracy": 0.5},
+        # client 0 evaluated; client 1 was sent nothing; client 2 reported no test metrics
+        {"round": 0, "participant": "client_0", "split": "test", "accuracy": 0.5,
+         "eval_seconds": 0.75}]

@@ -26,6 +26,6 @@ METHOD = register(Method(
     behaviour=Behaviour(aggregates=True, model_lr=True),
     docs=Docs(summary="FedAvg under a plugin's name (a test)"),
     conformance=Conformance(
-        uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
+        uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER},
                  "evaluate": {}}),
 ))

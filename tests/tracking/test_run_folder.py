@@ -316,3 +316,20 @@ def test_output_dir_below_a_file_is_an_error_not_a_traceback(tmp_path, capsys):
     assert main(["run", "quickstart", "--output-dir", str(tmp_path / "file" / "run"), "-q"]) == 2
     err = capsys.readouterr().err
     assert "fedkt: error: [Errno 20] Not a directory" in err and "Traceback" not in err
+
+
+def test_a_folder_left_with_only_the_lock_file_runs_again(tmp_path, capsys):
+    """A run killed before it wrote its config leaves its folder holding only the lock
+    file; `fedkt run --overwrite` (a suite's re-run) refused it as "not a fedkt run
+    folder". It is empty of any run: it runs. A stray file beside the lock is still refused."""
+    cfg = small_config(tmp_path / "run", "rounds=1", "eval.plots=false")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(cfg.to_yaml())
+    cfg.run_dir.mkdir()
+    (cfg.run_dir / LOCK_FILE).write_text("pid 999999, since 2026-11-28T21:29:14+0000\n")
+    (cfg.run_dir / "notes.txt").write_text("mine")
+    assert main(["run", str(config_file), "--overwrite", "-q"]) == 2
+    assert "is not a fedkt run folder" in capsys.readouterr().err
+    (cfg.run_dir / "notes.txt").unlink()
+    assert main(["run", str(config_file), "--overwrite", "-q"]) == 0
+    assert {r["round"] for r in read_rows(cfg.run_dir / "metrics.jsonl")} >= {1}

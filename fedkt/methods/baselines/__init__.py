@@ -87,7 +87,7 @@ FEDAVG_ENCODER = register(Method(
     conformance=Conformance(
         tiny_config="fedkd/tiny",
         # FedAvg of the whole (small) encoder: its update, uncompressed by default.
-        uploads={"train": {"update": SVD_UPDATE, "num_examples": NUMBER, "train_loss": NUMBER},
+        uploads={"train": {"update": SVD_UPDATE, "num_examples": NUMBER},
                  "adopt": {}, "evaluate": {}}),
 ))
 FEDAVG_VISION = register(Method(
@@ -101,6 +101,5 @@ FEDAVG_VISION = register(Method(
     conformance=Conformance(
         tiny_config="koala/tiny",
         # KOALA's baseline: FedAvg of the large model's head (the backbone is frozen).
-        uploads={"train": {"trainable": Tensors(), "num_examples": NUMBER,
-                           "train_loss": NUMBER}}),
+        uploads={"train": {"trainable": Tensors(), "num_examples": NUMBER}}),
 ))

@@ -38,4 +38,4 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     metrics = {**train_metrics(stats), **ctx.test_metrics(
         lambda: ENCODER.evaluate(ctx.cfg, model, ctx.data().test))}
     return Payload(update=upload_update(ctx, update, T)[0], num_examples=stats["num_examples"],
-                   train_loss=stats["loss"] if stats["steps"] else 0.0, metrics=metrics)
+                   metrics=metrics)

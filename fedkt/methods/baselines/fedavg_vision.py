@@ -24,7 +24,7 @@ from fedkt.data.images import data_spec, image_tensors
 from fedkt.errors import ConfigError
 from fedkt.federated.payload import Payload
 from fedkt.infra.placement import client_device, pick_device, server_device
-from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
+from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_metric
 from fedkt.models.vision import build_model, head_module
 from fedkt.train.pretrain import check_pretrain_source, pretrained_model, server_pretrain_records
 from fedkt.train.vision import evaluate_vision, extract_features, train_vision
@@ -84,7 +84,7 @@ class FedAvgVisionServer(Server[FedAvgVisionConfig]):
         if base is not None:
             self.holdings.confirm(asked, replies, BASE, 0)
         _part(self.model, mode).load_state_dict(self.theta)
-        loss = mean_number(replies, "train_loss")
+        loss = mean_metric(replies, "train/loss")
         return {"train/loss": loss} if loss is not None else {}
 
     def evaluate(self, rnd: int) -> dict[str, float]:
@@ -127,5 +127,4 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
         model, *image_tensors(fd.test), ids=[r["id"] for r in fd.test], precision=t.precision,
         reuse=ctx.cfg.eval.reuse)))
     upload = ctx.privatize(_part(model, mode).state_dict(), theta)
-    return Payload(trainable=upload, num_examples=stats["num_examples"],
-                   train_loss=stats["loss"], metrics=metrics)
+    return Payload(trainable=upload, num_examples=stats["num_examples"], metrics=metrics)

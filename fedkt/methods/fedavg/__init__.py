@@ -30,6 +30,6 @@ METHOD = register(Method(
     conformance=Conformance(
         tiny_config="fedavg/tiny",
         # McMahan et al.: the locally trained adapter theta_k and n_k.
-        uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER, "train_loss": NUMBER},
+        uploads={"train": {"adapter": ADAPTER, "num_examples": NUMBER},
                  "evaluate": {}}),
 ))

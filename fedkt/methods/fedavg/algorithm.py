@@ -25,7 +25,7 @@ import torch
 
 from fedkt.errors import ConfigError
 from fedkt.federated.payload import Payload
-from fedkt.methods.base import ClientContext, Clients, Server, mean_number
+from fedkt.methods.base import ClientContext, Clients, Server, mean_metric
 from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, train_lm
 
 from .config import AdapterAveragingConfig, FedAvgConfig
@@ -48,8 +48,7 @@ def average_client_adapters(server: Server[A], clients: Clients, adapter: Adapte
     replies, new = clients.aggregate("train", {cid: msg for cid in clients.ids},
                                      field="adapter", like=adapter,
                                      weighted=server.method.weighted)
-    loss = mean_number(replies, "train_loss", [c for c, r in replies.items()
-                                               if r.get("num_examples")])
+    loss = mean_metric(replies, "train/loss")  # clients without data report none
     metrics: dict[str, float] = {"train/loss": loss} if loss is not None else {}
     return new, metrics
 
@@ -73,7 +72,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     if n:  # a client without data has no loss (NaN is not JSON); the server skips it
         metrics["train/loss"] = stats["loss"]
     return Payload(adapter=ctx.privatize(lm.trainable(), received), num_examples=n,
-                   train_loss=stats["loss"] if n else 0.0, metrics=metrics)
+                   metrics=metrics)
 
 
 # --------------------------------------------------------------------------- FedAvg

@@ -35,6 +35,6 @@ METHOD = register(Method(
     conformance=Conformance(
         tiny_config="fedkd/tiny",
         # Eq. 8: SVD factors of the shared student's update; the teacher never leaves.
-        uploads={"train": {"update": SVD_UPDATE, "num_examples": NUMBER, "train_loss": NUMBER},
+        uploads={"train": {"update": SVD_UPDATE, "num_examples": NUMBER},
                  "adopt": {}}),
 ))

@@ -183,6 +183,4 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     # the teacher is the model used for inference
     metrics.update(ctx.test_metrics(lambda: evaluate_encoder(cfg, models.teacher,
                                                              models.tokenizer, ctx.data().test)))
-    loss = stats["loss"] if stats["steps"] else 0.0
-    return Payload(update=encoded, num_examples=stats["num_examples"], train_loss=loss,
-                   metrics=metrics)
+    return Payload(update=encoded, num_examples=stats["num_examples"], metrics=metrics)

@@ -39,9 +39,9 @@ _OWN_HANDLERS = {
 # per-sample losses, named by public index; the SLM's LoRA never leaves (but with
 # post_fedavg, an extension, which averages the SLM adapters after step 7).  With
 # knowledge: choices (an extension) S_k is the [N, C] choice posteriors instead.
-_UPLOADS = {"train_and_share": {"train_loss": NUMBER, "vocab_size": NUMBER, "k": NUMBER,
+_UPLOADS = {"train_and_share": {"vocab_size": NUMBER, "k": NUMBER,
                                 "topk": TOPK, "choices": CHOICES},
-            "distill": {"kd_loss": NUMBER, "adapter": ADAPTER, "num_examples": NUMBER},
+            "distill": {"adapter": ADAPTER, "num_examples": NUMBER},
             "adopt": {}, "evaluate": {}}
 _PAPER = ("Fan et al., FedMKT: Federated Mutual Knowledge Transfer for Large and Small "
           "Language Models, COLING 2025 (arXiv:2406.02224)")
@@ -65,7 +65,7 @@ LLM2SLM = register(Method(
         paper=_PAPER, server_sees="nothing", clients_see="LLM top-K logits on public data"),
     conformance=Conformance(
         tiny_config="fedmkt/tiny",
-        # Knowledge only flows LLM -> SLM: clients send losses only.
-        uploads={**_UPLOADS, "train_and_share": {"train_loss": NUMBER}},
+        # Knowledge only flows LLM -> SLM: clients send their metrics only.
+        uploads={**_UPLOADS, "train_and_share": {}},
         own_handlers=_OWN_HANDLERS),
 ))

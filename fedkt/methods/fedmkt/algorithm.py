@@ -78,7 +78,7 @@ from fedkt.alignment.topk import TopKLogits
 from fedkt.data.formatting import check_shared_template
 from fedkt.errors import ConfigError
 from fedkt.federated.payload import Payload
-from fedkt.methods.base import ClientContext, Clients, Server, mean_number
+from fedkt.methods.base import ClientContext, Clients, Server, mean_metric
 from fedkt.train.lm import LM, client_lm, client_test_metrics, evaluate_lm, server_lm, train_lm
 
 from .config import FedMKTConfig
@@ -141,7 +141,7 @@ class FedMKTServer(Server[FedMKTConfig]):
         exchange = m.teacher != "none"  # teacher: none (a control): no step 2-7 but step 1
         msg = Payload(share=m.llm_training and exchange)
         replies = clients.call("train_and_share", {cid: msg for cid in clients.ids})
-        metrics = _mean_reported(replies, "train_loss", "train/loss")  # the clients' mean
+        metrics = _mean_reported(replies, "train/loss")  # the clients' mean
         metrics.update(self.learn_own_data(rnd))  # an extension: needs the server's own data
         # steps 3-5 (Alg. 1 l. 12-18): align each S_k, DualMinCE, train the LLM on L2
         metrics.update(self.learn_from_clients(rnd, replies, clients))
@@ -156,7 +156,7 @@ class FedMKTServer(Server[FedMKTConfig]):
         got = self.clients_distill(msgs, clients)
         if exchange:
             self.holdings.confirm(msgs, got, S0, self.s0_version)
-            metrics.update(_mean_reported(got, "kd_loss", "train/client_kd_loss"))
+            metrics.update(_mean_reported(got, "train/kd_loss", "train/client_kd_loss"))
         return metrics
 
     def learn_from_clients(self, rnd: int, replies: dict[int, Payload], clients: Clients
@@ -242,11 +242,12 @@ class FedMKTServer(Server[FedMKTConfig]):
         self.s0 = None
 
 
-def _mean_reported(replies: dict[int, Payload], field: str, key: str) -> dict[str, float]:
-    """``{key: the replies' mean of field}`` (:func:`mean_number`), or nothing when no
-    reply reported it."""
-    mean = mean_number(replies, field)
-    return {} if mean is None else {key: mean}
+def _mean_reported(replies: dict[int, Payload], metric: str, key: str | None = None
+                   ) -> dict[str, float]:
+    """``{key (default: metric): the replies' mean of their reported metric}``
+    (:func:`mean_metric`), or nothing when no reply reported it."""
+    mean = mean_metric(replies, metric)
+    return {} if mean is None else {key or metric: mean}
 
 
 # --------------------------------------------------------------------------- client side
@@ -272,9 +273,10 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), lr=lr,
                      desc=f"{ctx.name} train")
     ctx.save_state("adapter", lm.trainable())
-    loss = stats["loss"] if math.isfinite(stats["loss"]) else 0.0
-    metrics = {"train/loss": stats["loss"], "train/steps": stats["steps"]}
-    reply = Payload(train_loss=loss, metrics=metrics)
+    metrics = {"train/steps": stats["steps"]}
+    if math.isfinite(stats["loss"]):  # a client without records has no loss
+        metrics["train/loss"] = stats["loss"]
+    reply = Payload(metrics=metrics)
     if m.teacher == "none":  # the no-exchange control: no knowledge, step 7 distils nothing
         return reply
     knowledge = _knowledge(ctx, lm)
@@ -312,8 +314,7 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     metrics = learn_from_knowledge(knowledge, lm, own, [s0], step, objective="l3_loss",
                                    taken="kd_from_server")
     ctx.save_state("adapter", lm.trainable())
-    return _step7_reply(ctx, lm, Payload(kd_loss=metrics.get("train/kd_loss", 0.0),
-                                         metrics=metrics))
+    return _step7_reply(ctx, lm, Payload(metrics=metrics))
 
 
 def _step7_reply(ctx: ClientContext, lm: LM, reply: Payload) -> Payload:

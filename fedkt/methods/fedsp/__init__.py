@@ -36,8 +36,7 @@ _BEHAVIOUR = Behaviour(aggregates=True, check=check_config)
 _CONFORMANCE = Conformance(
     tiny_config="fedsp/tiny",
     uploads={"setup": {"aux_id": HEX_ID, "num_parameters": NUMBER},
-             "train": {"prompts": Tensor(2, "float32"), "num_examples": NUMBER,
-                       "train_loss": NUMBER, "align_loss": NUMBER}},
+             "train": {"prompts": Tensor(2, "float32"), "num_examples": NUMBER}},
     own_handlers={"setup": "receive the auxiliary model (or the LLM, or its cut) once and "
                            "keep it on the client's disk; confirm its id"})
 

@@ -75,7 +75,7 @@ from fedkt.errors import ConfigError
 from fedkt.eval import predictions
 from fedkt.federated.payload import Payload, PayloadError
 from fedkt.infra.placement import client_device, pick_device, server_device
-from fedkt.methods.base import ClientContext, Clients, RoundError, Server, mean_number
+from fedkt.methods.base import ClientContext, Clients, RoundError, Server, mean_metric
 from fedkt.models.adapters import PREFIX_KEY, apply_peft, text_prefix
 from fedkt.models.auxiliary import (
     AuxSpec,
@@ -325,9 +325,8 @@ class FedSPServer(Server[PromptMessengerConfig]):
         counts = {c: r.number("num_examples", source=f"client {c}", low=0)
                   for c, r in replies.items()}
         self.prompts = self.merged_prompts(avg)
-        for key, name in (("train_loss", "loss"), ("align_loss", "align_loss")):
-            value = mean_number(replies, key, [c for c, r in replies.items()
-                                               if key in r and counts[c] > 0])
+        for key, name in (("train/loss", "loss"), ("train/align_loss", "align_loss")):
+            value = mean_metric(replies, key, [c for c in replies if counts[c] > 0])
             if value is not None:
                 metrics[name] = value
         return metrics
@@ -410,7 +409,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
         ctx.save_state("aux_local", {names[id(p)]: p.detach() for p in params})
         if opt is not None:
             ctx.save_state("opt_align", opt)
-        reply["align_loss"] = metrics["train/align_loss"] = stats["loss"]
+        metrics["train/align_loss"] = stats["loss"]
     if records:
         stats, opt = run_stage(capture_local_knowledge, cfg, [prompt_param(lm.model)],
                                lr=m.prompt_lr, steps=m.prompt_steps,
@@ -418,7 +417,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
                                seed=ctx.seed("prompts"))
         if opt is not None:
             ctx.save_state("opt_prompts", opt)
-        reply["train_loss"] = metrics["train/loss"] = stats["loss"]
+        metrics["train/loss"] = stats["loss"]
         metrics["train/steps"] = stats["steps"]
     reply["prompts"] = ctx.privatize({"p": get_prompts(lm.model)}, {"p": received})["p"]
     reply["metrics"] = {**metrics, **client_test_metrics(ctx, lm)}

@@ -37,6 +37,6 @@ METHOD = register(Method(
     conformance=Conformance(
         tiny_config="koala/tiny",
         # Algorithm 1 step 1: "uploads it [the small model] with its sample count n_k".
-        uploads={"train": {"model": Tensors(), "num_examples": NUMBER, "train_loss": NUMBER},
+        uploads={"train": {"model": Tensors(), "num_examples": NUMBER},
                  "adopt": {}}),
 ))

@@ -62,7 +62,7 @@ from fedkt.federated.aggregation import fedavg
 from fedkt.federated.payload import Payload
 from fedkt.infra.placement import client_device, pick_device, server_device
 from fedkt.infra.timing import timed
-from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_number
+from fedkt.methods.base import ClientContext, Clients, Server, derive_seed, mean_metric
 from fedkt.models.vision import build_model, head_module
 from fedkt.train.losses import kl_div_from_probs
 from fedkt.train.pretrain import (
@@ -188,7 +188,7 @@ class KoalaServer(Server[KoalaConfig]):
         # step 3 (Alg. 1 l. 5, 8): reverse distillation, only the large model's adapter
         # (head) learns (Eqs. 3, 11)
         rev = self.reverse_distill(rnd, soft)
-        metrics = {"train/loss": mean_number(replies, "train_loss", checked) or 0.0,
+        metrics = {"train/loss": mean_metric(replies, "train/loss", checked) or 0.0,
                    "train/reverse_kl": rev["loss"]}
         # step 4 (Alg. 1 l. 5, 8): forward distillation into the small model(s)
         metrics.update(self.forward(rnd, updated, states))
@@ -357,7 +357,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     state = model.state_dict()
     if m.mode == "hete" and not m.forward_distillation:
         ctx.keep(MODEL, ctx.rnd, state)  # the server keeps this upload as this round's model
-    return Payload(model=state, num_examples=stats["num_examples"], train_loss=stats["loss"],
+    return Payload(model=state, num_examples=stats["num_examples"],
                    metrics={"train/loss": stats["loss"], "train/steps": stats["steps"]})
 
 
