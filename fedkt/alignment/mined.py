@@ -27,6 +27,7 @@ the vocabulary mapping between two tokenizers is :mod:`fedkt.alignment.vocab`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -110,13 +111,13 @@ _FAMILIES: dict[str, tuple[int, tuple[tuple[tuple[int, int], ...], ...]]] = {
 }
 
 
+@functools.cache
 def _combinations(length: int, r: int) -> np.ndarray:
-    """All sorted r-subsets of range(length), [k, r], in lexicographic order."""
-    if r == 0:
-        return np.zeros((1, 0), dtype=np.int64)
-    if length < r:
-        return np.zeros((0, r), dtype=np.int64)
-    return np.array(list(itertools.combinations(range(length), r)), dtype=np.int64)
+    """All sorted r-subsets of range(length), [k, r], in lexicographic order (read-only)."""
+    out = np.array(list(itertools.combinations(range(length), r)), dtype=np.int64)
+    out = out.reshape(len(out), r)
+    out.flags.writeable = False
+    return out
 
 
 class _Families:
@@ -163,19 +164,21 @@ class _Families:
             if not len(dropped):
                 continue
             kept = _u64(_K_LEN * (length - r + 1))
+            tag_keys = [self._tag(dropped, tag) for tag in tags]
             step = max(1, self._ROWS_KEYS // len(dropped))
             for s in range(0, len(idx), step):
                 h = self._hash(pre[s:s + step], dropped) + kept  # [rows, sets]
-                own = np.repeat(idx[s:s + step].astype(np.uint32), len(dropped))
-                for tag in tags:
-                    key = self._tag(h, [dropped[:, c] - off for c, off in tag]).ravel()
+                hm = h * _K_MIX if any(tags) else h
+                for tag, tk in zip(tags, tag_keys, strict=True):
+                    key = (hm + tk if tag else h).ravel()
                     if table is not None:
-                        hit = table[_slot(key, len(table))]
-                        key, o = key[hit], own[hit]
+                        pos = _marked(table, key)
+                        keys.append(key[pos])
+                        owners.append(idx[s:s + step][pos // len(dropped)].astype(np.uint32))
                     else:
-                        o = own
-                    keys.append(key)
-                    owners.append(o)
+                        keys.append(key)
+                        owners.append(np.repeat(idx[s:s + step].astype(np.uint32),
+                                                len(dropped)))
         if not keys:
             return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
         return np.concatenate(keys), np.concatenate(owners)
@@ -194,42 +197,49 @@ class _Families:
         """[rows, sets]: the polynomial hash (mod 2**64) of each row's string with the
         positions of each row of ``dropped`` (sorted) deleted, from its prefix sums.
 
-        A kept character with j deletions after it moves j places up the polynomial:
-        its segment's sum is multiplied by base**-j.
+        A kept character with k deletions after it moves k places down the polynomial:
+        its segment's sum is multiplied by base**-k.  Summed over the segments, the j-th
+        of r deleted positions x adds base**-(r-j+1) * pre[x] - base**-(r-j) * pre[x + 1].
         """
         length = pre.shape[1] - 1
         r = dropped.shape[1]
-        ends = np.concatenate([dropped, np.full((len(dropped), 1), length)], axis=1)
-        starts = np.concatenate([np.zeros((len(dropped), 1), np.int64), dropped + 1], axis=1)
-        h = pre[:, ends[:, r]] - pre[:, starts[:, r]]
-        for j in range(r - 1, -1, -1):
-            seg = pre[:, ends[:, j]] - pre[:, starts[:, j]]
-            h += seg * _u64(pow(_BASE_INV, r - j, 1 << 64))
+        h = pre[:, length:]
+        for j in range(r):
+            k = r - 1 - j  # deletions after the j-th
+            g = (pre[:, :length] * _u64(pow(_BASE_INV, k + 1, 1 << 64))
+                 - pre[:, 1:] * _u64(pow(_BASE_INV, k, 1 << 64)))
+            h = h + g[:, dropped[:, j]]
         return h
 
     @staticmethod
-    def _tag(h: np.ndarray, tags: list[np.ndarray]) -> np.ndarray:
-        if not tags:
-            return h
-        out = h * _K_MIX
-        for t, k in zip(tags, _K_POS, strict=False):
-            out = out + (t.astype(np.uint64) + np.uint64(1)) * _u64(k)
+    def _tag(dropped: np.ndarray, tag: tuple[tuple[int, int], ...]) -> np.ndarray:
+        """[sets]: what a tag adds to the key ``hash * _K_MIX`` for each deletion set."""
+        out = np.zeros(len(dropped), dtype=np.uint64)
+        for (c, off), k in zip(tag, _K_POS, strict=False):
+            out += (dropped[:, c] - off + 1).astype(np.uint64) * _u64(k)
         return out
 
 
-_TABLE_BITS = 25  # the join pre-filter: one byte for each of 2**25 slots (32 MiB)
+_TABLE_BITS = 25  # the join pre-filter: a bitset of 2**25 slots (4 MiB, cache-friendly)
 
 
-def _slot(keys: np.ndarray, size: int) -> np.ndarray:
-    """Each key's slot in a table of ``size`` (a power of two) entries."""
-    return ((keys * _K_MIX) >> np.uint64(64 - size.bit_length() + 1)).astype(np.intp)
+def _slot(keys: np.ndarray) -> np.ndarray:
+    """Each key's slot in the pre-filter: its top bits (as intp)."""
+    return (keys >> np.uint64(64 - _TABLE_BITS)).astype(np.intp)
 
 
 def _table(keys: np.ndarray) -> np.ndarray:
-    """A membership pre-filter: the slots of ``keys`` marked (false positives only)."""
+    """A membership pre-filter: a bitset with the slots of ``keys`` set (false positives
+    only); :func:`_marked` reads it."""
     table = np.zeros(1 << _TABLE_BITS, dtype=bool)
-    table[_slot(keys, len(table))] = True
-    return table
+    table[_slot(keys)] = True
+    return np.packbits(table, bitorder="little")
+
+
+def _marked(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Positions of the keys whose slot :func:`_table` set."""
+    slot = _slot(keys)
+    return np.flatnonzero((table[slot >> 3] >> (slot & 7).astype(np.uint8)) & 1)
 
 
 def _pack(keys: np.ndarray, owners: np.ndarray, bits: int) -> np.ndarray:
