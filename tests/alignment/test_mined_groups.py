@@ -165,7 +165,7 @@ def test_distance_three_answers_and_ties_equal_brute_force(monkeypatch):
     assert {q for q, d in zip(src, dist, strict=True) if d > 3} <= set(scanned)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.text(alphabet="abcd", min_size=3, max_size=9), min_size=1, max_size=15),
        st.lists(st.text(alphabet="abce", min_size=0, max_size=9), min_size=1, max_size=30))
 def test_mined_with_far_answers_property(src, tgt):
