@@ -9,14 +9,17 @@ one edit-distance call per pair; :func:`mined_mapping` returns the identical res
 quickly, through
 
 1. an exact-match dictionary;
-2. distance-1 and distance-2 neighbourhoods found by hash joins over deletion variants
-   with position tags (every pair such a join yields is at distance <= 1 resp. <= 2,
-   and every such pair is yielded), vectorised in numpy;
-3. for what remains, length buckets searched in order of growing length difference
-   (|len(a) - len(b)| is a lower bound of the distance) with rapidfuzz ``cdist``,
-   stopping once the best distance found is below the next bucket's gap; each bucket is
-   split into groups of strings with similar characters, and a query skips a group whose
-   character envelope bounds the distance above its best so far.
+2. distance-1, distance-2 and distance-3 neighbourhoods found by hash joins over
+   deletion variants with position tags (every pair such a join yields is at distance
+   <= d, and every pair at distance d is yielded), vectorised in numpy: the keys are
+   hashed from prefix sums, and the smaller side of each join marks a table that the
+   larger side's keys must hit before they are sorted;
+3. for what remains (no target within 3), length buckets searched in order of growing
+   length difference (|len(a) - len(b)| is a lower bound of the distance) with rapidfuzz
+   ``cdist``, stopping once the best distance found is below the next bucket's gap; each
+   bucket is split into groups of strings with similar characters, and a query skips a
+   group whose character envelope bounds the distance above its best so far (every bound
+   raised to the distance the joins ruled out).
 
 Strings here are already normalised (:func:`fedkt.alignment.introspect.normalize_vocab`);
 the vocabulary mapping between two tokenizers is :mod:`fedkt.alignment.vocab`.
@@ -24,7 +27,9 @@ the vocabulary mapping between two tokenizers is :mod:`fedkt.alignment.vocab`.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,10 +68,10 @@ def brute_force_mapping(src_tokens: Sequence[str], tgt_tokens: Sequence[str]) ->
 # --------------------------------------------------------------------------- fast MinED
 
 _M64 = (1 << 64) - 1
-_BASE = np.uint64(0x100000001B3)
+_BASE = 0x100000001B3
+_BASE_INV = pow(_BASE, -1, 1 << 64)  # the base is odd, so invertible mod 2**64
 _K_LEN = 0x9E3779B97F4A7C15
-_K_POS1 = 0xC2B2AE3D27D4EB4F
-_K_POS2 = 0x165667B19E3779F9
+_K_POS = (0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
 _K_MIX = np.uint64(0xFF51AFD7ED558CCD)
 
 
@@ -83,95 +88,173 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _keep(dropped: np.ndarray, length: int) -> np.ndarray:
-    """For each row of ``dropped`` (distinct positions): the other positions, in order."""
-    mask = np.ones((len(dropped), length), dtype=bool)
-    np.put_along_axis(mask, dropped, False, axis=1)
-    return np.nonzero(mask)[1].reshape(len(dropped), length - dropped.shape[1])
+# Join families: (deleted positions r, the tags of each key).  A tag is a tuple of
+# (column of the sorted deleted positions, offset): its value is ``dropped[:, c] - off``.
+# ``p<r>``: r characters deleted at any positions, untagged.  ``pos1``: one deletion
+# tagged with its position (a substitution there).  ``sub<r>``: r deletions of which one
+# is a substitution, tagged with its position once the other r - 1 are deleted (for
+# sorted {x < y < z}: x, y - 1 or z - 2; one key each).  ``pp2``: two substitutions,
+# tagged with both positions.  ``pp3``: one deletion and two substitutions, tagged with
+# the two positions once the deletion is made ((y-1, z-1), (x, z-1) or (x, y)).
+# ``ppp3``: three substitutions.
+_FAMILIES: dict[str, tuple[int, tuple[tuple[tuple[int, int], ...], ...]]] = {
+    "p0": (0, ((),)),
+    "p1": (1, ((),)),
+    "p2": (2, ((),)),
+    "p3": (3, ((),)),
+    "pos1": (1, (((0, 0),),)),
+    "sub2": (2, (((0, 0),), ((1, 1),))),
+    "pp2": (2, (((0, 0), (1, 0)),)),
+    "sub3": (3, (((0, 0),), ((1, 1),), ((2, 2),))),
+    "pp3": (3, (((1, 1), (2, 1)), ((0, 0), (2, 1)), ((0, 0), (1, 0)))),
+    "ppp3": (3, (((0, 0), (1, 0), (2, 0)),)),
+}
+
+
+@functools.cache
+def _combinations(length: int, r: int) -> np.ndarray:
+    """All sorted r-subsets of range(length), [k, r], in lexicographic order (read-only)."""
+    out = np.array(list(itertools.combinations(range(length), r)), dtype=np.int64)
+    out = out.reshape(len(out), r)
+    out.flags.writeable = False
+    return out
 
 
 class _Families:
     """Hashed deletion variants of a set of strings, grouped into join families.
 
-    ``p0``/``p1``/``p2``: the string with 0, 1 or 2 characters deleted (any positions).
-    ``pos1``: one deletion tagged with its position (substitution at that position).
-    ``sub2``: two deletions {x < y} tagged with p in {x, y - 1}: the string with one
-    deletion then one substitution at p (in the once-shortened coordinates).
-    ``pp2``: two deletions tagged with both positions (two substitutions).
-    Keys include the variant length; :meth:`packed` returns one family's keys with the
-    owner index in the low bits, sorted, ready for :func:`_join`.
+    A family (see ``_FAMILIES``) holds, for each string, the hashes of the string with r
+    characters deleted, possibly tagged with positions; keys include the variant length.
+    Hashes come from each length's prefix sums (:meth:`_hash`), so a variant costs
+    r + 1 differences, not its length.  :meth:`keys` returns one family's keys and
+    owners (:func:`_pack` sorts them for :func:`_join`).
     """
 
-    def __init__(self, strings: Sequence[str], owners: np.ndarray, level: int) -> None:
-        fam: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
-            k: [] for k in ("p0", "p1", "p2", "pos1", "sub2", "pp2")}
+    _ROWS_KEYS = 1 << 22  # keys hashed at once (strings x deletion sets)
+
+    def __init__(self, strings: Sequence[str], owners: np.ndarray) -> None:
         lens = np.fromiter(map(len, map(strings.__getitem__, owners.tolist())), dtype=np.int64,
                            count=len(owners))
-        for length in np.unique(lens):
-            length = int(length)
+        self._by_len: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for length in np.unique(lens).tolist():
             idx = owners[lens == length]
-            if length:
-                flat = "".join(map(strings.__getitem__, idx.tolist()))
-                codes = np.frombuffer(flat.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-                codes = codes.reshape(len(idx), length).astype(np.uint64) + np.uint64(1)
-            else:
-                codes = np.zeros((len(idx), 0), dtype=np.uint64)
-            fam["p0"].append((idx, self._hash(codes, np.arange(length)[None, :])[:, 0]))
-            if length >= 1:
-                keep1 = _keep(np.arange(length)[:, None], length)
-                h1 = self._hash(codes, keep1)  # [n, length]
-                rep = np.repeat(idx, length)
-                fam["p1"].append((rep, h1.ravel()))
-                pos = np.tile(np.arange(length, dtype=np.uint64), len(idx))
-                fam["pos1"].append((rep, self._tag(h1.ravel(), pos)))
-            if level >= 2 and length >= 2:
-                pairs = np.stack(np.triu_indices(length, 1), axis=1)  # (x, y), x < y, in order
-                keep2 = _keep(pairs, length)
-                h2 = self._hash(codes, keep2).ravel()  # [n * npairs]
-                rep = np.repeat(idx, len(pairs))
-                xs = np.tile(pairs[:, 0].astype(np.uint64), len(idx))
-                ys = np.tile(pairs[:, 1].astype(np.uint64), len(idx))
-                fam["p2"].append((rep, h2))
-                fam["sub2"].append((rep, self._tag(h2, xs)))
-                fam["sub2"].append((rep, self._tag(h2, ys - np.uint64(1))))
-                fam["pp2"].append((rep, self._tag(h2, xs, ys)))
-        self._fam = fam
+            codes = _codes([strings[i] for i in idx.tolist()], length).astype(np.uint64)
+            self._by_len[length] = (idx, self._prefix(codes + np.uint64(1)))
 
-    def packed(self, name: str, bits: int) -> np.ndarray:
-        """Sorted ``(key high bits) | owner`` words of one family (owner in the low bits)."""
-        parts = self._fam[name]
-        if not parts:
-            return np.zeros(0, dtype=np.uint64)
-        b = np.uint64(bits)
-        owners = np.concatenate([o for o, _ in parts]).astype(np.uint64)
-        keys = _mix(np.concatenate([h for _, h in parts]))  # spread entropy to the high bits
-        return np.sort(((keys >> b) << b) | owners)
+    @property
+    def lengths(self) -> list[int]:
+        return list(self._by_len)
 
-    @staticmethod
-    def _hash(codes: np.ndarray, keep: np.ndarray) -> np.ndarray:
-        """Polynomial hash (mod 2**64) of ``codes[:, keep[c]]`` for every row c of keep."""
-        n_keep = keep.shape[1]
-        powers = _BASE ** np.arange(n_keep - 1, -1, -1, dtype=np.uint64)
-        if n_keep:
-            h = (codes[:, keep] * powers).sum(axis=-1, dtype=np.uint64)
-        else:
-            h = np.zeros((codes.shape[0], keep.shape[0]), dtype=np.uint64)
-        return h + _u64(_K_LEN * (n_keep + 1))
+    def count(self, name: str, lengths: set[int] | None = None) -> int:
+        """How many keys :meth:`keys` yields for these lengths (all by default)."""
+        r, tags = _FAMILIES[name]
+        return sum(len(idx) * math.comb(n, r) * len(tags) for n, (idx, _) in self._by_len.items()
+                   if lengths is None or n in lengths)
+
+    def keys(self, name: str, lengths: set[int] | None = None,
+             table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, owners) of one family for the strings of the given lengths (all by
+        default); with ``table`` (:func:`_table`), only keys whose slot it marks."""
+        r, tags = _FAMILIES[name]
+        keys, owners = [], []
+        for length, (idx, pre) in self._by_len.items():
+            if lengths is not None and length not in lengths:
+                continue
+            dropped = _combinations(length, r)
+            if not len(dropped):
+                continue
+            kept = _u64(_K_LEN * (length - r + 1))
+            tag_keys = [self._tag(dropped, tag) for tag in tags]
+            step = max(1, self._ROWS_KEYS // len(dropped))
+            for s in range(0, len(idx), step):
+                h = self._hash(pre[s:s + step], dropped) + kept  # [rows, sets]
+                hm = h * _K_MIX if any(tags) else h
+                for tag, tk in zip(tags, tag_keys, strict=True):
+                    key = (hm + tk if tag else h).ravel()
+                    if table is not None:
+                        pos = _marked(table, key)
+                        keys.append(key[pos])
+                        owners.append(idx[s:s + step][pos // len(dropped)].astype(np.uint32))
+                    else:
+                        keys.append(key)
+                        owners.append(np.repeat(idx[s:s + step].astype(np.uint32),
+                                                len(dropped)))
+        if not keys:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
+        return np.concatenate(keys), np.concatenate(owners)
 
     @staticmethod
-    def _tag(h: np.ndarray, p: np.ndarray, q: np.ndarray | None = None) -> np.ndarray:
-        out = h * _K_MIX + (p + np.uint64(1)) * _u64(_K_POS1)
-        if q is not None:
-            out = out + (q + np.uint64(1)) * _u64(_K_POS2)
+    def _prefix(codes: np.ndarray) -> np.ndarray:
+        """[n, L + 1] prefix sums of code * base**(L - 1 - position) (mod 2**64)."""
+        n, length = codes.shape
+        powers = np.uint64(_BASE) ** np.arange(length - 1, -1, -1, dtype=np.uint64)
+        pre = np.zeros((n, length + 1), dtype=np.uint64)
+        np.cumsum(codes * powers, axis=1, dtype=np.uint64, out=pre[:, 1:])
+        return pre
+
+    @staticmethod
+    def _hash(pre: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+        """[rows, sets]: the polynomial hash (mod 2**64) of each row's string with the
+        positions of each row of ``dropped`` (sorted) deleted, from its prefix sums.
+
+        A kept character with k deletions after it moves k places down the polynomial:
+        its segment's sum is multiplied by base**-k.  Summed over the segments, the j-th
+        of r deleted positions x adds base**-(r-j+1) * pre[x] - base**-(r-j) * pre[x + 1].
+        """
+        length = pre.shape[1] - 1
+        r = dropped.shape[1]
+        h = pre[:, length:]
+        for j in range(r):
+            k = r - 1 - j  # deletions after the j-th
+            g = (pre[:, :length] * _u64(pow(_BASE_INV, k + 1, 1 << 64))
+                 - pre[:, 1:] * _u64(pow(_BASE_INV, k, 1 << 64)))
+            h = h + g[:, dropped[:, j]]
+        return h
+
+    @staticmethod
+    def _tag(dropped: np.ndarray, tag: tuple[tuple[int, int], ...]) -> np.ndarray:
+        """[sets]: what a tag adds to the key ``hash * _K_MIX`` for each deletion set."""
+        out = np.zeros(len(dropped), dtype=np.uint64)
+        for (c, off), k in zip(tag, _K_POS, strict=False):
+            out += (dropped[:, c] - off + 1).astype(np.uint64) * _u64(k)
         return out
+
+
+_TABLE_BITS = 25  # the join pre-filter: a bitset of 2**25 slots (4 MiB, cache-friendly)
+
+
+def _slot(keys: np.ndarray) -> np.ndarray:
+    """Each key's slot in the pre-filter: its top bits (as intp)."""
+    return (keys >> np.uint64(64 - _TABLE_BITS)).astype(np.intp)
+
+
+def _table(keys: np.ndarray) -> np.ndarray:
+    """A membership pre-filter: a bitset with the slots of ``keys`` set (false positives
+    only); :func:`_marked` reads it."""
+    table = np.zeros(1 << _TABLE_BITS, dtype=bool)
+    table[_slot(keys)] = True
+    return np.packbits(table, bitorder="little")
+
+
+def _marked(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Positions of the keys whose slot :func:`_table` set."""
+    slot = _slot(keys)
+    return np.flatnonzero((table[slot >> 3] >> (slot & 7).astype(np.uint8)) & 1)
+
+
+def _pack(keys: np.ndarray, owners: np.ndarray, bits: int) -> np.ndarray:
+    """Sorted ``(key high bits) | owner`` words (owner in the low bits)."""
+    b = np.uint64(bits)
+    return np.sort(((_mix(keys) >> b) << b) | owners.astype(np.uint64))
 
 
 def _join(t_packed: np.ndarray, q_packed: np.ndarray, bits: int
           ) -> tuple[np.ndarray, np.ndarray]:
     """For each query word with a key match: (query owner, smallest matching target owner).
 
-    Both inputs are sorted ``key | owner`` words, so within a run of equal keys the first
-    target word carries the smallest owner, i.e. the lexicographically first target.
+    Both inputs are sorted ``key | owner`` words (:func:`_pack`), so within a run of equal
+    keys the first target word carries the smallest owner, i.e. the lexicographically
+    first target.
     """
     if len(t_packed) == 0 or len(q_packed) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -186,18 +269,32 @@ def _join(t_packed: np.ndarray, q_packed: np.ndarray, bits: int
     return q_owner, (t_packed[lo[hit]] & mask).astype(np.int64)
 
 
-# (query family, target family) joins whose pairs are exactly the pairs at distance <= d
-# (for strings that are not closer): see the _Families docstring.
-_JOINS_D1 = [("p1", "p0"), ("p0", "p1"), ("pos1", "pos1")]
-_JOINS_D2 = [("p2", "p0"), ("p0", "p2"), ("p1", "p1"), ("sub2", "pos1"), ("pos1", "sub2"),
-             ("pp2", "pp2")]
+def _join_families(tfam: _Families, tf: str, qfam: _Families, qf: str, bits: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_join` of query family ``qf`` with target family ``tf``, for the target
+    lengths that can pair with the queries'.  The smaller side's keys are computed first
+    and mark a :func:`_table`; the larger side keeps only the keys in a marked slot."""
+    shift = _FAMILIES[tf][0] - _FAMILIES[qf][0]  # target length - query length
+    lengths = {n + shift for n in qfam.lengths}
+    if tfam.count(tf, lengths) <= qfam.count(qf):
+        t = tfam.keys(tf, lengths)
+        q = qfam.keys(qf, table=_table(t[0]))
+    else:
+        q = qfam.keys(qf)
+        t = tfam.keys(tf, lengths, table=_table(q[0]))
+    return _join(_pack(*t, bits), _pack(*q, bits), bits)
 
 
-def _best_rank(n: int, qi: np.ndarray, ti: np.ndarray) -> np.ndarray:
-    best = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    if len(qi):
-        np.minimum.at(best, qi, ti)
-    return best
+# For each distance d, the (query family, target family) joins whose pairs are exactly
+# the pairs at distance <= d (for strings that are not closer): one join for each mix of
+# deletions, insertions and substitutions that costs d (see ``_FAMILIES``).
+_JOINS: dict[int, list[tuple[str, str]]] = {
+    1: [("p1", "p0"), ("p0", "p1"), ("pos1", "pos1")],
+    2: [("p2", "p0"), ("p0", "p2"), ("p1", "p1"), ("sub2", "pos1"), ("pos1", "sub2"),
+        ("pp2", "pp2")],
+    3: [("p3", "p0"), ("p0", "p3"), ("p2", "p1"), ("p1", "p2"), ("sub3", "pos1"),
+        ("pos1", "sub3"), ("sub2", "sub2"), ("pp3", "pp2"), ("pp2", "pp3"), ("ppp3", "ppp3")],
+}
 
 
 def _scan_bucket(qarr: np.ndarray, active: np.ndarray, lb: np.ndarray, cols: np.ndarray,
@@ -321,7 +418,7 @@ def _held(env: np.ndarray, col: np.ndarray, occ: np.ndarray) -> np.ndarray:
 
 
 def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
-                 workers: int) -> np.ndarray:
+                 workers: int, floor: np.ndarray | None = None) -> np.ndarray:
     """Exact MinED by length buckets in order of growing length gap (targets rank-sorted).
 
     Each length bucket is split into groups of similar strings (:func:`_groups`).  A query
@@ -331,7 +428,9 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
     of an alignment, at most I, leave max(L, m) - I characters to edit.  When the bound
     equals the best distance, only ranks below the best are scanned.  The best starts
     from the first ranks (short strings such as a space: the nearest of many
-    foreign-script tokens).
+    foreign-script tokens).  ``floor``: a known lower bound of each query's distance
+    (from the hash joins), which raises every group's bound: a row whose best reaches
+    it only looks for smaller ranks.
     """
     targets, kept = _fold_targets(queries, targets)
     tlens = tlens[kept]
@@ -351,6 +450,7 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
         if len(alphabet):  # characters no target holds: the last column (0 everywhere)
             col[alphabet[np.minimum(col, len(alphabet) - 1)] != codes] = len(alphabet)
         occ = _occurrences(codes)
+        low = np.zeros(len(rows), dtype=np.int64) if floor is None else floor[rows]
         best_d = np.full(len(rows), np.iinfo(np.int64).max, dtype=np.int64)
         best_t = np.full(len(rows), np.iinfo(np.int64).max, dtype=np.int64)
         step = max(1, _CDIST_CELLS // len(first))
@@ -367,6 +467,7 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
                     continue
                 cols, env = groups[m]
                 lbs = max(L, m) - np.minimum(m, _held(env, col, occ))  # [group, row], >= gap
+                lbs = np.maximum(lbs, low)
                 for g, cols_g in enumerate(cols):
                     active = np.flatnonzero(best_d >= lbs[g])
                     if len(active):
@@ -402,26 +503,22 @@ def _fold_foreign(queries: list[str], alphabet: set[str], sentinel: str) -> list
 def _nearest(qs: list[str], uniq: list[str], ulens: np.ndarray, workers: int) -> np.ndarray:
     """Rank in ``uniq`` of each query's MinED target (queries with no exact match)."""
     rank = np.full(len(qs), -1, dtype=np.int64)
+    floor = np.ones(len(qs), dtype=np.int64)  # a lower bound of each query's distance
     qlens = np.fromiter(map(len, qs), dtype=np.int64, count=len(qs))
-    joinable = np.flatnonzero(qlens <= _MAX_JOIN_LEN)
-    if len(joinable):
-        t_owner = np.flatnonzero(ulens <= _MAX_JOIN_LEN + 2)
+    pending = np.flatnonzero(qlens <= _MAX_JOIN_LEN)
+    if len(pending):
         bits = max(len(qs), len(uniq)).bit_length()
-        tfam = _Families(uniq, t_owner, level=2)
-        tkeys = {k: tfam.packed(k, bits) for k in ("p0", "p1", "p2", "pos1", "sub2", "pp2")}
-        pending = joinable
-        for dist, joins, level in ((1, _JOINS_D1, 1), (2, _JOINS_D2, 2)):
+        tfam = _Families(uniq, np.flatnonzero(ulens <= _MAX_JOIN_LEN + max(_JOINS)))
+        for dist, joins in _JOINS.items():
             if len(pending) == 0:
                 break
-            qfam = _Families(qs, pending, level=level)
-            qi_all, ti_all = [], []
+            # ``pending``: no target within dist - 1.
+            qfam = _Families(qs, pending)
+            best = np.full(len(qs), np.iinfo(np.int64).max, dtype=np.int64)
             for qf, tf in joins:
-                qi, ti = _join(tkeys[tf], qfam.packed(qf, bits), bits)
-                qi_all.append(qi)
-                ti_all.append(ti)
-            qi = np.concatenate(qi_all)
-            ti = np.concatenate(ti_all)
-            best = _best_rank(len(qs), qi, ti)[pending]
+                qi, ti = _join_families(tfam, tf, qfam, qf, bits)
+                np.minimum.at(best, qi, ti)
+            best = best[pending]
             found = best < len(uniq)
             cand_q, cand_t = pending[found], best[found]
             # Guard against 64-bit hash collisions: confirm the chosen pairs; a query
@@ -430,10 +527,12 @@ def _nearest(qs: list[str], uniq: list[str], ulens: np.ndarray, workers: int) ->
                                scorer=Levenshtein.distance, workers=workers)
             ok = np.asarray(d) == dist
             rank[cand_q[ok]] = cand_t[ok]
+            floor[cand_q[~ok]] = dist
             pending = pending[~found]
+            floor[pending] = dist + 1
     rest = np.flatnonzero(rank < 0)
     if len(rest):
-        rank[rest] = _bucket_scan([qs[i] for i in rest], uniq, ulens, workers)
+        rank[rest] = _bucket_scan([qs[i] for i in rest], uniq, ulens, workers, floor[rest])
     return rank
 
 
