@@ -74,8 +74,7 @@ REGISTRIES = ("fedkt.methods", "fedkt.methods.registry", "fedkt.runtime.registry
 # Cycles through a registry's imports by name that are known and not yet removed, each
 # edge with why it is there. The Flower runtimes, loaded by name by the runtime registry
 # that the runner uses, run the runner's job loop themselves (the ServerApp's process).
-KNOWN = {("fedkt.runtime.flower_sim", "fedkt.runner"): "runs run_job in the simulation",
-         ("fedkt.runtime.flower_app", "fedkt.runner"): "the ServerApp runs run_job"}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 _BY_NAME = re.compile(r"fedkt(\.\w+)+(:\w+)?")

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime, evidence", ("fedkt.runtime", "fedkt.evidence")),
     ("runner", ("fedkt.runner",)),
     # What users run, and the old import paths kept for them (deprecation shims).
-    ("entry points", ("fedkt.cli", "fedkt.export", "fedkt.bounded_yaml", "fedkt.aggregation",
+    ("entry points", ("fedkt.cli", "fedkt.apps", "fedkt.export", "fedkt.bounded_yaml", "fedkt.aggregation",
                       "fedkt.faults", "fedkt.losses", "fedkt.payload")),
 ]
 
@@ -47,8 +47,6 @@ DEFERRED: dict[tuple[str, str], str] = {
     ("fedkt.eval.harness", "fedkt.methods.base"): "... and scores it as the run did",
     ("fedkt.eval.harness", "fedkt.runtime.base"): "... with the runtime's state root",
     ("fedkt.runtime.faults", "fedkt.runner"): "run_attacks writes predictions as the runner does",
-    ("fedkt.runtime.flower_app", "fedkt.runner"): "the ServerApp runs run_job",
-    ("fedkt.runtime.flower_sim", "fedkt.runner"): "the simulation runs run_job",
 }
 
 

@@ -10,9 +10,9 @@ fedkt client ids are the SuperNodes' ``partition-id`` node config (the
 simulation engine sets it; a deployed SuperNode gets it from ``--node-config``).
 An optional ``state-dir`` node config puts the client's state on that folder.
 
-Used by :mod:`fedkt.runtime.flower_sim` (in-process apps) and by
-:mod:`fedkt.runtime.flower_deploy` (the module-level ``server_app`` and
-``client_app`` are the FAB's components).
+Used by :mod:`fedkt.runtime.flower_sim` (in-process apps) and by :mod:`fedkt.apps`,
+whose ``server_app`` and ``client_app`` are the deployed FAB's components (they sit above
+the runner, which the ServerApp runs; no runtime module imports it).
 """
 
 from __future__ import annotations
@@ -282,32 +282,6 @@ def make_server_app(job: Callable[[Grid, Context], Any]) -> ServerApp:
     return app
 
 
-def server_job(grid: Grid, context: Context) -> list[dict[str, Any]]:
-    """The deployed ServerApp's main: read the fedkt config from the run config and run it."""
-    from fedkt.config import load_config, parse_config
-    from fedkt.runner import run_job
-
-    rc = context.run_config
-    import_plugins(str(rc.get(CFG_PLUGINS, "")))
-    text = str(rc.get(CFG_YAML, "") or "")
-    if text:
-        from fedkt.config.load import read_yaml
-
-        cfg = parse_config(read_yaml(text, "<flwr run config>"), "<flwr run config>")
-    elif rc.get(CFG_PATH):
-        cfg = load_config(str(rc[CFG_PATH]))
-    else:
-        raise ValueError(f"the Flower run config has neither {CFG_YAML!r} nor {CFG_PATH!r}")
-    transport = GridTransport(grid, cfg.clients.num_clients, ids=cfg.client_ids(),
-                              connect_timeout=float(rc.get(CFG_CONNECT_TIMEOUT,
-                                                           DEFAULT_CONNECT_TIMEOUT)))
-    try:
-        return run_job(cfg, transport, resume=bool(rc.get(CFG_RESUME, False)),
-                       quiet=bool(rc.get(CFG_QUIET, False)))
-    finally:
-        transport.close()
-
-
 # --------------------------------------------------------------------------- client side
 
 
@@ -381,11 +355,3 @@ def make_client_app(state_root: Path | str | None = None,
         return Message(content, reply_to=msg)
 
     return app
-
-
-# --------------------------------------------------------------------------- FAB components
-
-#: The FAB's ``serverapp`` component (reads the job from the Flower run config).
-server_app = make_server_app(server_job)
-#: The FAB's ``clientapp`` component.
-client_app = make_client_app()

@@ -149,10 +149,10 @@ class _DropDeprecation(logging.Filter):
         return "run_simulation` function is deprecated" not in record.getMessage()
 
 
-def run_simulation_job(cfg: RunConfig, job: Any = None, *, resume: bool = False,
+def run_simulation_job(cfg: RunConfig, job: Any, *, resume: bool = False,
                        quiet: bool = False) -> list[dict[str, Any]]:
-    """Run (or resume) ``job`` (default :func:`fedkt.runner.run_job`) in Flower's
-    simulation engine; returns its metrics rows."""
+    """Run (or resume) ``job`` (the runner passes :func:`fedkt.runner.run_job`) in
+    Flower's simulation engine; returns its metrics rows."""
     from flwr.app import Context
     from flwr.serverapp import Grid
     from flwr.simulation import run_simulation
@@ -167,9 +167,6 @@ def run_simulation_job(cfg: RunConfig, job: Any = None, *, resume: bool = False,
 
     num = cfg.clients.num_clients
     rows: list[list[dict[str, Any]]] = []
-
-    if job is None:
-        from fedkt.runner import run_job as job
 
     def server_main(grid: Grid, context: Context) -> None:
         transport = GridTransport(grid, num, connect_timeout=max(300.0, cfg.runtime.timeout),

@@ -114,7 +114,7 @@ def test_flower_sim_matches_local_and_reports_failing_client(probe, tmp_path):
     # Same-length folders: the config (with its output_dir) travels in every request.
     local = run_job(probe_config(tmp_path / "a" / "job"), LocalTransport(), quiet=True)
     t0 = time.perf_counter()
-    sim = run_simulation_job(probe_config(tmp_path / "b" / "job"), quiet=True)
+    sim = run_simulation_job(probe_config(tmp_path / "b" / "job"), run_job, quiet=True)
     print(f"flower-sim run: {time.perf_counter() - t0:.1f} s")
     assert_same_rows(sim, local)
     assert [r["calls"] for r in sim if r["participant"] == "client_1"] == [1.0, 2.0]
@@ -122,7 +122,8 @@ def test_flower_sim_matches_local_and_reports_failing_client(probe, tmp_path):
 
     t0 = time.perf_counter()
     with pytest.raises(RoundError, match=r"round 2.*client 1: .*ValueError: probe failure on client 1"):
-        run_simulation_job(probe_config(tmp_path / "fail", fail_client=1), quiet=True)
+        run_simulation_job(probe_config(tmp_path / "fail", fail_client=1), run_job,
+                           quiet=True)
     print(f"flower-sim failing run: {time.perf_counter() - t0:.1f} s")
 
 
@@ -134,7 +135,7 @@ def test_flower_sim_one_dead_client_process_excludes_only_that_client(probe, tmp
     cfg = probe_config(tmp_path / "job", clients=4, min_replies=3, die_client=1)
     cfg = cfg.model_copy(update={"rounds": 3, "runtime": cfg.runtime.model_copy(
         update={"timeout": 600})})  # a new actor starts a Python process: slow when loaded
-    rows = run_simulation_job(cfg, quiet=True)
+    rows = run_simulation_job(cfg, run_job, quiet=True)
 
     def replied(rnd: int) -> list[str]:
         return sorted(r["participant"] for r in rows if r["round"] == rnd and r["split"] == "train"
@@ -159,9 +160,10 @@ def _run_capped(tmp_path, limit: int, timeout: float):
 
     code = (
         "import sys; from tests.runtime import test_flower_sim as t; t.install()\n"
+        "from fedkt.runner import run_job\n"
         "from fedkt.runtime.flower_sim import run_simulation_job\n"
         "cfg = t.probe_config(sys.argv[1]).model_copy(update={'rounds': 1})\n"
-        "rows = run_simulation_job(cfg, quiet=True)\n"
+        "rows = run_simulation_job(cfg, run_job, quiet=True)\n"
         "print('clients replied', [r['clients_replied'] for r in rows if 'clients_replied' in r])\n")
     env = {**os.environ, "FEDKT_PLUGINS": "tests.runtime.test_flower_sim:install"}
     return subprocess.run(

@@ -4,7 +4,7 @@
   the flags fedkt needs (``fedkt deploy superlink`` / ``fedkt deploy supernode``);
   a SuperNode's ``partition-id`` is its fedkt client id.
 * :func:`submit_job` submits a job with ``flwr run``: the Flower App (FAB) is a
-  ``pyproject.toml`` whose components are :mod:`fedkt.runtime.flower_app`'s
+  ``pyproject.toml`` whose components are :mod:`fedkt.apps`'s
   ``server_app`` and ``client_app`` (fedkt itself is installed on every machine),
   and the job's YAML travels in the Flower run config.  It streams the
   ServerApp's log, waits for the run to end and returns the rows the ServerApp

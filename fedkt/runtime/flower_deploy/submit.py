@@ -46,8 +46,8 @@ dependencies = ["flwr>=1.41.0", "fedkt"]
 publisher = "fedkt"
 
 [tool.flwr.app.components]
-serverapp = "fedkt.runtime.flower_app:server_app"
-clientapp = "fedkt.runtime.flower_app:client_app"
+serverapp = "fedkt.apps:server_app"
+clientapp = "fedkt.apps:client_app"
 
 [tool.flwr.app.config]
 # The job: its YAML text (set by `fedkt run`) or a path readable by the ServerApp.
@@ -112,7 +112,7 @@ def submit_job(cfg: RunConfig, job: Any = None, *, resume: bool = False, quiet: 
     """Run (or resume) a job on the SuperLink at ``runtime.flower.superlink``; returns its rows.
 
     ``job`` is not called here: the SuperLink's ServerApp process runs
-    :func:`fedkt.runner.run_job` itself (``fedkt.runtime.flower_app:server_app``).
+    :func:`fedkt.runner.run_job` itself (``fedkt.apps:server_app``).
 
     Raises :class:`fedkt.runtime.base.RoundError` when a round failed (the run
     folder keeps the completed rounds) and :class:`DeploymentError` for other
