@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedkt.configs.catalog import resolve_config
     from fedkt.models.install import check_installed
     from fedkt.runner import run
-    from fedkt.tracking.folder import LOCK_FILE, clear_run_dir, is_run_folder, not_a_run, run_lock
+    from fedkt.tracking.folder import clear_run_dir, holds_files, is_run_folder, not_a_run, run_lock
 
     config = resolve_config(args.config)  # a file, or a shipped config's name
     cfg = _load(config, args.set, {"runtime.name": args.runtime, "rounds": args.rounds,
@@ -49,16 +49,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.run_dir.exists() and not cfg.run_dir.is_dir():
         raise NotADirectoryError(f"output_dir: {cfg.run_dir} is a file, not a folder")
     args.run_dir = str(cfg.run_dir)  # for the resume hint if a round fails
-    # A folder that is not a run is refused before the lock would put a file into it; one
-    # that holds only a lock file (a run killed before it wrote its config) is empty.
-    if cfg.run_dir.is_dir() and not is_run_folder(cfg.run_dir) and any(
-            p.name != LOCK_FILE for p in cfg.run_dir.iterdir()):
+    # A folder that is not a run is refused before the lock would put a file into it.
+    if cfg.run_dir.is_dir() and not is_run_folder(cfg.run_dir) and holds_files(cfg.run_dir):
         raise not_a_run(cfg.run_dir, args.overwrite)
     # The folder's lock is taken before the folder is checked, so two runs into one folder
     # cannot both find it empty; in-process runtimes keep it to the end (the run loop takes
     # it again), `flower` hands the job to the SuperLink's ServerApp, whose loop takes it.
     with run_lock(cfg.run_dir):
-        if any(p.name != LOCK_FILE for p in cfg.run_dir.iterdir()):
+        if holds_files(cfg.run_dir):
             if not is_run_folder(cfg.run_dir):
                 raise not_a_run(cfg.run_dir, args.overwrite)
             if not args.overwrite:

@@ -43,7 +43,7 @@ from fedkt.tracking.tables import round_table
 __all__ = [
     "CONFIG_FILE", "HOLDINGS", "LATEST_FILE", "LOCK_FILE", "METRICS_FILE", "PREDICTIONS_DIR",
     "SERVER_STATE", "SUMMARY_FILE", "WRITTEN", "PlantedLink", "RunFolderBusy", "RunRecorder",
-    "atomic_write", "clear_run_dir", "is_run_folder", "not_a_run", "refuse_link",
+    "atomic_write", "clear_run_dir", "holds_files", "is_run_folder", "not_a_run", "refuse_link",
     "refuse_links", "run_lock",
 ]
 
@@ -409,6 +409,12 @@ def is_run_folder(run_dir: Path | str) -> bool:
     return plain_file(folder / CONFIG_FILE) and any(
         plain_file(p) for p in (folder / LOCK_FILE, folder / METRICS_FILE,
                                 folder / "checkpoints" / LATEST_FILE))
+
+
+def holds_files(run_dir: Path | str) -> bool:
+    """Whether ``run_dir`` holds anything but its lock file (a run killed before it wrote
+    its config leaves only that: the folder is then empty of any run)."""
+    return any(p.name != LOCK_FILE for p in Path(run_dir).iterdir())
 
 
 def not_a_run(run_dir: Path | str, overwrite: bool) -> FileExistsError:
