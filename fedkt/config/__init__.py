@@ -38,13 +38,13 @@ from fedkt.config.load import apply_overrides, load_config, parse_config
 from fedkt.config.messages import _format_error as _format_error
 from fedkt.config.messages import _short as _short
 from fedkt.config.method_schema import MethodConfig
-from fedkt.config.method_schema import _validate_method as _validate_method
 from fedkt.config.model_schema import LoraSettings, ModelConfig, QuantizationSettings
 from fedkt.config.model_schema import _check_device as _check_device
 from fedkt.config.privacy_schema import DifferentialPrivacyConfig, SecureAggregationConfig
 from fedkt.config.reference import REFERENCE_HEADER, config_reference, write_reference
 from fedkt.config.runtime_schema import ReplyLimits, RuntimeConfig, runtime_config_class
 from fedkt.config.schema import RunConfig
+from fedkt.config.schema import _validate_method as _validate_method
 from fedkt.config.tracking_schema import (
     TRACKING_BACKENDS,
     MLflowSettings,

@@ -48,7 +48,7 @@ def section_model(annotation: Any) -> type[BaseModel] | None:
 
 def _annotation(key: str, info: FieldInfo) -> Any:
     if key == "runtime.name":  # a registered runtime: the built-in ones, or a plugin's
-        from fedkt.runtime.registry import available_runtimes
+        from fedkt.runtime.catalog import available_runtimes
 
         return Literal[tuple(available_runtimes())]
     return info.annotation

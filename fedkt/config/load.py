@@ -12,8 +12,7 @@ from pydantic import ValidationError
 
 from fedkt.config.bounded_yaml import YamlLimitError, load_yaml
 from fedkt.config.messages import _format_error, _MethodErrors, _short
-from fedkt.config.method_schema import _validate_method
-from fedkt.config.schema import RunConfig
+from fedkt.config.schema import RunConfig, _validate_method
 from fedkt.errors import ConfigError
 
 

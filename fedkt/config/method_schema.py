@@ -1,17 +1,15 @@
-"""The ``method`` section: :class:`MethodConfig`, the base of every method's config, and
-the validation of ``method`` by the config class the named method registers."""
+"""The ``method`` section: :class:`MethodConfig`, the base of every method's config (a
+method's ``config.py`` builds on it; :mod:`fedkt.config.schema` validates ``method`` by
+the config class the named method declares)."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from fedkt.config.base import _Strict
-from fedkt.config.messages import _MethodErrors
-from fedkt.errors import ConfigError
-from fedkt.methods.registry import method_config_class
 
 __all__ = ["MethodConfig"]
 
@@ -40,18 +38,3 @@ class MethodConfig(_Strict):
             warnings.warn(f"method.{old} is now method.{new}", FutureWarning, stacklevel=1)
             values = {k if k != old else new: v for k, v in values.items()}
         return values
-
-
-def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
-    if isinstance(method, str):
-        method = {"name": method}
-    if not isinstance(method, dict):
-        raise ConfigError(f"method: expected a method name or a mapping with 'name', "
-                          f"got {type(method).__name__}")
-    if not isinstance(method.get("name"), str):
-        raise ConfigError(f"method.name: expected a method name (a string), "
-                          f"got {type(method.get('name')).__name__}")
-    try:
-        return method_config_class(method.get("name")).model_validate(method)
-    except ValidationError as err:
-        raise _MethodErrors(err) from None

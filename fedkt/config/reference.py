@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from fedkt.config.keys import bounds, default_text, type_name, walk
 from fedkt.config.schema import RunConfig
-from fedkt.methods.registry import available, get_method
+from fedkt.methods.catalog import method_config_class, summaries
 
 
 def _cell(text: str) -> str:
@@ -36,10 +36,9 @@ _HEAD = ["| key | type | default | description |", "|---|---|---|---|"]
 def config_reference() -> str:
     """Markdown tables of every config key, and of each method's keys (docs/configuration.md)."""
     out = [*_HEAD, *_rows(RunConfig, "")]
-    for name in available():
-        method = get_method(name)
-        out += ["", f"### `method.name: {name}`", "", method.docs.summary, "",
-                *_HEAD, *_rows(method.config, "method.")]
+    for name, summary in summaries().items():
+        out += ["", f"### `method.name: {name}`", "", summary, "",
+                *_HEAD, *_rows(method_config_class(name), "method.")]
     return "\n".join(out)
 
 

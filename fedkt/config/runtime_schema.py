@@ -77,7 +77,7 @@ class RuntimeConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from fedkt.runtime.registry import available_runtimes, unknown_runtime
+        from fedkt.runtime.catalog import available_runtimes, unknown_runtime
 
         if value not in available_runtimes():
             raise ValueError(unknown_runtime(value))
@@ -115,7 +115,7 @@ class RuntimeConfig(_Strict):
         each moves into its section, with a FutureWarning naming the new key."""
         if not isinstance(values, dict):
             return values
-        from fedkt.runtime.registry import runtime_sections
+        from fedkt.runtime.catalog import runtime_sections
 
         models = {section: model for section, (_, model) in runtime_sections().items()
                   if section in _MOVED_SECTIONS and section in cls.model_fields}
@@ -168,7 +168,7 @@ def runtime_config_class(values: dict[str, Any] | None = None) -> type[RuntimeCo
     """:class:`RuntimeConfig` with the sections of the runtimes registered now: every
     built-in runtime's, and that of the runtime ``values`` names or whose section it gives
     (so a config that does not use a plugin runtime never carries its section)."""
-    from fedkt.runtime.registry import BUILT_IN, runtime_sections
+    from fedkt.runtime.catalog import BUILT_IN, runtime_sections
 
     values = values or {}
     wanted = {section for section, (name, _) in runtime_sections().items()

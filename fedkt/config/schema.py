@@ -17,6 +17,7 @@ import yaml
 from pydantic import (
     Field,
     SerializeAsAny,
+    ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
@@ -33,7 +34,8 @@ from fedkt.config.data_schema import (
 )
 from fedkt.config.data_schema import _check_class_spec as _check_class_spec
 from fedkt.config.eval_schema import EvalConfig
-from fedkt.config.method_schema import MethodConfig, _validate_method
+from fedkt.config.messages import _MethodErrors
+from fedkt.config.method_schema import MethodConfig
 from fedkt.config.model_schema import LoraSettings, ModelConfig, QuantizationSettings
 from fedkt.config.model_schema import _check_device as _check_device
 from fedkt.config.privacy_schema import DifferentialPrivacyConfig, SecureAggregationConfig
@@ -46,7 +48,8 @@ from fedkt.config.tracking_schema import (
     TrackingConfig,
 )
 from fedkt.config.training_schema import ClientsConfig, TrainingConfig
-from fedkt.methods.registry import method_check, method_flag
+from fedkt.errors import ConfigError
+from fedkt.methods.catalog import method_check, method_config_class, method_flag
 
 __all__ = [
     "TRACKING_BACKENDS", "ClassFilterConfig", "ClassSpec", "ClientsConfig", "DataConfig",
@@ -55,6 +58,22 @@ __all__ = [
     "RunConfig", "RuntimeConfig", "SecureAggregationConfig", "SplitConfig",
     "TensorBoardSettings", "TrackingConfig", "TrainingConfig", "runtime_config_class",
 ]
+
+
+def _validate_method(method: str | dict[str, Any]) -> MethodConfig:
+    """``method`` validated by the config class of the method it names."""
+    if isinstance(method, str):
+        method = {"name": method}
+    if not isinstance(method, dict):
+        raise ConfigError(f"method: expected a method name or a mapping with 'name', "
+                          f"got {type(method).__name__}")
+    if not isinstance(method.get("name"), str):
+        raise ConfigError(f"method.name: expected a method name (a string), "
+                          f"got {type(method.get('name')).__name__}")
+    try:
+        return method_config_class(method.get("name")).model_validate(method)
+    except ValidationError as err:
+        raise _MethodErrors(err) from None
 
 
 class RunConfig(_Strict):

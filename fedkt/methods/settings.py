@@ -7,12 +7,16 @@ a config then imports neither an algorithm nor torch (tests/methods/test_registr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from fedkt.config import DatasetConfig, MethodConfig, RunConfig
 from fedkt.config.base import _Strict
+from fedkt.config.data_schema import DatasetConfig
+from fedkt.config.method_schema import MethodConfig
+
+if TYPE_CHECKING:
+    from fedkt.config import RunConfig
 
 __all__ = ["AdapterAveragingConfig", "EncoderHead", "ExchangeSettings", "ReceivingOptions",
            "VisionPretrain", "check_rehearsal"]

@@ -8,8 +8,8 @@ Built-in runtimes are named as ``"module:function"`` and imported on first use, 
 choosing ``local`` never imports Flower.
 
 A runtime may register its own settings, a pydantic model: the config section
-``runtime.<section>`` (the name with ``-`` as ``_``: ``runtime.flower_sim``), validated by
-that model when the config loads (:class:`fedkt.config.RuntimeConfig`).
+``runtime.<section>``. A config reads the names and the settings from
+:mod:`fedkt.runtime.catalog`, which imports no runtime; this module loads them.
 """
 
 from __future__ import annotations
@@ -17,12 +17,18 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from fedkt.runtime.settings import FlowerSettings, FlowerSimSettings
+from fedkt.runtime import catalog
+from fedkt.runtime.catalog import (
+    BUILT_IN,
+    available_runtimes,
+    runtime_sections,
+    section_of,
+    unknown_runtime,
+)
 
 __all__ = ["BUILT_IN", "Job", "Start", "available_runtimes", "get_runtime", "register_runtime",
            "runtime_sections", "section_of", "unknown_runtime"]
@@ -30,25 +36,12 @@ __all__ = ["BUILT_IN", "Job", "Start", "available_runtimes", "get_runtime", "reg
 Job = Callable[..., list[dict[str, Any]]]  # (cfg, transport, *, resume, quiet) -> rows
 Start = Callable[..., list[dict[str, Any]]]  # (cfg, job, *, resume, quiet) -> rows
 
-
-@dataclass(frozen=True)
-class _Entry:
-    start: Start | str  # the function, or "module:function" until first use
-    settings: type[BaseModel] | None  # the model of its section runtime.<section>
-
-
-_RUNTIMES: dict[str, _Entry] = {
-    "local": _Entry("fedkt.runtime.local:start", None),
-    "flower-sim": _Entry("fedkt.runtime.flower_sim:run_simulation_job", FlowerSimSettings),
-    "flower": _Entry("fedkt.runtime.flower_deploy:submit_job", FlowerSettings),
+# name -> the function, or "module:function" until first use (its settings: the catalog)
+_STARTS: dict[str, Start | str] = {
+    "local": "fedkt.runtime.local:start",
+    "flower-sim": "fedkt.runtime.flower_sim:run_simulation_job",
+    "flower": "fedkt.runtime.flower_deploy:submit_job",
 }
-# The runtimes fedkt itself registers: their sections are in every resolved config.
-BUILT_IN = tuple(_RUNTIMES)
-
-
-def section_of(name: str) -> str:
-    """The config section of runtime ``name``'s settings: ``flower-sim`` -> ``flower_sim``."""
-    return name.replace("-", "_")
 
 
 def register_runtime(name: str, start: Start,
@@ -69,40 +62,25 @@ def register_runtime(name: str, start: Start,
                                      and issubclass(settings, BaseModel)):
         raise TypeError(f"register_runtime({name!r}): settings must be a pydantic model class, "
                         f"got {settings!r}")
-    clash = [other for other in _RUNTIMES if other != name
+    table = catalog._SETTINGS
+    clash = [other for other in table if other != name
              and section_of(other) == section_of(name)]
     if clash:
         raise ValueError(f"register_runtime({name!r}): its section runtime.{section_of(name)} "
                          f"is already runtime {clash[0]!r}'s")
-    if settings is None and name in _RUNTIMES:
-        settings = _RUNTIMES[name].settings
-    _RUNTIMES[name] = _Entry(start, settings)
+    if settings is None and name in table:
+        settings = table[name]
+    table[name] = settings
+    _STARTS[name] = start
     return start
 
 
-def available_runtimes() -> list[str]:
-    return sorted(_RUNTIMES)
-
-
-def runtime_sections() -> dict[str, tuple[str, type[BaseModel]]]:
-    """Section -> (runtime name, its settings model), for every runtime with settings."""
-    return {section_of(name): (name, entry.settings) for name, entry in _RUNTIMES.items()
-            if entry.settings is not None}
-
-
-def unknown_runtime(name: object) -> str:
-    """The error text for a ``runtime.name`` that no runtime is registered under."""
-    return (f"unknown runtime {name!r}; registered: {', '.join(available_runtimes())} "
-            "(register_runtime adds one)")
-
-
 def get_runtime(name: str) -> Start:
-    if name not in _RUNTIMES:
+    """Runtime ``name``'s start function; a built-in one's module is imported on first use."""
+    if name not in _STARTS:
         raise ValueError(f"runtime.name: {unknown_runtime(name)}")
-    entry = _RUNTIMES[name]
-    if isinstance(entry.start, str):
-        module, _, attr = entry.start.partition(":")
-        entry = _RUNTIMES[name] = _Entry(getattr(importlib.import_module(module), attr),
-                                         entry.settings)
-    assert not isinstance(entry.start, str)
-    return entry.start
+    start = _STARTS[name]
+    if isinstance(start, str):
+        module, _, attr = start.partition(":")
+        start = _STARTS[name] = getattr(importlib.import_module(module), attr)
+    return start

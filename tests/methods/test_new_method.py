@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from fedkt.config import ConfigError
-from fedkt.methods import available, get_method, registry
+from fedkt.methods import available, catalog, get_method
 from fedkt.tracking import without_timings
 from tests.support.conformance import check_method, conformance
 
@@ -30,8 +30,8 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
         path = package / name
         path.write_text(path.read_text().replace('"fedavg"', '"toy"'))
     monkeypatch.syspath_prepend(str(package.parent))
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_REGISTERED_BY", dict(registry._REGISTERED_BY))
+    monkeypatch.setattr(catalog, "_REGISTRY", dict(catalog._REGISTRY))
+    monkeypatch.setattr(catalog, "_REGISTERED_BY", dict(catalog._REGISTERED_BY))
     try:
         make_config(method="toy", name="before")
         raise AssertionError("an unregistered method must be refused")
@@ -39,7 +39,7 @@ def test_a_copied_fedavg_package_is_a_new_method_once_registered(tmp_path, make_
         assert "unknown method 'toy'" in str(exc)
     toy = importlib.import_module("toy_method")  # registers it, as a plugin import would
     assert get_method("toy") is toy.METHOD and "toy" in available()
-    assert registry.plugin_module("toy") == "toy_method"  # fresh processes import it
+    assert catalog.plugin_module("toy") == "toy_method"  # fresh processes import it
     assert get_method("fedavg") is not toy.METHOD
     # The copy carries its declaration (uploads, tiny config): it conforms like any method ...
     got = without_timings(check_method("toy", tmp_path / "conformance").run.rows)

@@ -46,8 +46,8 @@ def test_the_sources_name_each_built_in_methods_config_and_check():
     (``aggregates``, ``model_lr``); what the scan cannot find is read from the method."""
     got = _python("""
 import json
-from fedkt.methods.registry import (FLAGS, _built_in, get_method, method_check,
-                                    method_config_class, method_flag)
+from fedkt.methods.catalog import FLAGS, _built_in, method_check, method_config_class, method_flag
+from fedkt.methods.registry import get_method
 names = sorted(_built_in())
 found = {n: (method_config_class(n), method_check(n), [method_flag(n, f) for f in FLAGS])
          for n in names}
@@ -68,7 +68,7 @@ def test_validating_any_methods_config_imports_no_algorithm_and_no_torch():
     ``__init__`` (which imports the algorithm) is not run."""
     got = _python("""
 import json, sys
-from fedkt.methods.registry import _built_in
+from fedkt.methods.catalog import _built_in
 from fedkt.config import load_config
 import yaml
 out = {}
@@ -89,7 +89,8 @@ print(json.dumps(out))
 def test_every_shipped_config_validates_without_an_algorithm_or_torch():
     """The configs a user meets first, those that set SecAgg, DP or a per-model ``lr``
     included (``configs/fedcollm/demo.yaml``, ``configs/fedmkt/real.yaml``), validate
-    importing no algorithm and no torch."""
+    importing no algorithm and no torch, and no method's package, runtime or runner (a
+    config reads them through their catalogs)."""
     got = _python("""
 import json, sys
 from pathlib import Path
@@ -101,8 +102,38 @@ for path in sorted([*Path("configs").rglob("*.yaml"), *Path("fedkt/configs").rgl
     cfg = load_config(str(path))
     out[str(path)] = [cfg.method.name, sorted(m for m in sys.modules
                                               if m == "torch" or m.endswith(".algorithm"))]
+from fedkt.methods.catalog import _built_in
+packages = {*_built_in().values(), "fedkt.runtime.base", "fedkt.runtime.local",
+            "fedkt.runtime.flower_sim", "fedkt.runtime.flower_deploy", "fedkt.runner"}
+out["packages"] = sorted(packages & set(sys.modules))
 print(json.dumps(out))
 """)
+    assert got.pop("packages") == []  # no method's package, no runtime, no runner
     assert {"configs/fedcollm/demo.yaml", "configs/fedmkt/real.yaml"} <= set(got)
     assert len(got) >= 20
     assert {path: v[1] for path, v in got.items()} == {path: [] for path in got}
+
+
+def test_the_catalog_never_imports_a_method_and_says_what_its_sources_lack(monkeypatch):
+    """A built-in method whose ``Method(...)`` call does not name its config (or gives a
+    flag that is not a literal) is an error naming the method, not a quiet import of its
+    package; an unknown name is the config error that names ``method.name``."""
+    import pytest
+
+    from fedkt.errors import ConfigError
+    from fedkt.methods import catalog
+
+    entry = {"module": "fedkt.methods.odd", "config": None, "check": "", "flags": None,
+             "summary": None}
+    monkeypatch.setattr(catalog, "_REGISTRY", {})  # as in a fresh process
+    monkeypatch.setattr(catalog, "_declared", lambda: {"odd": entry})
+    monkeypatch.setattr(catalog, "_built_in", lambda: {"odd": "fedkt.methods.odd"})
+    with pytest.raises(RuntimeError, match=r"'odd' \(fedkt.methods.odd\).*config="):
+        catalog.method_config_class("odd")
+    with pytest.raises(RuntimeError, match="'odd'.*summary="):
+        catalog.summaries()
+    with pytest.raises(RuntimeError, match="'odd'.*literals"):
+        catalog.method_flag("odd", "aggregates")
+    assert catalog.method_check("odd") is None  # no check given: the default, none
+    with pytest.raises(ConfigError, match="method.name: unknown method 'nope'; allowed: odd"):
+        catalog.method_config_class("nope")

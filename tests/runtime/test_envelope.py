@@ -35,7 +35,7 @@ def test_timing_metrics_travel_at_a_fixed_width_and_are_logged(make_config, monk
     """A handler's ``*_seconds`` metrics (FedKD's step and SVD times) must not make a
     reply's size depend on how long the work took; the server still logs them."""
     from fedkt.federated.payload import Payload
-    from fedkt.methods import registry
+    from fedkt.methods import catalog
     from fedkt.methods.base import Method, Server
     from fedkt.methods.fedavg import FedAvgConfig
     from fedkt.runtime.base import RuntimeClients
@@ -47,7 +47,7 @@ def test_timing_metrics_travel_at_a_fixed_width_and_are_logged(make_config, monk
         return Payload(metrics={"train/loss": 1.0, "train/step_seconds": next(took)})
 
     method = Method("timed", FedAvgConfig, Server, {"train": timed})
-    monkeypatch.setitem(registry._REGISTRY, "fedavg", method)  # the config names fedavg
+    monkeypatch.setitem(catalog._REGISTRY, "fedavg", method)  # the config names fedavg
     cfg = make_config()
     clients = RuntimeClients(cfg, LocalTransport(cfg.run_dir / "clients"))
     sizes, logged = [], []

@@ -76,7 +76,7 @@ def test_failing_handlers_only_when_asked_for_the_named_clients_and_rounds(make_
     """:func:`fedkt.runtime.faults.fail_handlers`: the client's handler raises in the named rounds,
     installing again replaces (never nests), and undoing restores the handlers."""
     from fedkt.federated.payload import Payload
-    from fedkt.methods import registry
+    from fedkt.methods import catalog
     from fedkt.methods.base import Method, Server
     from fedkt.methods.fedavg import FedAvgConfig
     from fedkt.runtime.base import RuntimeClients
@@ -86,7 +86,7 @@ def test_failing_handlers_only_when_asked_for_the_named_clients_and_rounds(make_
         return Payload(cid=ctx.cid)
 
     handlers = {"echo": echo}
-    monkeypatch.setitem(registry._REGISTRY, "fedavg", Method("echo", FedAvgConfig, Server,
+    monkeypatch.setitem(catalog._REGISTRY, "fedavg", Method("echo", FedAvgConfig, Server,
                                                              handlers))
     cfg = make_config("clients.num_clients=3", "clients.min_replies=1")
 

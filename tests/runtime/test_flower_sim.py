@@ -18,7 +18,7 @@ import torch
 from fedkt import methods
 from fedkt.config import MethodConfig, RunConfig, parse_config
 from fedkt.federated.payload import Payload
-from fedkt.methods import registry
+from fedkt.methods import catalog
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
@@ -74,8 +74,8 @@ def install() -> None:
 
 @pytest.fixture
 def probe(monkeypatch):
-    monkeypatch.setitem(registry._REGISTERED_BY, NAME, __name__)
-    monkeypatch.setitem(registry._REGISTRY, NAME, PROBE)
+    monkeypatch.setitem(catalog._REGISTERED_BY, NAME, __name__)
+    monkeypatch.setitem(catalog._REGISTRY, NAME, PROBE)
     monkeypatch.setenv("FEDKT_PLUGINS", f"{__name__}:install")
 
 

@@ -19,7 +19,7 @@ import yaml
 from fedkt.cli import main
 from fedkt.config import ConfigError, load_config
 from fedkt.runner import run
-from fedkt.runtime import registry
+from fedkt.runtime import catalog, registry
 from fedkt.tracking import METRICS_FILE, read_rows, without_timings
 from tests.conftest import ROOT, small_config
 
@@ -29,9 +29,11 @@ BYTES = ("bytes_sent", "bytes_received")
 @pytest.fixture
 def journal(monkeypatch):
     """The plugin runtime, registered for this test only."""
-    monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))
+    monkeypatch.setattr(catalog, "_SETTINGS", dict(catalog._SETTINGS))
+    monkeypatch.setattr(registry, "_STARTS", dict(registry._STARTS))
     plugin = importlib.import_module("tests.support.plugin_runtime")
-    registry._RUNTIMES.pop(plugin.NAME, None)  # as before the plugin's import
+    catalog._SETTINGS.pop(plugin.NAME, None)  # as before the plugin's import
+    registry._STARTS.pop(plugin.NAME, None)
     return plugin
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fedkt.methods import registry
+from fedkt.methods import catalog
 from fedkt.runner import run
 from tests.conftest import small_config
 
@@ -28,17 +28,17 @@ def variant():
     module = importlib.import_module(MODULE)
     assert module.NAME == NAME
     yield module
-    registry._REGISTRY.pop(NAME, None)
-    registry._REGISTERED_BY.pop(NAME, None)
+    catalog._REGISTRY.pop(NAME, None)
+    catalog._REGISTERED_BY.pop(NAME, None)
     sys.modules.pop(MODULE, None)
 
 
 def test_register_records_the_calling_module(variant):
     assert variant.METHOD.server.__module__ == "fedkt.methods.fedavg.algorithm"
-    assert registry.plugin_module(NAME) == MODULE
-    registry.register(variant.METHOD, module="elsewhere.plugin")  # or the one it names
-    assert registry.plugin_module(NAME) == "elsewhere.plugin"
-    assert registry.plugin_module("fedavg") is None  # built in: found without an import
+    assert catalog.plugin_module(NAME) == MODULE
+    catalog.register(variant.METHOD, module="elsewhere.plugin")  # or the one it names
+    assert catalog.plugin_module(NAME) == "elsewhere.plugin"
+    assert catalog.plugin_module("fedavg") is None  # built in: found without an import
 
 
 # Ray and a tiny Llama in each worker: 279 s wall on 2 cores shared with other jobs (load

@@ -8,8 +8,8 @@ causal LM's adapter is its own package, :mod:`fedkt.methods.fedavg`.
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.exchange import client_adopt
 from fedkt.methods.uploads import NUMBER, SVD_UPDATE, Tensors
 from fedkt.train.lm import saved_client_lm

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from fedkt.config import MethodConfig, RunConfig
+from fedkt.config.method_schema import MethodConfig
 from fedkt.methods.settings import EncoderHead, ExchangeSettings, VisionPretrain
+
+if TYPE_CHECKING:
+    from fedkt.config import RunConfig
 
 # ------------------------------------------------------------------ causal LMs
 

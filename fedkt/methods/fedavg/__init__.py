@@ -7,8 +7,8 @@ registers it.  Copy the folder, rename, register: nothing else lists a method.
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.handlers import client_evaluate
 from fedkt.methods.uploads import ADAPTER, NUMBER
 

@@ -7,8 +7,8 @@ global SLM by mutual distillation (Fan et al., arXiv:2411.11707).
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.fedavg import METHOD as FEDAVG
 
 from .algorithm import FedCoLLMServer

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fedkt.config import RunConfig
 from fedkt.methods.settings import AdapterAveragingConfig, ReceivingOptions, check_rehearsal
+
+if TYPE_CHECKING:
+    from fedkt.config import RunConfig
 
 
 class FedCoLLMConfig(AdapterAveragingConfig):

@@ -7,8 +7,8 @@ updates (Wu et al., Nature Communications 2022).
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.exchange import client_adopt
 from fedkt.methods.uploads import NUMBER, SVD_UPDATE
 

@@ -9,8 +9,8 @@ token alignment and targets are shared pieces in :mod:`fedkt.alignment`.
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.handlers import client_evaluate
 from fedkt.methods.uploads import ADAPTER, CHOICES, NUMBER, TOPK
 from fedkt.train.lm import saved_client_lm

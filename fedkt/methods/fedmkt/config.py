@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fedkt.config import MethodConfig, RunConfig
+from fedkt.config.method_schema import MethodConfig
 from fedkt.methods.settings import ReceivingOptions, check_rehearsal
+
+if TYPE_CHECKING:
+    from fedkt.config import RunConfig
 
 
 class FedMKTConfig(MethodConfig):

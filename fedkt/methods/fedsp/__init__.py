@@ -8,8 +8,8 @@ optimiser), ``aux_model.py`` (the auxiliary model on the wire and on a client's 
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.uploads import HEX_ID, NUMBER, Tensor
 
 from .algorithm import PROMPT_KEY, FedSPServer, client_setup, client_train

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fedkt.config import MethodConfig, RunConfig
+from fedkt.config.method_schema import MethodConfig
+
+if TYPE_CHECKING:
+    from fedkt.config import RunConfig
 
 
 class PromptMessengerConfig(MethodConfig):

@@ -7,8 +7,8 @@ through the server's large model (Chen et al., arXiv:2407.05268).
 
 from __future__ import annotations
 
-from fedkt.methods import register
 from fedkt.methods.base import Conformance, Docs, Method
+from fedkt.methods.catalog import register
 from fedkt.methods.uploads import NUMBER, Tensors
 
 from .algorithm import KoalaServer, client_adopt, client_train

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from fedkt.config import MethodConfig
+from fedkt.config.method_schema import MethodConfig
 from fedkt.methods.settings import VisionPretrain
 
 

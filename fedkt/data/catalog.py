@@ -1,4 +1,4 @@
-"""The built-in datasets: their catalogue (vendored files, fields, splits, label names).
+"""The built-in datasets: their catalog (vendored files, fields, splits, label names).
 
 ``data.dataset.name`` picks one (``intent_recognition``, ``tweeteval_hate:test``, ...);
 :func:`list_builtin` lists them with their splits.
