@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from fedkt.config.method_schema import MethodConfig
 from fedkt.config.runtime_schema import RuntimeConfig, runtime_config_class
 from fedkt.config.schema import RunConfig
+from fedkt.runtime.catalog import available_runtimes
 
 __all__ = ["Key", "allowed_values", "bounds", "default_text", "section_model", "type_name",
            "walk"]
@@ -48,8 +49,6 @@ def section_model(annotation: Any) -> type[BaseModel] | None:
 
 def _annotation(key: str, info: FieldInfo) -> Any:
     if key == "runtime.name":  # a registered runtime: the built-in ones, or a plugin's
-        from fedkt.runtime.catalog import available_runtimes
-
         return Literal[tuple(available_runtimes())]
     return info.annotation
 

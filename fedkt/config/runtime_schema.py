@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, create_model, field_validator, model_vali
 from fedkt.config.base import _Strict
 from fedkt.config.model_schema import _check_device
 from fedkt.errors import ConfigError
+from fedkt.runtime.catalog import BUILT_IN, available_runtimes, runtime_sections, unknown_runtime
 
 __all__ = ["ReplyLimits", "RuntimeConfig", "runtime_config_class"]
 
@@ -77,8 +78,6 @@ class RuntimeConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from fedkt.runtime.catalog import available_runtimes, unknown_runtime
-
         if value not in available_runtimes():
             raise ValueError(unknown_runtime(value))
         return value
@@ -115,8 +114,6 @@ class RuntimeConfig(_Strict):
         each moves into its section, with a FutureWarning naming the new key."""
         if not isinstance(values, dict):
             return values
-        from fedkt.runtime.catalog import runtime_sections
-
         models = {section: model for section, (_, model) in runtime_sections().items()
                   if section in _MOVED_SECTIONS and section in cls.model_fields}
         moved = {key: section for key in values if key not in cls.model_fields
@@ -168,8 +165,6 @@ def runtime_config_class(values: dict[str, Any] | None = None) -> type[RuntimeCo
     """:class:`RuntimeConfig` with the sections of the runtimes registered now: every
     built-in runtime's, and that of the runtime ``values`` names or whose section it gives
     (so a config that does not use a plugin runtime never carries its section)."""
-    from fedkt.runtime.catalog import BUILT_IN, runtime_sections
-
     values = values or {}
     wanted = {section for section, (name, _) in runtime_sections().items()
               if name in BUILT_IN or name == values.get("name") or section in values}
