@@ -9,6 +9,7 @@ import textwrap
 from fedkt.config.keys import Key, allowed_values, bounds, default_text, type_name, walk
 from fedkt.config.method_schema import MethodConfig
 from fedkt.errors import ConfigError
+from fedkt.methods.catalog import available, method_config_class
 
 __all__ = ["explain", "find_key"]
 
@@ -23,8 +24,6 @@ def _keys(method: str | None) -> list[Key]:
     (only ``method.name`` without one)."""
     keys = list(walk())
     if method is not None:
-        from fedkt.methods.catalog import method_config_class
-
         keys += list(walk(method_config_class(method), "method."))
     else:
         keys += list(walk(MethodConfig, "method."))
@@ -47,8 +46,6 @@ def find_key(key: str, method: str | None = None) -> tuple[Key, list[Key]]:
                  and "." not in k.key[len(wanted) + 1:]]
         return found[wanted], under
     if wanted.startswith("method.") and method is None:
-        from fedkt.methods.catalog import available, method_config_class
-
         having = [name for name in available()
                   if wanted.removeprefix("method.") in method_config_class(name).model_fields]
         hint = f"methods with it: {', '.join(having)}" if having else \
@@ -86,15 +83,11 @@ def explain(key: str, method: str | None = None, width: int = 88) -> str:
         lines.append(f"  default:  {default_text(k.info)}")
         allowed = allowed_values(k.annotation)
         if k.key == "method.name" and method is None:
-            from fedkt.methods.catalog import available
-
             allowed = available()
         if allowed:
             lines.append(f"  allowed:  {', '.join(_yaml(v) for v in allowed)}")
     lines += ["", wrap(k.description, "  ")]
     if k.key == "method" and method is None:
-        from fedkt.methods.catalog import available
-
         lines += ["", wrap(f"Each method's keys: fedkt configs explain method --method NAME "
                            f"(NAME: {', '.join(available())}).", "  ")]
     if under:
