@@ -21,6 +21,9 @@ quickly, through
    group whose character envelope bounds the distance above its best so far (every bound
    raised to the distance the joins ruled out).
 
+The joins' families and the scan's query lengths are independent of each other: with
+``workers`` > 1 they run on that many threads (rapidfuzz and numpy release the GIL).
+
 Strings here are already normalised (:func:`fedkt.alignment.introspect.normalize_vocab`);
 the vocabulary mapping between two tokenizers is :mod:`fedkt.alignment.vocab`.
 """
@@ -30,7 +33,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from rapidfuzz import process
@@ -41,6 +45,15 @@ __all__ = ["brute_force_mapping", "mined_mapping"]
 _MAX_JOIN_LEN = 40  # queries longer than this skip the hash joins (they are few; buckets are small)
 _CDIST_CELLS = 1 << 24  # cap on one cdist result matrix (cells)
 _SMALL_CDIST = 1 << 16  # smaller cdist calls run on one thread
+
+
+def _threaded(fn: Callable, items: list, workers: int) -> list:
+    """``[fn(x) for x in items]``, on ``workers`` threads when more than one: rapidfuzz
+    and numpy's sorts and gathers release the GIL, and every item's work is independent."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))
 
 
 # --------------------------------------------------------------------------- reference
@@ -285,6 +298,12 @@ def _join_families(tfam: _Families, tf: str, qfam: _Families, qf: str, bits: int
     return _join(_pack(*t, bits), _pack(*q, bits), bits)
 
 
+def _join_pair(tfam: _Families, qfam: _Families, bits: int, pair: tuple[str, str]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_join_families` of one (query family, target family) pair of ``_JOINS``."""
+    return _join_families(tfam, pair[1], qfam, pair[0], bits)
+
+
 # For each distance d, the (query family, target family) joins whose pairs are exactly
 # the pairs at distance <= d (for strings that are not closer): one join for each mix of
 # deletions, insertions and substitutions that costs d (see ``_FAMILIES``).
@@ -441,8 +460,11 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
     tmax = int(tlens.max())
     tarr = np.array(targets, dtype=object)
     first = np.arange(min(_FIRST_RANKS, len(targets)))
-    for L in np.unique(qlens):
-        L = int(L)
+    lengths = np.unique(qlens).tolist()
+    inner = 1 if workers > 1 and len(lengths) > 1 else workers
+
+    def scan(L: int) -> None:
+        """The queries of length L (independent of every other length)."""
         rows = np.flatnonzero(qlens == L)
         qarr = np.array([queries[i] for i in rows], dtype=object)
         codes = _codes(qarr.tolist(), L)
@@ -458,7 +480,7 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
             sub = np.arange(s, min(s + step, len(rows)))
             _improve(qarr[sub].tolist(), sub, tarr[first].tolist(), first,
                      np.uint8 if L + tmax < 255 else np.int32, L + tmax, best_d, best_t,
-                     workers)
+                     inner)
         for gap in range(0, max(L, tmax - L) + 1):
             if not (best_d >= gap).any():
                 break
@@ -472,8 +494,11 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
                     active = np.flatnonzero(best_d >= lbs[g])
                     if len(active):
                         _scan_bucket(qarr, active, lbs[g, active], cols_g, tarr, L + gap,
-                                     best_d, best_t, workers)
+                                     best_d, best_t, inner)
         out[rows] = best_t
+
+    # The most populous lengths first, so that both threads end on small ones.
+    _threaded(scan, sorted(lengths, key=lambda n: -int((qlens == n).sum())), workers)
     return kept[out]
 
 
@@ -515,8 +540,8 @@ def _nearest(qs: list[str], uniq: list[str], ulens: np.ndarray, workers: int) ->
             # ``pending``: no target within dist - 1.
             qfam = _Families(qs, pending)
             best = np.full(len(qs), np.iinfo(np.int64).max, dtype=np.int64)
-            for qf, tf in joins:
-                qi, ti = _join_families(tfam, tf, qfam, qf, bits)
+            join = functools.partial(_join_pair, tfam, qfam, bits)
+            for qi, ti in _threaded(join, joins, workers):
                 np.minimum.at(best, qi, ti)
             best = best[pending]
             found = best < len(uniq)

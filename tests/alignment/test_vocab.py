@@ -162,7 +162,7 @@ def test_bucket_scan_equals_brute_force_on_edge_cases():
         assert mined_mapping(src, tgt).tolist() == brute_force_mapping(src, tgt).tolist()
 
 
-def test_distance_three_and_more_queries_equal_brute_force():
+def test_distance_three_and_more_queries_equal_brute_force(monkeypatch):
     # Queries with no target within distance 2 take the bucket scan inside mined_mapping:
     # targets from one half of the alphabet, queries mostly from the other.
     rng = random.Random(11)
@@ -176,6 +176,15 @@ def test_distance_three_and_more_queries_equal_brute_force():
     assert len(src) >= 200 and max(dist) >= 8  # the cases this test is about
     assert mined_mapping(src, tgt).tolist() == ref.tolist()
     assert _scan(src, tgt) == ref.tolist()
+
+    # One thread and two (the joins' families and the scan's lengths side by side) agree.
+    assert mined_mapping(src, tgt, workers=1).tolist() == ref.tolist()
+    seen = []
+    original = mined._threaded
+    monkeypatch.setattr(mined, "_threaded", lambda fn, items, workers: seen.append(len(items))
+                        or original(fn, items, workers))
+    assert mined_mapping(src, tgt, workers=2).tolist() == ref.tolist()
+    assert max(seen) >= 6  # the scan split its query lengths over the threads
 
 
 @settings(max_examples=80, deadline=None)
