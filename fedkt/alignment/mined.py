@@ -233,25 +233,28 @@ class _Families:
         return out
 
 
-_TABLE_BITS = 25  # the join pre-filter: a bitset of 2**25 slots (4 MiB, cache-friendly)
+_TABLE_BITS = 25  # the join pre-filter: at most a bitset of 2**25 slots (4 MiB, cache-friendly)
 
 
-def _slot(keys: np.ndarray) -> np.ndarray:
-    """Each key's slot in the pre-filter: its top bits (as intp)."""
-    return (keys >> np.uint64(64 - _TABLE_BITS)).astype(np.intp)
+def _slot(keys: np.ndarray, bits: int) -> np.ndarray:
+    """Each key's slot in a pre-filter of 2**bits slots: its top bits (as intp)."""
+    return (keys >> np.uint64(64 - bits)).astype(np.intp)
 
 
 def _table(keys: np.ndarray) -> np.ndarray:
     """A membership pre-filter: a bitset with the slots of ``keys`` set (false positives
-    only); :func:`_marked` reads it."""
-    table = np.zeros(1 << _TABLE_BITS, dtype=bool)
-    table[_slot(keys)] = True
+    only); :func:`_marked` reads it.  2**25 slots from 2**17 keys on (every real
+    vocabulary's join); fewer keys (the tests' vocabularies) get at least 128 slots a key
+    instead of 4 MiB to clear and pack."""
+    bits = min(_TABLE_BITS, max(6, int(len(keys)).bit_length() + 8))
+    table = np.zeros(1 << bits, dtype=bool)
+    table[_slot(keys, bits)] = True
     return np.packbits(table, bitorder="little")
 
 
 def _marked(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Positions of the keys whose slot :func:`_table` set."""
-    slot = _slot(keys)
+    slot = _slot(keys, (len(table) * 8).bit_length() - 1)
     return np.flatnonzero((table[slot >> 3] >> (slot & 7).astype(np.uint8)) & 1)
 
 
