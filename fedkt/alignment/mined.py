@@ -243,9 +243,9 @@ def _slot(keys: np.ndarray, bits: int) -> np.ndarray:
 
 def _table(keys: np.ndarray) -> np.ndarray:
     """A membership pre-filter: a bitset with the slots of ``keys`` set (false positives
-    only); :func:`_marked` reads it.  2**25 slots from 2**17 keys on (every real
-    vocabulary's join); fewer keys (the tests' vocabularies) get at least 128 slots a key
-    instead of 4 MiB to clear and pack."""
+    only); :func:`_marked` reads it.  2**25 slots from 2**16 keys on, as before; fewer
+    keys (the tests' small vocabularies) get at least 128 slots a key instead of 4 MiB to
+    clear and pack."""
     bits = min(_TABLE_BITS, max(6, int(len(keys)).bit_length() + 8))
     table = np.zeros(1 << bits, dtype=bool)
     table[_slot(keys, bits)] = True
