@@ -463,7 +463,7 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
     tmax = int(tlens.max())
     tarr = np.array(targets, dtype=object)
     first = np.arange(min(_FIRST_RANKS, len(targets)))
-    lengths = np.unique(qlens).tolist()
+    lengths, counts = np.unique(qlens, return_counts=True)
     inner = 1 if workers > 1 and len(lengths) > 1 else workers
 
     def scan(L: int) -> None:
@@ -501,7 +501,7 @@ def _bucket_scan(queries: list[str], targets: list[str], tlens: np.ndarray,
         out[rows] = best_t
 
     # The most populous lengths first, so that both threads end on small ones.
-    _threaded(scan, sorted(lengths, key=lambda n: -int((qlens == n).sum())), workers)
+    _threaded(scan, lengths[np.argsort(-counts, kind="stable")].tolist(), workers)
     return kept[out]
 
 
