@@ -198,6 +198,20 @@ def cmd_suite_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_suite_across(args: argparse.Namespace) -> int:
+    from fedkt.evidence.across import across_report
+
+    try:
+        table = across_report(args.suite_dirs)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    if args.output:
+        Path(args.output).write_text(table)
+    return 0
+
+
 def cmd_suite_status(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import suite_status
 
@@ -349,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")
     q.set_defaults(func=cmd_suite_report)
+    q = suite_sub.add_parser("across", help="one suite's claims under several environments "
+                             "(kernel settings): reproduced only where every one says so")
+    q.add_argument("suite_dirs", nargs="+", metavar="[LABEL=]SUITE_DIR",
+                   help="the same suite's folders, one per environment")
+    q.add_argument("-o", "--output", help="also write the table to this file")
+    q.set_defaults(func=cmd_suite_across)
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
     q.add_argument("suite")
     q.set_defaults(func=cmd_suite_status)

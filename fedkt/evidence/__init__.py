@@ -13,6 +13,8 @@
 * :mod:`fedkt.evidence.method_table`: a suite's cross-method table (accuracy, bytes,
   compute, exposure per arm);
 * :mod:`fedkt.evidence.plots`: a suite's figures.
+* :mod:`fedkt.evidence.across`: ``fedkt suite across``, one suite's verdicts under several
+  environments (kernel settings).
 
 See docs/evidence.md.
 """

@@ -446,7 +446,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         text.append(f"- test examples per run: {n_items}")
     if missing:
         text.append(f"- not finished: {', '.join(missing)}")
-    text += environment_lines([r.path for g in present.values() for r in g.runs])
+    env_lines = environment_lines([r.path for g in present.values() for r in g.runs])
+    text += env_lines
     text += ["", format_table(header, table, markdown=True), ""]
     if verdicts:
         pct = int(cfg.level * 100)
@@ -473,7 +474,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     (folder / SUITE_TABLE).write_text(out)
     (folder / SUITE_JSON).write_text(json.dumps(
         {"name": cfg.name, "seeds": cfg.seeds, "metrics": metrics, "table": rows_json,
-         "claims": verdicts, "missing": missing}, indent=2, default=float) + "\n")
+         "claims": verdicts, "missing": missing, "environment": env_lines},
+        indent=2, default=float) + "\n")
     suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
     return out
 

@@ -18,6 +18,7 @@ from fedkt.eval.predictions import prediction_files, read_predictions
 from fedkt.evidence.claims import decide, parse_claim
 from fedkt.evidence.stats import seed_interval
 from fedkt.evidence.suite import load_suite, run_state
+from fedkt.infra.environment import describe, environment
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "configs" / "suites" / "quick.yaml"
@@ -83,7 +84,12 @@ def _hand_ci(pairs: list[tuple[np.ndarray, np.ndarray]], reps: int, seed: int):
 def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
     suite = load_suite(QUICK, finished)
     report = json.loads((finished / "suite.json").read_text())
-    assert (finished / "suite.md").read_text().startswith("# Suite quick")
+    table = (finished / "suite.md").read_text()
+    assert table.startswith("# Suite quick")
+    # the environment the runs were computed in, as suite.md prints it (suite across reads it)
+    assert report["environment"] == [x for x in table.splitlines()
+                                     if x.startswith("- environment: ")]
+    assert report["environment"][0].endswith(describe(environment()))
     assert [c["claim"] for c in report["claims"]] == [suite.cfg.primary, *suite.cfg.claims]
     assert [c["role"] for c in report["claims"]] == ["primary"] + ["secondary"] * len(
         suite.cfg.claims)

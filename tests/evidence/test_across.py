@@ -1,0 +1,111 @@
+"""``fedkt suite across``: one suite's verdicts under several environments, on result
+files with known answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedkt.cli import main
+from fedkt.evidence.across import across_report, joint_verdict, read_suite_result
+
+PRIMARY = "a.server.accuracy > b.server.accuracy"
+OTHER = "a.clients.accuracy > b.clients.accuracy"
+
+
+def _claim(text: str, verdict: str, role: str = "secondary", reason: str = "") -> dict:
+    return {"claim": text, "estimate": "+0.1000", "ci": "[+0.0100, +0.2000]",
+            "verdict": verdict, "reason": reason, "per_seed_text": "+0.1, +0.1, +0.1, +0.1",
+            "role": role}
+
+
+def _folder(root: Path, name: str, claims: list[dict], env: list[str] | None,
+            suite: str = "demo") -> Path:
+    folder = root / name
+    folder.mkdir()
+    data = {"name": suite, "seeds": [0, 1, 2, 3], "claims": claims}
+    if env is not None:
+        data["environment"] = env
+    (folder / "suite.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_joint_verdict_agrees_only_when_every_environment_does():
+    assert joint_verdict(["reproduced", "reproduced"]) == "reproduced under all 2"
+    assert joint_verdict(["not resolved"] * 3) == "not resolved under all 3"
+    assert joint_verdict(["reproduced", "not resolved"]) == (
+        "machine-dependent: reproduced / not resolved")
+    assert joint_verdict(["reproduced", "contradicted"]).startswith("machine-dependent")
+    assert joint_verdict(["reproduced", None], ["bf16", "fp32"]) == (
+        "not compared: absent in fp32")
+
+
+def test_report_pairs_claims_by_text_and_names_each_environment(tmp_path):
+    amx = _folder(tmp_path, "amx", [_claim(PRIMARY, "reproduced", "primary"),
+                                    _claim(OTHER, "reproduced")],
+                  ["- environment: torch 2.13.0; CPU AVX512 (amx_bf16)"])
+    fp32 = _folder(tmp_path, "fp32", [_claim(OTHER, "fragile", reason="2 seeds (4 needed)"),
+                                      _claim(PRIMARY, "reproduced", "primary")],
+                   ["- environment: torch 2.13.0; CPU AVX2"])
+    text = across_report([f"bf16={amx}", str(fp32)])
+    rows = {line.split("|")[2].strip(): line for line in text.splitlines()
+            if line.startswith("| ") and "accuracy" in line}
+    assert rows[PRIMARY].rstrip(" |").endswith("reproduced under all 2")
+    assert rows[PRIMARY].split("|")[1].strip() == "primary"
+    assert rows[OTHER].rstrip(" |").endswith("machine-dependent: reproduced / fragile")
+    assert "| bf16 | fp32 |" in text.replace("|  | claim ", "")
+    assert "CPU AVX512 (amx_bf16)" in text and "CPU AVX2" in text
+    assert "fp32, `a.clients.accuracy > b.clients.accuracy`: 2 seeds (4 needed)" in text
+    # the primary row comes first, in the first folder's order
+    order = [line.split("|")[2].strip() for line in text.splitlines()
+             if line.startswith("| ") and "accuracy" in line]
+    assert order == [PRIMARY, OTHER]
+    assert "not a second kernel setting" not in text
+
+
+def test_same_environment_twice_is_named(tmp_path):
+    env = ["- environment: torch 2.13.0; CPU AVX2"]
+    a = _folder(tmp_path, "a", [_claim(PRIMARY, "reproduced", "primary")], env)
+    b = _folder(tmp_path, "b", [_claim(PRIMARY, "reproduced", "primary")], env)
+    assert "b reports the same environment as a; this is not a second kernel setting" in (
+        across_report([a, b]))
+
+
+def test_environment_read_from_an_older_suite_md(tmp_path):
+    old = _folder(tmp_path, "old", [_claim(PRIMARY, "reproduced", "primary")], None)
+    (old / "suite.md").write_text("# Suite demo\n\n- seeds: [0]\n- environment: torch 2.4; "
+                                  "CPU AVX2\n\n| arm |\n")
+    assert read_suite_result(old).environment == ["- environment: torch 2.4; CPU AVX2"]
+
+
+def test_bad_inputs_name_the_folder(tmp_path, capsys):
+    a = _folder(tmp_path, "a", [_claim(PRIMARY, "reproduced", "primary")], [])
+    other = _folder(tmp_path, "other", [_claim(PRIMARY, "reproduced", "primary")], [],
+                    suite="another")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"{empty}: no suite.json"):
+        across_report([a, empty])
+    with pytest.raises(ValueError, match="different suites: .*other \\(another\\)"):
+        across_report([a, other])
+    with pytest.raises(ValueError, match="two or more"):
+        across_report([a])
+    with pytest.raises(ValueError, match="share a label"):
+        across_report([f"x={a}", f"x={a}"])
+    (empty / "suite.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a suite's result"):
+        across_report([a, empty])
+    assert main(["suite", "across", str(a), str(other)]) == 2
+    assert "different suites" in capsys.readouterr().err
+
+
+def test_cli_writes_the_table(tmp_path, capsys):
+    a = _folder(tmp_path, "a", [_claim(PRIMARY, "reproduced", "primary")], ["- environment: x"])
+    b = _folder(tmp_path, "b", [_claim(PRIMARY, "not resolved", "primary")], ["- environment: y"])
+    out = tmp_path / "across.md"
+    assert main(["suite", "across", str(a), str(b), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == out.read_text()
+    assert "machine-dependent: reproduced / not resolved" in printed
