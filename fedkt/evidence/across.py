@@ -50,26 +50,55 @@ def _environment_from_table(table: Path) -> list[str]:
     return out
 
 
-def read_suite_result(spec: str | Path) -> SuiteResult:
-    """``LABEL=FOLDER`` or ``FOLDER`` (labelled by its name): a suite folder's verdicts.
+_COLUMNS = ("role", "claim", "estimate", "ci", "seed_ci", "per_seed_text", "floor_text")
 
-    Raises ``FileNotFoundError`` naming the folder when it has no ``suite.json`` and
-    ``ValueError`` when the file is not a suite's."""
+
+def _claims_from_table(table: Path) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The suite's name and claims from ``suite.md``'s "Claims" table, for a folder that
+    kept only the table (a published one): the same fields ``suite.json`` holds as text."""
+    lines = table.read_text().splitlines()
+    name = next((x[len("# Suite "):].strip() for x in lines if x.startswith("# Suite ")), "")
+    try:
+        start = lines.index("## Claims")
+    except ValueError:
+        raise ValueError(f"{table}: no Claims table") from None
+    claims: dict[str, dict[str, Any]] = {}
+    for line in lines[start:]:
+        cells = line.strip().strip("|").split("|")
+        if len(cells) < 8 or cells[0].strip() not in ("primary", "secondary"):
+            continue
+        row = {k: c.strip() for k, c in zip(_COLUMNS, cells[:7], strict=True)}
+        verdict, _, reason = "|".join(cells[7:]).strip().partition(": ")  # a reason may hold '|'
+        claims[row["claim"]] = {**row, "verdict": verdict, "reason": reason}
+    if not name or not claims:
+        raise ValueError(f"{table}: not a suite's table (no '# Suite' title or no claim rows)")
+    return name, claims
+
+
+def read_suite_result(spec: str | Path) -> SuiteResult:
+    """``LABEL=FOLDER`` or ``FOLDER`` (labelled by its name): a suite folder's verdicts,
+    from its ``suite.json``, or from ``suite.md`` where only the table was kept.
+
+    Raises ``FileNotFoundError`` naming the folder when it has neither and ``ValueError``
+    when the file is not a suite's."""
     text = str(spec)
     label, sep, path = text.partition("=")
     folder = Path(path if sep else text)
     label = label if sep else folder.name
-    result = folder / "suite.json"
+    result, table = folder / "suite.json", folder / "suite.md"
     if not result.is_file():
-        raise FileNotFoundError(f"{folder}: no suite.json (run `fedkt suite report {folder}` "
-                                "first)")
+        if not table.is_file():
+            raise FileNotFoundError(f"{folder}: no suite.json or suite.md (run `fedkt suite "
+                                    f"report {folder}` first)")
+        name, claims = _claims_from_table(table)
+        return SuiteResult(label, folder, name, claims, _environment_from_table(table))
     try:
         data = json.loads(result.read_text())
         claims = {c["claim"]: c for c in data["claims"]}
         name = str(data["name"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{result}: not a suite's result ({exc})") from None
-    env = data.get("environment") or _environment_from_table(folder / "suite.md")
+    env = data.get("environment") or _environment_from_table(table)
     return SuiteResult(label, folder, name, claims, [str(x) for x in env])
 
 

@@ -11,6 +11,8 @@ import pytest
 from fedkt.cli import main
 from fedkt.evidence.across import across_report, joint_verdict, read_suite_result
 
+ROOT = Path(__file__).resolve().parents[2]
+
 PRIMARY = "a.server.accuracy > b.server.accuracy"
 OTHER = "a.clients.accuracy > b.clients.accuracy"
 
@@ -86,7 +88,7 @@ def test_bad_inputs_name_the_folder(tmp_path, capsys):
                     suite="another")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=f"{empty}: no suite.json"):
+    with pytest.raises(FileNotFoundError, match=f"{empty}: no suite.json or suite.md"):
         across_report([a, empty])
     with pytest.raises(ValueError, match="different suites: .*other \\(another\\)"):
         across_report([a, other])
@@ -109,3 +111,33 @@ def test_cli_writes_the_table(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed == out.read_text()
     assert "machine-dependent: reproduced / not resolved" in printed
+
+
+@pytest.mark.parametrize("name", ["fedmkt_transfer", "fedcollm_transfer"])
+def test_a_table_alone_gives_what_its_json_gives(tmp_path, name):
+    """A published folder may keep only suite.md: its Claims table is read to the same
+    verdicts, reasons and texts as the suite.json written beside it (a reason with '|')."""
+    published = ROOT / "docs" / "suites" / name
+    table_only = tmp_path / name
+    table_only.mkdir()
+    (table_only / "suite.md").write_text((published / "suite.md").read_text())
+    from_json = read_suite_result(published)
+    from_table = read_suite_result(table_only)
+    assert from_table.name == from_json.name == name
+    assert list(from_table.claims) == list(from_json.claims)
+    for text, want in from_json.claims.items():
+        got = from_table.claims[text]
+        for key in ("role", "estimate", "ci", "seed_ci", "per_seed_text", "floor_text",
+                    "verdict", "reason"):
+            assert got[key] == want[key], (text, key)
+    assert any("|" in c["reason"] for c in from_json.claims.values()) or name != (
+        "fedmkt_transfer")
+    assert from_table.environment == from_json.environment
+
+
+def test_a_table_without_claims_is_refused(tmp_path):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "suite.md").write_text("# Suite x\n\n- environment: y\n")
+    with pytest.raises(ValueError, match="no Claims table"):
+        read_suite_result(folder)
