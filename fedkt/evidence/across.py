@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -33,30 +34,31 @@ class SuiteResult:
     environment: list[str]
 
 
-def _environment_from_table(table: Path) -> list[str]:
-    """The environment lines of a ``suite.md`` written before suite.json kept them."""
+def _table_lines(table: Path) -> list[str]:
+    """``suite.md``'s lines (none where the folder has no table)."""
     try:
-        lines = table.read_text().splitlines()
+        return table.read_text().splitlines()
     except OSError:
         return []
-    out: list[str] = []
+
+
+def _environment_from_table(lines: list[str]) -> list[str]:
+    """The environment lines of a ``suite.md`` (as :func:`fedkt.evidence.suite.
+    environment_lines` writes them), for a folder whose suite.json does not keep them."""
     for i, line in enumerate(lines):
         if line.startswith("- environment:"):
             return [line]
         if line.startswith("- **runs from"):
-            out.append(line)
-            out += [x for x in lines[i + 1:] if x.startswith("  - ")]
-            return out
-    return out
+            return [line, *takewhile(lambda x: x.startswith("  - "), lines[i + 1:])]
+    return []
 
 
 _COLUMNS = ("role", "claim", "estimate", "ci", "seed_ci", "per_seed_text", "floor_text")
 
 
-def _claims_from_table(table: Path) -> tuple[str, dict[str, dict[str, Any]]]:
+def _claims_from_table(table: Path, lines: list[str]) -> tuple[str, dict[str, dict[str, Any]]]:
     """The suite's name and claims from ``suite.md``'s "Claims" table, for a folder that
     kept only the table (a published one): the same fields ``suite.json`` holds as text."""
-    lines = table.read_text().splitlines()
     name = next((x[len("# Suite "):].strip() for x in lines if x.startswith("# Suite ")), "")
     try:
         start = lines.index("## Claims")
@@ -90,15 +92,16 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
         if not table.is_file():
             raise FileNotFoundError(f"{folder}: no suite.json or suite.md (run `fedkt suite "
                                     f"report {folder}` first)")
-        name, claims = _claims_from_table(table)
-        return SuiteResult(label, folder, name, claims, _environment_from_table(table))
+        lines = _table_lines(table)
+        name, claims = _claims_from_table(table, lines)
+        return SuiteResult(label, folder, name, claims, _environment_from_table(lines))
     try:
         data = json.loads(result.read_text())
         claims = {c["claim"]: c for c in data["claims"]}
         name = str(data["name"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{result}: not a suite's result ({exc})") from None
-    env = data.get("environment") or _environment_from_table(table)
+    env = data.get("environment") or _environment_from_table(_table_lines(table))
     return SuiteResult(label, folder, name, claims, [str(x) for x in env])
 
 
