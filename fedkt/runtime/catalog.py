@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from fedkt.runtime.settings import FlowerSettings, FlowerSimSettings
+from fedkt.runtime.settings import FlowerSettings, FlowerSimSettings, LocalSettings
 
 __all__ = ["BUILT_IN", "available_runtimes", "runtime_sections", "section_of",
            "unknown_runtime"]
 
 # name -> the model of its section (None: no settings); register_runtime adds rows.
 _SETTINGS: dict[str, type[BaseModel] | None] = {
-    "local": None,
+    "local": LocalSettings,
     "flower-sim": FlowerSimSettings,
     "flower": FlowerSettings,
 }

@@ -1,36 +1,141 @@
-"""The ``local`` runtime: clients run in this process, one after another.
+"""The ``local`` runtime: clients run on this machine, in this process one after another,
+or with ``runtime.local.client_workers: N`` up to N at once in worker processes.
 
 Requests and replies still go through the wire format, so byte counts and
 results are identical to the Flower runtimes.  Client state is kept on disk
-under the run folder, as a deployed client keeps it on its own machine.
+under the run folder, as a deployed client keeps it on its own machine; so a client
+may run in any worker from one round to the next.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 from fedkt.config import RunConfig
 from fedkt.runtime.base import default_state_root, handle_request
 
+__all__ = ["LocalTransport", "start", "worker_threads"]
+
+
+def worker_threads(workers: int, cores: int | None = None) -> int:
+    """torch threads of each of ``workers`` worker processes: the physical cores shared
+    out, at least one (``runtime.torch_threads``, when set, still wins in each)."""
+    if cores is None:
+        from fedkt.infra.precision import physical_cores
+
+        cores = physical_cores()
+    return max(1, cores // max(1, workers))
+
+
+def _start_worker(threads: int, counter: Any) -> None:
+    """A worker process's set-up: its share of the cores, a line of its own for progress
+    bars (tqdm reads ``TQDM_POSITION``), and the ``FEDKT_PLUGINS`` methods and readers."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # fedkt's default_threads reads it
+    with counter.get_lock():
+        counter.value += 1
+        os.environ["TQDM_POSITION"] = str(counter.value)
+    import torch
+
+    from fedkt.infra.plugins import import_plugins
+
+    torch.set_num_threads(threads)
+    import_plugins()
+
+
+def _handle(data: bytes, state_root: Path | None, cid: int) -> bytes:
+    return handle_request(data, state_root, cid, allow_remote_code=True)
+
+
+def _ready() -> None:
+    """A task that only makes its worker start."""
+
+
+def _pool(workers: int, threads: int) -> ProcessPoolExecutor:
+    """``workers`` worker processes of ``threads`` torch threads each (``spawn``: a fresh
+    interpreter each, never a fork of this one's threads)."""
+    ctx = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+                               initargs=(threads, ctx.Value("i", 0)))
+
+
+def _collect(futures: dict[int, Future[bytes]]) -> dict[int, bytes | BaseException | None]:
+    """Each client's reply or error; None where its worker pool broke (a worker died, so
+    every client not yet finished lost its reply, not only the one that killed it)."""
+    replies: dict[int, bytes | BaseException | None] = {}
+    for cid, future in futures.items():
+        try:
+            replies[cid] = future.result()
+        except BrokenProcessPool:
+            replies[cid] = None
+        except Exception as exc:  # noqa: BLE001 - the server excludes the client
+            replies[cid] = exc
+    return replies
+
 
 class LocalTransport:
-    """In-process transport (no Ray, no servers).
+    """In-process transport (no Ray, no servers); with ``workers`` > 1, a pool of that many
+    worker processes (started on the first exchange, kept for the run) runs the clients
+    of an exchange at once.  A worker that dies takes the replies of the clients beside it
+    with it: those run again, each alone in a new worker, and only a client whose worker
+    dies again is excluded.
 
     Its clients run model code the config asks for (``trust_remote_code``): they share the
-    process, and the config, of the one who started the run."""
+    process, or the machine, and the config, of the one who started the run."""
 
-    def __init__(self, state_root: Path | None = None) -> None:
+    def __init__(self, state_root: Path | None = None, workers: int = 1) -> None:
         self.state_root = state_root
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
 
     def exchange(self, requests: dict[int, bytes], timeout: float) -> dict[int, bytes | BaseException]:
-        # Sequential and in order of client id: deterministic; `timeout` is not enforced here.
-        return {cid: handle_request(data, self.state_root, cid, allow_remote_code=True)
-                for cid, data in sorted(requests.items())}
+        # In order of client id, each reply a function of its request and the client's
+        # stored state only: the same replies in a worker as here.  `timeout` is not enforced.
+        if self.workers <= 1:
+            return {cid: handle_request(data, self.state_root, cid, allow_remote_code=True)
+                    for cid, data in sorted(requests.items())}
+        threads = worker_threads(self.workers)
+        pool = self._workers()
+        replies = _collect({cid: pool.submit(_handle, data, self.state_root, cid)
+                            for cid, data in sorted(requests.items())})
+        lost = [cid for cid, reply in replies.items() if reply is None]
+        if lost:  # a worker died (os._exit, the OOM killer), and the pool with it
+            self.close()
+            for cid in lost:  # each again, alone: only the one that dies again is excluded
+                alone = _pool(1, threads)
+                try:
+                    replies |= _collect({cid: alone.submit(_handle, requests[cid],
+                                                           self.state_root, cid)})
+                finally:
+                    alone.shutdown(wait=True, cancel_futures=True)
+                if replies[cid] is None:
+                    replies[cid] = RuntimeError(
+                        f"client {cid}'s worker process ended while it ran (killed, or it "
+                        "exited); the local runtime's other clients were run again without it")
+        return {cid: reply for cid, reply in replies.items() if reply is not None}
+
+    def start_workers(self) -> None:
+        """Start the worker processes now, if ``workers`` > 1 (they import torch and fedkt
+        while the server sets up); else on the first exchange."""
+        if self.workers > 1:
+            self._workers()
+
+    def _workers(self) -> ProcessPoolExecutor:
+        """The pool of ``workers`` processes, started if none runs: every client runs in a
+        worker of the same threads, however many clients an exchange asks."""
+        if self._pool is None:
+            self._pool = _pool(self.workers, worker_threads(self.workers))
+            for _ in range(self.workers):  # a process starts for each task submitted
+                self._pool.submit(_ready)
+        return self._pool
 
     def secagg_grid(self, cids: list[int]) -> tuple[object, dict[int, int]]:
         """An in-process Flower grid for SecAgg+ (:mod:`fedkt.runtime.secagg`) and the
-        clients' node ids on it."""
+        clients' node ids on it (its clients run in this process, one after another)."""
         from fedkt.runtime.secagg import LocalGrid
 
         grid = LocalGrid(lambda cid, data: handle_request(data, self.state_root, cid,
@@ -38,10 +143,19 @@ class LocalTransport:
         return grid, {cid: LocalGrid.node(cid) for cid in cids}
 
     def close(self) -> None:
-        pass
+        """Stop the worker processes, if any (a later exchange starts new ones)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def start(cfg: RunConfig, job: Any, *, resume: bool = False, quiet: bool = False
           ) -> list[dict[str, Any]]:
-    """The ``local`` runtime: the job here, its clients in this process."""
-    return job(cfg, LocalTransport(default_state_root(cfg)), resume=resume, quiet=quiet)
+    """The ``local`` runtime: the job here, its clients in this process or in
+    ``runtime.local.client_workers`` worker processes."""
+    transport = LocalTransport(default_state_root(cfg), workers=cfg.runtime.local.client_workers)
+    transport.start_workers()
+    try:
+        return job(cfg, transport, resume=resume, quiet=quiet)
+    finally:
+        transport.close()

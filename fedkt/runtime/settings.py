@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FlowerSettings", "FlowerSimSettings", "RuntimeSettings"]
+__all__ = ["FlowerSettings", "FlowerSimSettings", "LocalSettings", "RuntimeSettings"]
 
 
 # Every config model's settings (fedkt.config's too): unknown keys are refused, and a NaN
@@ -20,6 +20,16 @@ class RuntimeSettings(BaseModel):
     """Base of a runtime's settings section: unknown keys and NaN/inf are refused."""
 
     model_config = STRICT
+
+
+class LocalSettings(RuntimeSettings):
+    """``local``: where its clients run (in this process, or in worker processes)."""
+
+    client_workers: int = Field(1, ge=1, description=(
+        "Clients that run at once, each in a worker process of its own with its share of the "
+        "cores (1: every client in this process, one after another). The same numbers as 1 "
+        "for a given seed; faster when the clients' work is small for the cores (two clients "
+        "of a small model on two cores), at the memory of one model copy per worker."))
 
 
 class FlowerSimSettings(RuntimeSettings):

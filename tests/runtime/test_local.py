@@ -8,7 +8,7 @@ import pytest
 
 from fedkt.runner import client_state_root, run_job
 from fedkt.runtime.base import RoundError
-from fedkt.runtime.local import LocalTransport
+from fedkt.runtime.local import LocalTransport, start
 from fedkt.tracking import without_timings
 from tests.conftest import final_test_rows
 from tests.support.fault_injection import client_faults
@@ -54,10 +54,14 @@ def test_fedavg_run_writes_metrics_bytes_and_checkpoints(make_config):
 
 
 def test_same_seed_same_numbers_other_seed_differs(make_config):
+    """The same seed gives the same rows, also with the clients in two worker processes
+    (``runtime.local.client_workers``: training and evaluation there, not here)."""
     a = _run(make_config(name="a"), quiet=True)
-    b = _run(make_config(name="b"), quiet=True)
+    b = start(make_config("runtime.local.client_workers=2", name="b"), run_job, quiet=True)
     c = _run(make_config("seed=1", name="c"), quiet=True)
     assert _numbers(a) == _numbers(b)
+    assert {r["participant"] for r in b if r["split"] == "test"} == {
+        "server", "client_0", "client_1"}
     assert final_test_rows(a)["server"]["loss"] != final_test_rows(c)["server"]["loss"]
 
 

@@ -1,0 +1,101 @@
+"""``runtime.local.client_workers``: the clients run in worker processes, and a worker that
+dies excludes only the client that killed it (that the numbers are those of clients run one
+after another: tests/runtime/test_local.py, same seed same numbers)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import pytest
+import torch
+
+from fedkt import methods
+from fedkt.config import MethodConfig, RunConfig, parse_config
+from fedkt.federated.payload import Payload
+from fedkt.methods import catalog
+from fedkt.methods.base import ClientContext, Method, Server, broadcast
+from fedkt.runner import run_job
+from fedkt.runtime.local import start, worker_threads
+
+NAME = "local_workers_probe"
+
+
+class ProbeConfig(MethodConfig):
+    name: Literal["local_workers_probe"] = NAME
+    die_client: int | None = None  # this client's process exits (in round 2)
+
+
+class ProbeServer(Server):
+    def setup(self) -> None:
+        self.w = torch.zeros(3)
+
+    def round(self, rnd: int, clients) -> dict[str, float]:
+        replies = broadcast(clients, "work", Payload(w=self.w))
+        self.w = torch.stack([r.tensor("w") for r in replies.values()]).mean(0)
+        return {}
+
+    def evaluate(self, rnd: int) -> dict[str, float]:
+        return {"norm": float(self.w.norm())}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"w": self.w}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.w = state["w"]
+
+
+def _work(ctx: ClientContext, msg: Payload) -> Payload:
+    if ctx.method.die_client == ctx.cid and ctx.rnd == 2:
+        os._exit(3)  # the process dies, as under the OOM killer
+    w = msg.tensor("w") + torch.rand(3)  # seeded per (client, round, step)
+    return Payload(w=w, metrics={"train/pid": float(os.getpid()),
+                                 "train/threads": float(torch.get_num_threads())})
+
+
+PROBE = Method(name=NAME, config=ProbeConfig, server=ProbeServer, handlers={"work": _work})
+
+
+def install() -> None:
+    """Register the probe (also in the worker processes, through FEDKT_PLUGINS)."""
+    methods.register(PROBE)
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    monkeypatch.setitem(catalog._REGISTERED_BY, NAME, __name__)
+    monkeypatch.setitem(catalog._REGISTRY, NAME, PROBE)
+    monkeypatch.setenv("FEDKT_PLUGINS", f"{__name__}:install")
+
+
+def probe_config(run_dir, **method) -> RunConfig:
+    return parse_config({
+        "name": "probe", "rounds": 2, "output_dir": str(run_dir),
+        "method": {"name": NAME, **method},
+        "clients": {"num_clients": 3, "min_replies": 2},
+        "data": {"dataset": {"name": "intent_recognition"}},
+        "runtime": {"local": {"client_workers": 2}},
+    })
+
+
+def test_worker_threads_share_out_the_cores():
+    assert worker_threads(2, cores=2) == 1
+    assert worker_threads(2, cores=16) == 8
+    assert worker_threads(4, cores=2) == 1  # never fewer than one
+
+
+def test_workers_run_the_clients_and_a_dead_worker_excludes_only_its_client(probe, tmp_path):
+    """Client 1's process exits in round 2: the pool breaks, the clients beside it run again
+    in new workers, and only client 1 is excluded, named."""
+    rows = start(probe_config(tmp_path / "job", die_client=1), run_job, quiet=True)
+    train = [r for r in rows if r["split"] == "train" and r["participant"].startswith("client_")]
+    ran = {(r["round"], r["participant"]): r for r in train}
+    for rnd, name in [(1, "client_0"), (1, "client_1"), (1, "client_2"), (2, "client_0"),
+                      (2, "client_2")]:
+        row = ran[(rnd, name)]
+        assert "excluded" not in row and row["pid"] != os.getpid(), row
+        assert row["threads"] == worker_threads(2)
+    dead = ran[(2, "client_1")]
+    assert "client 1's worker process ended" in dead["excluded"]
+    server = {r["round"]: r for r in rows if r["participant"] == "server" and r["split"] == "train"}
+    assert [server[k]["clients_replied"] for k in (1, 2)] == [3, 2]
