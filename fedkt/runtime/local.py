@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -32,19 +35,31 @@ def worker_threads(workers: int, cores: int | None = None) -> int:
     return max(1, cores // max(1, workers))
 
 
-def _start_worker(threads: int, counter: Any) -> None:
+def _start_worker(threads: int, parent: int, workers: int) -> None:
     """A worker process's set-up: its share of the cores, a line of its own for progress
-    bars (tqdm reads ``TQDM_POSITION``), and the ``FEDKT_PLUGINS`` methods and readers."""
+    bars (tqdm reads ``TQDM_POSITION``), and the ``FEDKT_PLUGINS`` methods and readers.
+    Ctrl-C is the run's to handle (it stops the workers): a worker ignores it, and ends
+    when the run's process is gone (killed: nothing would read its replies)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # fedkt's default_threads reads it
-    with counter.get_lock():
-        counter.value += 1
-        os.environ["TQDM_POSITION"] = str(counter.value)
+    number = multiprocessing.current_process().name.rpartition("-")[2]  # SpawnProcess-3
+    os.environ["TQDM_POSITION"] = str((int(number) - 1) % workers + 1 if number.isdigit() else 1)
     import torch
+    from tqdm import tqdm
 
     from fedkt.infra.plugins import import_plugins
 
     torch.set_num_threads(threads)
+    tqdm.set_lock(threading.RLock())  # not tqdm's default, a semaphore a killed worker leaks
     import_plugins()
+
+
+def _end_with(parent: int, every: float = 1.0) -> None:
+    """Exit this process once ``parent`` is no longer its parent."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)
 
 
 def _handle(data: bytes, state_root: Path | None, cid: int) -> bytes:
@@ -58,9 +73,9 @@ def _ready() -> None:
 def _pool(workers: int, threads: int) -> ProcessPoolExecutor:
     """``workers`` worker processes of ``threads`` torch threads each (``spawn``: a fresh
     interpreter each, never a fork of this one's threads)."""
-    ctx = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
-                               initargs=(threads, ctx.Value("i", 0)))
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker,
+                               initargs=(threads, os.getpid(), workers))
 
 
 def _collect(futures: dict[int, Future[bytes]]) -> dict[int, bytes | BaseException | None]:
@@ -142,11 +157,16 @@ class LocalTransport:
                                                           allow_remote_code=True))
         return grid, {cid: LocalGrid.node(cid) for cid in cids}
 
-    def close(self) -> None:
-        """Stop the worker processes, if any (a later exchange starts new ones)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the worker processes, if any (a later exchange starts new ones): after their
+        tasks, or with ``kill`` at once (the run was interrupted or failed)."""
+        if self._pool is None:
+            return
+        if kill:
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)  # killed: returns at once
+        self._pool = None
 
 
 def start(cfg: RunConfig, job: Any, *, resume: bool = False, quiet: bool = False
@@ -156,6 +176,9 @@ def start(cfg: RunConfig, job: Any, *, resume: bool = False, quiet: bool = False
     transport = LocalTransport(default_state_root(cfg), workers=cfg.runtime.local.client_workers)
     transport.start_workers()
     try:
-        return job(cfg, transport, resume=resume, quiet=quiet)
-    finally:
-        transport.close()
+        rows = job(cfg, transport, resume=resume, quiet=quiet)
+    except BaseException:  # Ctrl-C or a failed round: the workers' work is lost anyway
+        transport.close(kill=True)
+        raise
+    transport.close()
+    return rows
