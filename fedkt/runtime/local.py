@@ -94,8 +94,8 @@ def _collect(futures: dict[int, Future[bytes]]) -> dict[int, bytes | BaseExcepti
 
 class LocalTransport:
     """In-process transport (no Ray, no servers); with ``workers`` > 1, a pool of that many
-    worker processes (started on the first exchange, kept for the run) runs the clients
-    of an exchange at once.  A worker that dies takes the replies of the clients beside it
+    worker processes (started with the run by :meth:`start_workers`, or by the first
+    exchange, and kept for the run) runs the clients of an exchange at once.  A worker that dies takes the replies of the clients beside it
     with it: those run again, each alone in a new worker, and only a client whose worker
     dies again is excluded.
 
@@ -162,8 +162,10 @@ class LocalTransport:
         tasks, or with ``kill`` at once (the run was interrupted or failed)."""
         if self._pool is None:
             return
-        if kill:
-            for process in list(getattr(self._pool, "_processes", {}).values()):
+        if kill and hasattr(self._pool, "kill_workers"):  # Python 3.14+
+            self._pool.kill_workers()
+        elif kill:
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
                 process.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)  # killed: returns at once
         self._pool = None

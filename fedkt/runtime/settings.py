@@ -28,8 +28,9 @@ class LocalSettings(RuntimeSettings):
     client_workers: int = Field(1, ge=1, description=(
         "Clients that run at once, each in a worker process of its own with its share of the "
         "cores (1: every client in this process, one after another). The same numbers as 1 "
-        "for a given seed; faster when the clients' work is small for the cores (two clients "
-        "of a small model on two cores), at the memory of one model copy per worker."))
+        "for a given seed; faster where one client cannot keep every core busy (two clients "
+        "of a small model on two cores), slower for tiny models (a worker's start costs "
+        "seconds), and one model copy per worker in memory."))
 
 
 class FlowerSimSettings(RuntimeSettings):
