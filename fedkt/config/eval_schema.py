@@ -18,7 +18,9 @@ _GROUP_NAMES_TAKEN = ("norm",)
 
 class EvalConfig(_Strict):
     every: int = Field(1, ge=1, description="Evaluate every N rounds (the last round always).")
-    batch_size: int = Field(8, ge=1, description="Test examples scored per forward pass.")
+    batch_size: int = Field(8, ge=1, description=(
+        "Rows per forward pass: (context, choice) pairs when choices are scored by "
+        "log-likelihood (about batch_size / choices examples a pass), else test examples."))
     max_new_tokens: int = Field(48, ge=1, description=(
         "Generation tasks: tokens generated per example."))
     positive_label: int = Field(1, description=(
