@@ -113,13 +113,13 @@ class LocalTransport:
         if self.workers <= 1:
             return {cid: handle_request(data, self.state_root, cid, allow_remote_code=True)
                     for cid, data in sorted(requests.items())}
-        threads = worker_threads(self.workers)
         pool = self._workers()
         replies = _collect({cid: pool.submit(_handle, data, self.state_root, cid)
                             for cid, data in sorted(requests.items())})
         lost = [cid for cid, reply in replies.items() if reply is None]
         if lost:  # a worker died (os._exit, the OOM killer), and the pool with it
             self.close()
+            threads = worker_threads(self.workers)
             for cid in lost:  # each again, alone: only the one that dies again is excluded
                 alone = _pool(1, threads)
                 try:

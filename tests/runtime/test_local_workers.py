@@ -4,6 +4,7 @@ after another: tests/runtime/test_local.py, same seed same numbers)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -20,10 +21,13 @@ from fedkt import methods
 from fedkt.config import MethodConfig, RunConfig, parse_config
 from fedkt.federated.payload import Payload
 from fedkt.methods import catalog
-from fedkt.methods.base import ClientContext, Method, Server, broadcast
+from fedkt.methods.base import ClientContext, Method, broadcast
 from fedkt.runner import run_job
 from fedkt.runtime.local import start, worker_threads
 
+# flower-sim's probe module, under the name pytest (and a worker, by FEDKT_PLUGINS) imports it.
+_sim = importlib.import_module(__name__.rpartition(".")[0] + ".test_flower_sim"
+                               if "." in __name__ else "test_flower_sim")
 NAME = "local_workers_probe"
 
 
@@ -33,23 +37,13 @@ class ProbeConfig(MethodConfig):
     sleep: float = 0.0  # seconds each client's handler waits
 
 
-class ProbeServer(Server):
-    def setup(self) -> None:
-        self.w = torch.zeros(3)
+class ProbeServer(_sim.ProbeServer):
+    """flower-sim's probe server (a tensor, its norm evaluated, its state), asking for "work"."""
 
     def round(self, rnd: int, clients) -> dict[str, float]:
         replies = broadcast(clients, "work", Payload(w=self.w))
         self.w = torch.stack([r.tensor("w") for r in replies.values()]).mean(0)
         return {}
-
-    def evaluate(self, rnd: int) -> dict[str, float]:
-        return {"norm": float(self.w.norm())}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"w": self.w}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.w = state["w"]
 
 
 def _work(ctx: ClientContext, msg: Payload) -> Payload:
@@ -59,7 +53,7 @@ def _work(ctx: ClientContext, msg: Payload) -> Payload:
         ctx.state_dir.mkdir(parents=True, exist_ok=True)
         (ctx.state_dir / "busy").touch()  # the test stops the run now
         time.sleep(ctx.method.sleep)
-    w = msg.tensor("w") + torch.rand(3)  # seeded per (client, round, step)
+    w = msg.tensor("w") + torch.rand(4)  # seeded per (client, round, step)
     return Payload(w=w, metrics={"train/pid": float(os.getpid()),
                                  "train/threads": float(torch.get_num_threads())})
 
