@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import MAX_COUNT, MAX_TOKENS, Count, Seed
 from fedkt.infra.templates import HARD_MAX_WIDTH, check_template
 
 __all__ = ["ClassFilterConfig", "ClassSpec", "DataConfig", "DatasetConfig", "PartitionConfig",
@@ -41,7 +42,7 @@ class DatasetConfig(_Strict):
         "the dataset's own."))
     template: str | None = Field(None, description=(
         "Optional prompt template, with {field} placeholders."))
-    max_records: int | None = Field(None, ge=1, description=(
+    max_records: Count | None = Field(None, description=(
         "Read at most this many records (None: all)."))
 
     @field_validator("template")
@@ -73,23 +74,23 @@ class SplitConfig(_Strict):
     scheme: Literal["fedmkt", "holdout"] = Field("holdout", description=(
         "fedmkt: the train part cut into num_clients + 1 equal parts, the first public; holdout: "
         "public_fraction of it public, the rest private."))
-    test_size: int | float = Field(0.2, gt=0, description=(
+    test_size: int | float = Field(0.2, gt=0, le=MAX_COUNT, description=(
         "The test holdout: a count of records, or a fraction (< 1) of them (ignored with "
         "test_dataset)."))
     public_fraction: float = Field(0.0, ge=0.0, lt=1.0, description=(
         "scheme holdout: the share of the training records that is the public set."))
-    server_size: int | float = Field(0, ge=0, description=(
+    server_size: int | float = Field(0, ge=0, le=MAX_COUNT, description=(
         "The server's own labelled records (FederatedData.server): a count, or a fraction in (0, "
         "1) of the training records (what the test holdout leaves), cut after the test set and "
         "before the scheme's public / private parts (0: none; the splits are then unchanged)."))
     test_dataset: DatasetConfig | None = Field(None, description=(
         "Optional: the test set comes from another dataset (e.g. a dedicated test file)."))
-    folds: int | None = Field(None, ge=2, description=(
+    folds: int | None = Field(None, ge=2, le=1000, description=(
         "Cross-fitted folds: the records are cut once into this many folds (fold_seed), and a "
         "run with seed k tests on fold k and trains on the rest, so over seeds 0..folds-1 "
         "every record is tested exactly once and never in the training part of its own fold "
         "(test_size is then not used; seeds must be 0..folds-1). None: a seeded holdout."))
-    fold_seed: int = Field(0, description=(
+    fold_seed: Seed = Field(0, description=(
         "folds: the seed of the one cut into folds, shared by every seed (fold) of a suite."))
 
     @model_validator(mode="after")
@@ -113,9 +114,9 @@ class PartitionConfig(_Strict):
     scheme: Literal["iid", "dirichlet", "by_field"] = Field("iid", description=(
         "iid: equal random parts; dirichlet: label shares per client from Dirichlet(alpha); "
         "by_field: one client (or group) per value of field."))
-    alpha: float = Field(1.0, gt=0, description=(
+    alpha: float = Field(1.0, gt=0, le=1e6, description=(
         "scheme dirichlet: the concentration; smaller is more skewed."))
-    min_size: int = Field(1, ge=0, description=(
+    min_size: int = Field(1, ge=0, le=MAX_COUNT, description=(
         "The fewest private records a client may get (dirichlet redraws, others refuse to run "
         "below it)."))
     field: str | None = Field(None, min_length=1, description=(
@@ -181,13 +182,13 @@ class DataConfig(_Strict):
         "How the records become the public, private and test sets."))
     partition: PartitionConfig = Field(default_factory=PartitionConfig, description=(
         "How the private records are divided among the clients."))
-    max_length: int = Field(256, ge=8, description=(
+    max_length: int = Field(256, ge=8, le=MAX_TOKENS, description=(
         "The most tokens of one example (prompt and answer); longer ones are cut."))
-    max_private_per_client: int | None = Field(None, ge=1, description=(
+    max_private_per_client: Count | None = Field(None, description=(
         "Cap on each client's private records, for quick runs (None: all)."))
-    max_public: int | None = Field(None, ge=1, description=(
+    max_public: Count | None = Field(None, description=(
         "Cap on the public set's records (None: all)."))
-    max_test: int | None = Field(None, ge=1, description=(
+    max_test: Count | None = Field(None, description=(
         "Cap on the test set's records (None: all)."))
     oversample: bool = Field(False, description=(
         "Classification: repeat each client's minority-class records (seeded) until its classes "

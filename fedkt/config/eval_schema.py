@@ -7,6 +7,7 @@ import re
 from pydantic import Field, ValidationInfo, field_validator
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import MAX_COUNT, BatchSize, Rounds, Tokens
 from fedkt.config.data_schema import ClassSpec, _check_class_spec
 
 __all__ = ["EvalConfig"]
@@ -17,13 +18,13 @@ _GROUP_NAMES_TAKEN = ("norm",)
 
 
 class EvalConfig(_Strict):
-    every: int = Field(1, ge=1, description="Evaluate every N rounds (the last round always).")
-    batch_size: int = Field(8, ge=1, description=(
+    every: Rounds = Field(1, description="Evaluate every N rounds (the last round always).")
+    batch_size: BatchSize = Field(8, description=(
         "Rows per forward pass: (context, choice) pairs when choices are scored by "
         "log-likelihood (about batch_size / choices examples a pass), else test examples."))
-    max_new_tokens: int = Field(48, ge=1, description=(
+    max_new_tokens: Tokens = Field(48, description=(
         "Generation tasks: tokens generated per example."))
-    positive_label: int = Field(1, description=(
+    positive_label: int = Field(1, ge=0, le=MAX_COUNT, description=(
         "Classification metrics: the positive class (binary P/R/F1)."))
     clients: bool = Field(True, description=(
         "Evaluate clients' models too (every evaluation round)."))
@@ -51,7 +52,7 @@ class EvalConfig(_Strict):
         "Run the eval.harness tasks on every client's model too (else the server's only)."))
     harness_include: str | None = Field(None, description=(
         "A folder of your own lm-eval task YAMLs."))
-    harness_limit: int | float | None = Field(None, gt=0, description=(
+    harness_limit: int | float | None = Field(None, gt=0, le=MAX_COUNT, description=(
         "The first N documents of each harness task (a fraction if < 1); None: all."))
     compare_round0: bool = Field(False, description=(
         "After the run, print each participant's main metric at round 0 and at the end, with the "

@@ -74,12 +74,17 @@ _MODULE_PATH = re.compile(r"\bfedkt\.(?:config\.\w+|runtime\.settings|train\.pre
 def type_name(annotation: Any) -> str:
     """A short type: ``float | None``, ``'lora' | 'prefix'``, ``list[str]``."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a bounded type (fedkt.config.bounds): its bounds are shown apart
+        return type_name(typing.get_args(annotation)[0])
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in typing.get_args(annotation))
     if annotation is type(None):
         return "None"
+    args = typing.get_args(annotation)
+    if origin is not None and any(typing.get_origin(a) is typing.Annotated for a in args):
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]"
     if isinstance(annotation, type) and not typing.get_args(annotation):
         return annotation.__name__
     text = str(annotation).replace("typing.", "").replace("NoneType", "None")
@@ -92,10 +97,19 @@ _BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"),
            (annotated_types.MaxLen, "max_length", "length <="))
 
 
+def _metadata(info: FieldInfo) -> list[Any]:
+    """The field's constraints, and those of a bounded type in its union (``Steps | None``)."""
+    found = list(info.metadata)
+    for arg in typing.get_args(info.annotation):
+        if typing.get_origin(arg) is typing.Annotated:
+            found += [m for m in arg.__metadata__ if m not in found]
+    return found
+
+
 def bounds(info: FieldInfo) -> str:
     """The field's numeric or length bounds, e.g. ``> 0, <= 1``."""
     out = []
-    for meta in info.metadata:
+    for meta in _metadata(info):
         for kind, attr, sign in _BOUNDS:
             if isinstance(meta, kind):
                 out.append(f"{sign} {getattr(meta, attr)}")

@@ -31,11 +31,26 @@ def _format_error(err: ValidationError, source: str, prefix: str = "") -> str:
             msg = msg.removeprefix("Value error, ")
             named, sep, rest = msg.partition(": ")  # a cross-field check naming its key
             if sep and named.replace(".", "").replace("_", "").isalnum():
-                key, msg = f"{key.rstrip('.')}.{named}" if key else prefix + named, rest
+                key, msg = _join(key, named, prefix), rest
+        key = key.rstrip(".")
         given = e.get("input")
         shown = "" if isinstance(given, dict) or e["type"] == "missing" else f" (got {_short(given)})"
         lines.append(f"  {key or '<top>'}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _join(key: str, named: str, prefix: str) -> str:
+    """The key a check's message names, below the key its error sits at: once and whole,
+    whether the message names it from the top (``method.receiving.take``), from the
+    section's level (``receiving.take`` below ``method``) or from its own (``take``)."""
+    base = key.rstrip(".")
+    if not base:
+        return named
+    if named == base or named.startswith(base + "."):
+        return named  # named from the top already
+    if prefix and named.startswith(prefix):
+        return named
+    return f"{base}.{named}"
 
 
 def _short(value: Any, limit: int = 80) -> str:

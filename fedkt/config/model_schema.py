@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import Layers, LearningRate
 
 __all__ = ["LoraSettings", "ModelConfig", "QuantizationSettings"]
 
@@ -15,8 +16,9 @@ __all__ = ["LoraSettings", "ModelConfig", "QuantizationSettings"]
 class LoraSettings(_Strict):
     """LoRA through ``peft`` (FedMKT paper defaults: r=8, alpha=16, dropout 0.05)."""
 
-    r: int = Field(8, ge=1, description="LoRA rank (the inner dimension of each low-rank update).")
-    alpha: int = Field(16, ge=1, description=(
+    r: int = Field(8, ge=1, le=65_536, description=(
+        "LoRA rank (the inner dimension of each low-rank update)."))
+    alpha: int = Field(16, ge=1, le=65_536, description=(
         "LoRA scaling numerator: each update is scaled by alpha / r."))
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description=(
         "Dropout on the LoRA branch's input during training."))
@@ -77,10 +79,10 @@ class ModelConfig(_Strict):
     trust_remote_code: bool = Field(False, description=(
         "Run the model repo's own Python code (transformers' trust_remote_code); a client refuses "
         "a job that asks for it (docs/security.md)."))
-    num_layers: int | None = Field(None, ge=1, description=(
+    num_layers: Layers | None = Field(None, description=(
         "Keep only the first N decoder layers of the loaded model (pruned, not retrained): a "
         "smaller model derived from a pretrained one. None keeps every layer."))
-    lr: float | None = Field(None, gt=0, description=(
+    lr: LearningRate | None = Field(None, description=(
         "This model's learning rate (FedMKT D.1 sets the LLM's and each SLM's apart); None: "
         "training.lr. Read by the methods that train through the shared LM trainer."))
     quantization: QuantizationSettings | None = Field(None, description=(

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import MAX_CLIENTS
 
 __all__ = ["DifferentialPrivacyConfig", "SecureAggregationConfig"]
 
@@ -19,20 +20,20 @@ class SecureAggregationConfig(_Strict):
 
     enabled: bool = Field(False, description=(
         "Sum the clients' uploads by SecAgg+: the server sees only their (weighted) mean."))
-    num_shares: int | float = Field(1.0, gt=0, description=(
+    num_shares: int | float = Field(1.0, gt=0, le=MAX_CLIENTS, description=(
         "Neighbours each client shares its secrets with: an int > 2, or a fraction of the clients "
         "in the round (1.0: all, i.e. SecAgg)."))
-    reconstruction_threshold: int | float = Field(0.5, gt=0, description=(
+    reconstruction_threshold: int | float = Field(0.5, gt=0, le=MAX_CLIENTS, description=(
         "Shares needed to rebuild a dropped client's mask: an int, or a fraction of num_shares. "
         "Higher: more privacy against colluding clients, less tolerance to dropouts."))
-    clipping_range: float = Field(8.0, gt=0, description=(
+    clipping_range: float = Field(8.0, gt=0, le=1e6, description=(
         "Each value (times weight / max_weight) is clipped to [-clipping_range, clipping_range] "
         "and quantised to quantization_range levels before masking."))
-    quantization_range: int = Field(2**22, gt=0, description=(
+    quantization_range: int = Field(2**22, gt=0, le=2**31, description=(
         "Levels each clipped value is quantised to before masking."))
-    modulus_range: int = Field(2**32, gt=0, description=(
+    modulus_range: int = Field(2**32, gt=0, le=2**62, description=(
         "The modulus of the masked sums: a power of 2 above quantization_range."))
-    max_weight: float = Field(1000.0, gt=0, description=(
+    max_weight: float = Field(1000.0, gt=0, le=1e12, description=(
         "The largest client weight (examples); larger weights overflow."))
 
     @model_validator(mode="after")
@@ -58,9 +59,9 @@ class DifferentialPrivacyConfig(_Strict):
 
     enabled: bool = Field(False, description=(
         "Clip each client's upload and add Gaussian noise before it leaves the client."))
-    clip_norm: float = Field(1.0, gt=0, description=(
+    clip_norm: float = Field(1.0, gt=0, le=1e6, description=(
         "The L2 bound each upload's change is clipped to."))
-    noise_multiplier: float = Field(1.0, gt=0, description=(
+    noise_multiplier: float = Field(1.0, gt=0, le=1e3, description=(
         "The noise's standard deviation, in units of clip_norm."))
     delta: float = Field(1e-5, gt=0, lt=1, description=(
         "The delta of the (epsilon, delta) guarantee reported per round."))

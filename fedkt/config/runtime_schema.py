@@ -27,16 +27,16 @@ class ReplyLimits(_Strict):
     """Bounds on what one client may send back (``runtime.limits``); a reply over a bound
     excludes that client with the bound's key in its reason (docs/security.md)."""
 
-    reply_bytes: int = Field(2**30, ge=1024, description=(
+    reply_bytes: int = Field(2**30, ge=1024, le=2**40, description=(
         "Largest reply in bytes, as serialised (tensors included)."))
-    predictions_bytes: int = Field(2**24, ge=1024, description=(
+    predictions_bytes: int = Field(2**24, ge=1024, le=2**40, description=(
         "Largest decompressed size of a reply's per-example predictions (``_predictions``); a "
         "larger table is dropped with a warning (a gzip bomb stops here)."))
-    num_examples: int = Field(10**7, ge=1, description=(
+    num_examples: int = Field(10**7, ge=1, le=10**12, description=(
         "Largest ``num_examples`` a client may report (its weight in example-weighted means)."))
-    metrics: int = Field(256, ge=1, description=(
+    metrics: int = Field(256, ge=1, le=65536, description=(
         "Most metrics (``metrics`` and ``*_seconds`` timings together) in one reply."))
-    norm_ratio: float = Field(1000.0, gt=1, description=(
+    norm_ratio: float = Field(1000.0, gt=1, le=1e12, description=(
         "An aggregated upload (adapter, update, prompts) whose L2 norm is more than this many "
         "times the median of the round's uploads excludes its client (a finite but huge "
         "upload would poison the mean); not checkable under secure aggregation."))
@@ -54,9 +54,9 @@ class RuntimeConfig(_Strict):
 
     name: str = Field("local", description=(
         "The runtime that runs the job (fedkt.runtime.registry)."))
-    timeout: float = Field(3600.0, gt=0, description=(
+    timeout: float = Field(3600.0, gt=0, le=30 * 86400, description=(
         "Seconds to wait for a client's reply before excluding it."))
-    torch_threads: int | None = Field(None, ge=1, description=(
+    torch_threads: int | None = Field(None, ge=1, le=1024, description=(
         "torch intra-op threads for client and server work (None: one per physical core, or "
         "$OMP_NUM_THREADS when set)."))
     device: str = Field("auto", description=(

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import Rounds, Seed
 from fedkt.config.data_schema import (
     ClassFilterConfig,
     ClassSpec,
@@ -81,10 +82,10 @@ class RunConfig(_Strict):
         "The run's name (the {name} of output_dir, and the trackers' run name): a safe file "
         "name, 1 to 128 characters without '/', '\\' or control characters, not '.' or "
         "'..'."))
-    seed: int = Field(0, description=(
+    seed: Seed = Field(0, description=(
         "Seeds data splits, model initialisation and every round's server and client work: the "
         "same seed and config give the same numbers."))
-    rounds: int = Field(3, ge=1, description="Federated rounds.")
+    rounds: Rounds = Field(3, description="Federated rounds.")
     output_dir: str = Field("runs/{name}", description=(
         "The run folder; {name} is replaced by name."))
     method: SerializeAsAny[MethodConfig] = Field(description=(

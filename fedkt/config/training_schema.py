@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import BatchSize, Beta, Clients, Epochs, LearningRate, Steps, Tokens
 from fedkt.config.model_schema import LoraSettings, ModelConfig
 from fedkt.errors import ConfigError
 
@@ -17,19 +18,19 @@ __all__ = ["ClientsConfig", "TrainingConfig"]
 class TrainingConfig(_Strict):
     """Local optimisation (FedMKT paper defaults)."""
 
-    lr: float = Field(3e-4, gt=0, description=(
+    lr: LearningRate = Field(3e-4, description=(
         "Learning rate of local training (AdamW), unless a model's own lr or a method's stage lr "
         "sets one."))
-    batch_size: int = Field(4, ge=1, description="Examples per optimiser step.")
-    local_epochs: float = Field(1.0, gt=0, description=(
+    batch_size: BatchSize = Field(4, description="Examples per optimiser step.")
+    local_epochs: Epochs = Field(1.0, description=(
         "Passes over a client's private data per round (a fraction runs part of one)."))
-    max_steps: int | None = Field(None, ge=1, description=(
+    max_steps: Steps | None = Field(None, description=(
         "Cap on optimiser steps per local training (None: local_epochs decides)."))
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW's (beta1, beta2).")
-    weight_decay: float = Field(0.1, ge=0, description="AdamW's decoupled weight decay.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="AdamW's (beta1, beta2).")
+    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW's decoupled weight decay.")
     warmup_ratio: float = Field(0.008, ge=0, lt=1, description=(
         "Share of a training's steps with a linear learning-rate warm-up."))
-    max_grad_norm: float | None = Field(1.0, gt=0, description=(
+    max_grad_norm: float | None = Field(1.0, gt=0, le=1e6, description=(
         "Clip the gradient's L2 norm to this (None: no clipping)."))
     reuse: bool = Field(True, description=(
         "Reuse a plain local training that starts from a model's initial adapter (a client's "
@@ -43,7 +44,7 @@ class TrainingConfig(_Strict):
         "(none: a frozen model)."))
     lora: LoraSettings = Field(default_factory=LoraSettings, description=(
         "LoRA's settings (with peft: lora)."))
-    prefix_tokens: int = Field(40, ge=1, description=(
+    prefix_tokens: Tokens = Field(40, description=(
         "Prefix tuning: the number of virtual tokens (the prompt length)."))
     prefix_init: Literal["random", "text"] = Field("random", description=(
         "peft: prefix only. random: peft's random prefix; text: the model's own keys/values of "
@@ -53,7 +54,7 @@ class TrainingConfig(_Strict):
         "Mixed precision of training, scoring and generation (torch.autocast; weights, adapters "
         "and optimiser state stay fp32). auto: bf16 on a CPU with native bf16 (AVX512-BF16/AMX) "
         "or a CUDA GPU that supports it, else fp32. fp16 needs CUDA (see fedkt/infra/precision.py)."))
-    kd_micro_batch: int | None = Field(None, ge=1, description=(
+    kd_micro_batch: BatchSize | None = Field(None, description=(
         "Choice-posterior distillation (method.knowledge: choices; FedMKT and FedCoLLM): run "
         "each batch_size batch as micro-batches of this many samples and accumulate their "
         "gradients into one optimiser step. The same loss and update (up to float rounding and "
@@ -80,14 +81,14 @@ class TrainingConfig(_Strict):
 
 
 class ClientsConfig(_Strict):
-    num_clients: int = Field(4, ge=1, description=(
+    num_clients: Clients = Field(4, description=(
         "How many clients the private data is split among."))
     models: list[ModelConfig] = Field(default_factory=list, description=(
         "One model for all clients, or one per client (heterogeneous settings)."))
     fraction: float = Field(1.0, gt=0, le=1, description=(
         "Share of the clients taking part in each round, sampled uniformly without replacement "
         "from (seed, round), at least one (FedAvg's C; 1.0: all)."))
-    min_replies: int | None = Field(None, ge=1, description=(
+    min_replies: Clients | None = Field(None, description=(
         "The round fails unless at least this many clients reply."))
     participants: list[int] | None = Field(None, description=(
         "Only these client ids take part (None: all); the data is still split num_clients ways, "

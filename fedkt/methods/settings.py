@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedkt.config.base import _Strict
+from fedkt.config.bounds import MAX_REHEARSAL, BatchSize, Epochs, LearningRate, Weight
 from fedkt.config.data_schema import DatasetConfig
 from fedkt.config.method_schema import MethodConfig
 
@@ -76,10 +77,10 @@ class VisionPretrain(_Strict):
     dataset: DatasetConfig | None = Field(None, description=(
         "Labelled images whose classes are disjoint from the task's, e.g. {name: digits, fields: "
         "{classes: '5-9'}}."))
-    epochs: float = Field(30.0, gt=0, description="Pretraining passes over that dataset.")
-    lr: float = Field(1e-3, gt=0, description="Pretraining learning rate.")
-    weight_decay: float = Field(1e-6, ge=0, description="Pretraining weight decay.")
-    batch_size: int = Field(64, ge=1, description="Pretraining images per step.")
+    epochs: Epochs = Field(30.0, description="Pretraining passes over that dataset.")
+    lr: LearningRate = Field(1e-3, description="Pretraining learning rate.")
+    weight_decay: float = Field(1e-6, ge=0, le=10, description="Pretraining weight decay.")
+    batch_size: BatchSize = Field(64, description="Pretraining images per step.")
     cache: bool = Field(True, description=(
         "Cache the pretrained weights on disk ($FEDKT_CACHE or ~/.cache/fedkt)."))
 
@@ -92,17 +93,17 @@ class ReceivingOptions(_Strict):
     needs ``knowledge: choices`` and none applies to ``teacher: none`` (no KD step).
     """
 
-    rehearsal_ratio: float = Field(0.0, ge=0, description=(
+    rehearsal_ratio: float = Field(0.0, ge=0, le=MAX_REHEARSAL, description=(
         "Rehearsal: steps on the receiver's own labelled data (the server's records for the "
         "LLM, a client's private data for its SLM) per KD step, interleaved with the KD steps "
         "(0: none; 1: one after every KD step; 0.5: one after every second). Each is a step of "
         "CE on the gold choice of its own records; never on the public set."))
-    anchor_weight: float = Field(0.0, ge=0, description=(
+    anchor_weight: Weight = Field(0.0, description=(
         "Anchoring (Learning without Forgetting, Li & Hoiem 2016): the weight of "
         "KL(own || learner) over every public sample, own = the receiver's posteriors before "
         "the exchange (0: none). The LLM's weight, and the clients' unless "
         "client_anchor_weight sets theirs."))
-    client_anchor_weight: float | None = Field(None, ge=0, description=(
+    client_anchor_weight: Weight | None = Field(None, description=(
         "The clients' (SLMs') anchoring weight where it should differ from the LLM's "
         "(None: anchor_weight). FedCoLLM's SLM: its KD term is about ten times its anchoring "
         "term at weight 1 (docs/methods/fedcollm.md)."))
@@ -128,8 +129,8 @@ class ReceivingOptions(_Strict):
                                  "there is nothing to receive; leave it at its default or "
                                  "choose another teacher")
             if knowledge != "choices" and not key.endswith("t_squared"):
-                raise ValueError(f"{key} acts on posteriors over the task's choices; set "
-                                 "knowledge: choices")
+                raise ValueError(f"{key}: acts on posteriors over the task's choices; set "
+                                 "method.knowledge: choices")
 
     def active(self) -> list[str]:
         """The options set away from their defaults, as ``method.receiving.<field>``."""

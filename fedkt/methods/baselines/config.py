@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
+from fedkt.config.bounds import Layers
 from fedkt.config.method_schema import MethodConfig
 from fedkt.methods.settings import EncoderHead, ExchangeSettings, VisionPretrain
 
@@ -39,7 +40,7 @@ class EncoderChoice(EncoderHead):
     """Which encoder: ``clients.models[0]`` whole (teacher size) or cut (student size)."""
 
     family: ClassVar[str] = "encoder"
-    layers: int | None = Field(None, ge=1, description=(
+    layers: Layers | None = Field(None, description=(
         "Encoder layers kept: None, the whole encoder (teacher size); N, its embeddings and first "
         "N layers (student size)."))
     freeze_embeddings: bool = Field(True, description="The embeddings do not train.")

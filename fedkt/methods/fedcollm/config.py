@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from fedkt.config.bounds import Epochs, LearningRate, Steps, Temperature, TopK, Weight
 from fedkt.methods.settings import AdapterAveragingConfig, ReceivingOptions, check_rehearsal
 
 if TYPE_CHECKING:
@@ -23,23 +24,23 @@ class FedCoLLMConfig(AdapterAveragingConfig):
     name: Literal["fedcollm"] = "fedcollm"
     weighted: bool = Field(False, description=(
         "Step 3: the paper's plain 1/K mean (true: weight each adapter by its example count)."))
-    kd_weight: float = Field(1.0, ge=0, description=(
+    kd_weight: Weight = Field(1.0, description=(
         "lambda of Eqs. 4-5's L^f and L^g: the weight of each KD term (the fine-tuning loss has "
         "weight 1). The KL is a mean over the KD positions (FATE-LLM sums it over tokens)."))
-    temperature: float = Field(1.0, gt=0, description=(
+    temperature: Temperature = Field(1.0, description=(
         "Softmax temperature of both KL terms, on both models' logits or choice posteriors (no "
         "T**2 factor; receiving.t_squared adds it)."))
     cotune_gradients: Literal["own", "joint"] = Field("own", description=(
         "\"own\": each adapter descends its own loss, the other model's output a detached target "
         '(the paper); "joint": one backward of L^f + L^g with nothing detached.'))
-    cotune_epochs: float = Field(1.0, gt=0, description=(
+    cotune_epochs: Epochs = Field(1.0, description=(
         "Co-tuning on D_a per round: epochs over the public split, optionally capped at "
         "``cotune_max_steps`` optimiser steps (R)."))
-    cotune_max_steps: int | None = Field(None, ge=1, description=(
+    cotune_max_steps: Steps | None = Field(None, description=(
         "Cap on co-tuning's optimiser steps per round (R; None: cotune_epochs decides)."))
-    llm_lr: float | None = Field(None, gt=0, description=(
+    llm_lr: LearningRate | None = Field(None, description=(
         "Learning rate of the LLM adapter omega in the server's co-tuning (None: training.lr)."))
-    slm_lr: float | None = Field(None, gt=0, description=(
+    slm_lr: LearningRate | None = Field(None, description=(
         "Learning rate of the global SLM adapter theta in the server's co-tuning (None: "
         "training.lr)."))
     kd_positions: Literal["target", "all"] = Field("target", description=(
@@ -48,9 +49,9 @@ class FedCoLLMConfig(AdapterAveragingConfig):
         "E_x KL(f(x), g(x)) over D_a next to L_FT on the same samples, and nothing travels that "
         'would fix positions); "target" is FATE-LLM\'s FedCoLLM, which masks the KL to the '
         "labelled (response) tokens, and keeps L_FT and L_KD over the same tokens."))
-    top_k: int = Field(128, ge=1, description=(
+    top_k: TopK = Field(128, description=(
         "Different tokenizers only: logits kept per position for the aligned KL."))
-    ft_weight: float = Field(1.0, ge=0, description=(
+    ft_weight: Weight = Field(1.0, description=(
         "The weight of each fine-tuning loss L_FT^f, L_FT^g on D_a in L^f and L^g (the paper: 1). "
         "0 makes co-tuning KD only, in both directions (what an unlabelled D_a needs)."))
     knowledge: Literal["logits", "choices"] = Field("logits", description=(

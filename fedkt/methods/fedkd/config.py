@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from fedkt.config.bounds import Layers, LearningRate, Temperature
 from fedkt.methods.settings import EncoderHead, ExchangeSettings
 
 # eta_s / eta_t of the paper's Table 6 (SMM4H: 1e-5 / 2e-6).
@@ -14,7 +15,7 @@ STUDENT_LR_RATIO = 5.0
 
 class FedKDConfig(ExchangeSettings, EncoderHead):
     name: Literal["fedkd"] = "fedkd"
-    student_layers: int = Field(2, ge=1, description=(
+    student_layers: Layers = Field(2, description=(
         "The student: the teacher's embeddings and first N layers (paper: 4 or 2 of 12)."))
     layer_map: list[int] | None = Field(None, description=(
         "Teacher layer (1-based) matched to student layer l = 1..N in Eq. 5; 0 leaves l "
@@ -23,16 +24,16 @@ class FedKDConfig(ExchangeSettings, EncoderHead):
         "Eq. 5's hidden-state loss between the matched layers."))
     attention_loss: bool = Field(True, description=(
         "Eq. 5's attention-map loss between the matched layers."))
-    temperature: float = Field(1.0, gt=0, description=(
+    temperature: Temperature = Field(1.0, description=(
         "Softmax temperature of the mutual distillation KL (Eqs. 3-4)."))
-    teacher_lr: float | None = Field(None, gt=0, description=(
+    teacher_lr: LearningRate | None = Field(None, description=(
         "Learning rate of the teacher and W_h (None: training.lr)."))
-    student_lr: float | None = Field(None, gt=0, description=(
+    student_lr: LearningRate | None = Field(None, description=(
         "Learning rate of the student (None: STUDENT_LR_RATIO x the teacher's, Table 6's eta_s / "
         "eta_t = 1e-5 / 2e-6)."))
     detach_denominator: bool = Field(True, description=(
         "1 / (L_t^t + L_s^t) as a weight (detached) or in the graph (official code)."))
-    min_task_loss_sum: float = Field(0.1, gt=0, description=(
+    min_task_loss_sum: float = Field(0.1, gt=0, le=1e6, description=(
         "Lower bound of L_t^t + L_s^t: the adaptive weight 1 / (L_t^t + L_s^t) of Eqs. 3-5 is at "
         "most 1 / min_task_loss_sum (10 by default; about 0.72 at initialisation)."))
 

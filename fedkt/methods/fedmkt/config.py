@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from fedkt.config.bounds import Epochs, LearningRate, Temperature, TopK
 from fedkt.config.method_schema import MethodConfig
 from fedkt.methods.settings import ReceivingOptions, check_rehearsal
 
@@ -24,16 +25,16 @@ class FedMKTConfig(MethodConfig):
     name: Literal["fedmkt"] = "fedmkt"
     ft_weight: float = Field(0.9, ge=0.0, le=1.0, description=(
         "lambda of Eqs. 9-10: the weight of the fine-tuning loss L_FT; L_KD gets 1 - lambda."))
-    top_k: int = Field(128, ge=1, description=(
+    top_k: TopK = Field(128, description=(
         "Logits kept per position in S_k and S_0 (FATE-LLM's top_k_logits_keep)."))
-    temperature: float = Field(1.0, gt=0, description=(
+    temperature: Temperature = Field(1.0, description=(
         "Softmax temperature of L_KD, on both sides' logits or choice posteriors (no T**2 "
         "factor, as the paper's T = 1 needs none; receiving.t_squared adds it)."))
-    server_kd_epochs: float = Field(1.0, gt=0, description=(
+    server_kd_epochs: Epochs = Field(1.0, description=(
         "Passes over D_p per round in the server's step 5 (the LLM's distillation)."))
-    client_kd_epochs: float = Field(1.0, gt=0, description=(
+    client_kd_epochs: Epochs = Field(1.0, description=(
         "Passes over D_p per round in each client's step 7 (distillation)."))
-    client_kd_lr: float | None = Field(None, gt=0, description=(
+    client_kd_lr: LearningRate | None = Field(None, description=(
         "Learning rate of step 7 only (None: the client model's, clients.models[i].lr, else "
         "training.lr). The LLM's rate is server.lr (D.1), the SLMs' clients.models[i].lr."))
     llm_training: bool = Field(True, description=(

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from fedkt.config.bounds import BatchSize, Layers, LearningRate, StepCount, Steps
 from fedkt.config.method_schema import MethodConfig
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ class PromptMessengerConfig(MethodConfig):
 
     client_model: Literal["auxiliary", "llm"] = Field("auxiliary", description=(
         "\"auxiliary\": FedSP's cut model; \"llm\": clients hold the whole LLM (FedPrompt)."))
-    aux_layers: int = Field(1, ge=1, description=(
+    aux_layers: Layers = Field(1, description=(
         "N: the auxiliary model's real layers, copied from the LLM (layer_position says which)."))
     layer_position: Literal["bot", "mid", "top"] = Field("bot", description=(
         "Where the auxiliary model's layers come from in the LLM: its bottom, middle or top "
@@ -33,10 +34,10 @@ class PromptMessengerConfig(MethodConfig):
     distill: bool = Field(True, description=(
         "Eq. 2 before round 1: distil the auxiliary model from the LLM (the paper: 5,000 steps at "
         "lr 5e-4 on the server's data)."))
-    kd_steps: int = Field(5000, ge=0, description=(
+    kd_steps: StepCount = Field(5000, description=(
         "Optimiser steps of Eq. 2's distillation of the auxiliary model."))
-    kd_lr: float = Field(5e-4, gt=0, description="Learning rate of Eq. 2's distillation.")
-    kd_batch_size: int | None = Field(None, ge=1, description=(
+    kd_lr: LearningRate = Field(5e-4, description="Learning rate of Eq. 2's distillation.")
+    kd_batch_size: BatchSize | None = Field(None, description=(
         "Batch size of Eq. 2's distillation (None: training.batch_size)."))
     kd_map: Literal["learned", "identity"] = Field("learned", description=(
         "W_S of Eq. 2: learned (paper), or the identity (the reference code's plain MSE, which "
@@ -46,20 +47,20 @@ class PromptMessengerConfig(MethodConfig):
         "determines it (LLM weights, spec, data, settings), so runs that share it skip Eq. 2."))
     alternating: bool = Field(True, description=(
         "Client: (i) align the auxiliary model with frozen prompts, then (ii) train the prompts."))
-    align_steps: int = Field(10, ge=1, description=(
+    align_steps: Steps = Field(10, description=(
         "Client phase (i): steps aligning the auxiliary model with the prompts frozen."))
-    prompt_steps: int = Field(10, ge=1, description=(
+    prompt_steps: Steps = Field(10, description=(
         "Client phase (ii): steps training the prompts."))
-    align_lr: float | None = Field(5e-4, gt=0, description=(
+    align_lr: LearningRate | None = Field(5e-4, description=(
         "Learning rate of client phase (i), aligning the auxiliary model (None: training.lr; "
         "FedSP's reference script: 5e-4)."))
-    prompt_lr: float | None = Field(5e-4, gt=0, description=(
+    prompt_lr: LearningRate | None = Field(5e-4, description=(
         "Learning rate of client phase (ii), the prompts (None: training.lr); the defaults are "
         "the reference scripts' (FedSP 5e-4, FedPrompt-Single 5e-3, FedPrompt 5e-2)."))
-    server_prompt_steps: int = Field(10, ge=0, description=(
+    server_prompt_steps: StepCount = Field(10, description=(
         "Server: further optimisation of the aggregated prompts in the LLM on its own data (Sec. "
         "3.2; the reference's MAKE_GLOBAL_TRAIN). server_prompt_lr None: prompt_lr."))
-    server_prompt_lr: float | None = Field(None, gt=0, description=(
+    server_prompt_lr: LearningRate | None = Field(None, description=(
         "Learning rate of the server's prompt steps (None: prompt_lr)."))
     optimizer: Literal["paper", "training"] = Field("paper", description=(
         'Optimiser of every stage (client align, client prompts, server prompts): "paper" (Sec. '
@@ -105,8 +106,8 @@ class FedPromptConfig(PromptMessengerConfig):
     client_model: Literal["auxiliary", "llm"] = "llm"
     distill: bool = False
     alternating: bool = False
-    align_lr: float | None = Field(None, gt=0)
-    prompt_lr: float | None = Field(5e-2, gt=0)
+    align_lr: LearningRate | None = Field(None)
+    prompt_lr: LearningRate | None = Field(5e-2)
 
 
 class FedPromptSingleConfig(PromptMessengerConfig):
@@ -114,12 +115,12 @@ class FedPromptSingleConfig(PromptMessengerConfig):
     repeated across the LLM's layers on upload and averaged on download (the reference)."""
 
     name: Literal["fedprompt_single"] = "fedprompt_single"
-    aux_layers: int = Field(1, ge=1)
+    aux_layers: Layers = Field(1)
     cross_layer_sharing: bool = False
     distill: bool = False
     alternating: bool = False
-    align_lr: float | None = Field(None, gt=0)
-    prompt_lr: float | None = Field(5e-3, gt=0)
+    align_lr: LearningRate | None = Field(None)
+    prompt_lr: LearningRate | None = Field(5e-3)
 
 
 def check_config(cfg: RunConfig) -> None:

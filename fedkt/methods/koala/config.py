@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from fedkt.config.bounds import MAX_LAYERS, BatchSize, Epochs, LearningRate, Temperature, Weight
 from fedkt.config.method_schema import MethodConfig
 from fedkt.methods.settings import VisionPretrain
 
@@ -19,28 +20,28 @@ class KoalaConfig(MethodConfig):
         "clients' small models differ (Eqs. 8-11, each distilled separately)."))
     forward_distillation: bool = Field(True, description=(
         "Step 4: distil the large model back into the small ones (large -> small)."))
-    temperature: float = Field(7.0, gt=0, description=(
+    temperature: Temperature = Field(7.0, description=(
         "Softmax temperature of the soft labels and the KL (T)."))
-    amplification: float = Field(2.0, gt=0, description="A of Eq. 8")
-    reverse_lr: float = Field(1e-3, gt=0, description=(
+    amplification: float = Field(2.0, gt=0, le=100, description="A of Eq. 8")
+    reverse_lr: LearningRate = Field(1e-3, description=(
         "Learning rate of reverse distillation (small -> large)."))
-    forward_lr: float = Field(1e-4, gt=0, description=(
+    forward_lr: LearningRate = Field(1e-4, description=(
         "Learning rate of forward distillation (large -> small)."))
-    weight_decay: float = Field(1e-6, ge=0, description="Weight decay of both distillations' Adam.")
-    reverse_epochs: float = Field(5.0, gt=0, description=(
+    weight_decay: float = Field(1e-6, ge=0, le=10, description="Weight decay of both distillations' Adam.")
+    reverse_epochs: Epochs = Field(5.0, description=(
         "Passes over the proxy set per round in reverse distillation."))
-    forward_epochs: float = Field(1.0, gt=0, description=(
+    forward_epochs: Epochs = Field(1.0, description=(
         "Passes over the proxy set per round in forward distillation."))
-    distill_batch_size: int = Field(64, ge=1, description="Proxy images per distillation step.")
-    feature_weight: float = Field(1.0, ge=0, description=(
+    distill_batch_size: BatchSize = Field(64, description="Proxy images per distillation step.")
+    feature_weight: Weight = Field(1.0, description=(
         "lambda of Eqs. 14 and 17 (weight of the feature loss)."))
-    large_feature_layers: int | None = Field(None, ge=0, description=(
+    large_feature_layers: int | None = Field(None, ge=0, le=MAX_LAYERS, description=(
         "h: blocks of the large model whose output features are matched (None: the whole "
         "backbone, the features the head reads)."))
-    small_feature_layers: int | None = Field(None, ge=0, description=(
+    small_feature_layers: int | None = Field(None, ge=0, le=MAX_LAYERS, description=(
         "g: blocks of the small model whose output features are matched (None: the whole "
         "backbone)."))
-    feature_size: int = Field(1, ge=1, description=(
+    feature_size: int = Field(1, ge=1, le=4096, description=(
         "Both feature maps are average-pooled to this size before W (1: vectors)."))
     teacher: Literal["clients", "shuffled", "untrained", "marginal"] = Field(
         "clients", description=(
