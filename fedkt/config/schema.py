@@ -197,6 +197,26 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _kd_micro_batch_applies(self) -> RunConfig:
+        """``training.kd_micro_batch`` splits choice-posterior distillation only (FedMKT's
+        and FedCoLLM's ``knowledge: choices``); elsewhere it would be silently ignored."""
+        if self.training.kd_micro_batch is None:
+            return self
+        knowledge = getattr(self.method, "knowledge", None)
+        if knowledge is None:
+            raise ValueError(f"training.kd_micro_batch: method {self.method.name!r} has no "
+                             "choice-posterior distillation (method.knowledge: choices of "
+                             "FedMKT or FedCoLLM) for it to split; remove it")
+        if knowledge != "choices":
+            raise ValueError(f"training.kd_micro_batch: splits the distillation of choice "
+                             f"posteriors, and method.knowledge is {knowledge!r}; set "
+                             "method.knowledge: choices or remove it")
+        if getattr(self.method, "teacher", None) == "none":
+            raise ValueError("training.kd_micro_batch: method.teacher: none skips the "
+                             "distillation step it splits; remove it")
+        return self
+
+    @model_validator(mode="after")
     def _model_lr_applies(self) -> RunConfig:
         """A per-model ``lr`` needs a method that reads it (see ``Behaviour.model_lr``); the
         method's own ``check`` of the whole config."""

@@ -121,8 +121,15 @@ class ReceivingOptions(_Strict):
 
     def check(self, knowledge: str, teacher: str) -> None:
         """Refuse an option the method's settings leave nothing to act on (ValueError
-        naming the field): any with ``teacher: none`` (no KD step), and any but
-        ``t_squared`` with ``knowledge: logits``."""
+        naming the field): any with ``teacher: none`` (no KD step), any but
+        ``t_squared`` with ``knowledge: logits``, and a confidence without
+        ``take: confident``."""
+        for key in ("teacher_confidence", "learner_confidence"):
+            if self.take != "confident" and \
+                    getattr(self, key) != type(self).model_fields[key].default:
+                raise ValueError(f"method.receiving.{key}: read only with "
+                                 f"method.receiving.take: confident (take is {self.take!r}); "
+                                 "set take: confident or remove it")
         for key in self.active():
             if teacher == "none":
                 raise ValueError(f"{key}: teacher: none skips the distillation step, so "

@@ -106,8 +106,19 @@ class FedMKTConfig(MethodConfig):
                 raise ValueError(f"teacher: {self.teacher!r} permutes or replaces knowledge per "
                                  "public sample, which needs knowledge: choices (top-K logits "
                                  "of samples of different lengths do not permute)")
+        else:
+            for key in _LOGITS_ONLY:  # set away from its default, it would be ignored
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    raise ValueError(f"{key}: shapes distillation on top-K logits, and "
+                                     "method.knowledge is 'choices' (posteriors over the task's "
+                                     "choices); remove it or set knowledge: logits")
         self.receiving.check(self.knowledge, self.teacher)
         return self
+
+
+# What only the top-K logits read (TopKKnowledge); top_k is not among them: base configs
+# set it, and suites switch those to knowledge: choices (it is then unused, and harmless).
+_LOGITS_ONLY = ("selection_loss", "fallback_to_own", "unaligned", "kd_positions")
 
 
 def check_config(cfg: RunConfig) -> None:
