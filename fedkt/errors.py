@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-__all__ = ["CheckpointError", "ConfigError", "short_repr"]
+__all__ = ["CheckpointError", "ConfigError", "NonFiniteError", "short_repr"]
 
 
 class ConfigError(ValueError):
@@ -15,6 +15,12 @@ class CheckpointError(ValueError):
     """A run folder cannot be resumed as it is; the message names the file at fault.
 
     Raised before anything in the folder is changed."""
+
+
+class NonFiniteError(ValueError):
+    """A training step's loss, or the weights it left, is NaN or infinite; the message names
+    the training (participant and phase), the step and the loss. Raised before the
+    non-finite weights are used or written."""
 
 
 class _Full(Exception):

@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from fedkt.errors import CheckpointError
+from fedkt.errors import CheckpointError, NonFiniteError
 from fedkt.infra.timing import timed
 from fedkt.tracking.folder import HOLDINGS, LATEST_FILE, SERVER_STATE, RunRecorder, atomic_write
 
@@ -125,11 +125,17 @@ def check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
 def write_checkpoint(recorder: RunRecorder, state: dict[str, torch.Tensor],
                       holdings: dict[str, dict[str, str]], rnd: int) -> dict[str, str]:
     """Write the server's state and what each client holds for round ``rnd``; return the
-    files' SHA-256.  The round counts as complete only once :func:`mark_checkpoint` ran
+    files' SHA-256 (a non-finite tensor raises :class:`~fedkt.errors.NonFiniteError`
+    before anything is written).  The round counts as complete only once :func:`mark_checkpoint` ran
     (after its rows are logged), so a crash in between runs the round again."""
     folder = recorder.checkpoint_dir(rnd)
-    folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    for key, t in tensors.items():  # a model gone NaN fails the run, not its checkpoint
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(f"round {rnd}: the server's state {key!r} holds non-finite "
+                                 f"values (NaN or infinity); no checkpoint is written to "
+                                 f"{folder}")
+    folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / SERVER_STATE, lambda tmp: save_tensors(tensors, tmp))
     atomic_write(folder / HOLDINGS, json.dumps(holdings, sort_keys=True))
     return record_sums(folder)

@@ -4,7 +4,10 @@
 of a batch (where the paper's equations are written) and the step
 (:func:`fedkt.train.optim.step` with its optimisers).  The loop seeds torch's global
 generator (dropout) with ``seed``, puts ``modules`` in train mode, and for every batch
-computes the loss, steps, and keeps the loss value and any named parts of it.
+computes the loss, steps, and keeps the loss value and any named parts of it. A step
+whose loss or update is not finite stops the loop with a
+:class:`~fedkt.errors.NonFiniteError` naming ``desc`` (the participant and phase), the
+step and the loss's parts.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from fedkt.errors import NonFiniteError
 from fedkt.infra.timing import timed
 
 __all__ = ["LoopStats", "run_steps"]
@@ -49,6 +53,14 @@ class LoopStats:
         return {k: v / max(1, self.steps) for k, v in self.parts.items()}
 
 
+def _where(desc: str, i: int, total: int | None, parts: dict[str, Tensor | float]) -> str:
+    """``"<desc>: step 3 of 5 (kd_loss=inf): "``: the training, the step and its loss's parts."""
+    of = f" of {total}" if total is not None else ""
+    shown = ", ".join(f"{name}={float(p.detach() if isinstance(p, Tensor) else p):.6g}"
+                      for name, p in parts.items())
+    return f"{desc}: step {i + 1}{of}" + (f" ({shown})" if shown else "") + ": "
+
+
 @timed("train")
 def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], float], *,
               modules: Sequence[nn.Module], seed: int, total: int | None = None,
@@ -69,7 +81,10 @@ def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], fl
                                    disable=None if show else True)):
         out = loss(i, batch)
         value, parts = out if isinstance(out, tuple) else (out, {})
-        stats.losses.append(step(value))
+        try:
+            stats.losses.append(step(value))
+        except NonFiniteError as exc:
+            raise NonFiniteError(_where(desc, i, total, parts) + str(exc)) from None
         for name, part in parts.items():
             stats.parts[name] = stats.parts.get(name, 0.0) + float(
                 part.detach() if isinstance(part, Tensor) else part)

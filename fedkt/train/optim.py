@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fedkt.config import TrainingConfig
+from fedkt.errors import NonFiniteError
 from fedkt.federated.privacy import update_norm
 from fedkt.infra.placement import pick_device as pick_device  # re-exported
 
@@ -67,6 +68,11 @@ def step(loss: torch.Tensor | Accumulate, optimizers: Sequence[torch.optim.Optim
     (:func:`fedkt.infra.precision.grad_scaler`; ``None`` or a disabled one is the plain step).
     ``loss`` may be an :data:`Accumulate`: it back-propagates its micro-batches' parts
     itself (gradient accumulation) through the function it is given, and returns the sum.
+
+    A non-finite loss, or an update that leaves a parameter NaN or infinite, raises
+    :class:`~fedkt.errors.NonFiniteError` (with fp16 loss scaling, the scaler skips an
+    update whose gradients overflowed, as usual); :func:`fedkt.train.loop.run_steps` adds
+    which training and step. Every training loop steps through here.
     """
     scaled = scaler is not None and scaler.is_enabled()
     for opt in optimizers:
@@ -77,9 +83,11 @@ def step(loss: torch.Tensor | Accumulate, optimizers: Sequence[torch.optim.Optim
 
     if callable(loss):
         value = float(loss(backward))
+        _finite_loss(value)
     else:
-        backward(loss)
         value = float(loss.detach())
+        _finite_loss(value)  # before back-propagating it
+        backward(loss)
     if scaled:
         for opt in optimizers:
             scaler.unscale_(opt)
@@ -94,10 +102,28 @@ def step(loss: torch.Tensor | Accumulate, optimizers: Sequence[torch.optim.Optim
             opt.step()
     if scaled:
         scaler.update()
+    _finite_weights(optimizers, value)
     for sched in schedules:
         if sched is not None:
             sched.step()
     return value
+
+
+def _finite_loss(value: float) -> None:
+    if not math.isfinite(value):
+        raise NonFiniteError(f"the loss is {value}; no update was made")
+
+
+def _finite_weights(optimizers: Sequence[torch.optim.Optimizer], loss: float) -> None:
+    """Refuse an update that left a parameter NaN or infinite (one check per step)."""
+    params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+    if not params:
+        return
+    finite = torch.stack([torch.isfinite(p.detach()).all() for p in params])
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise NonFiniteError(f"the update left {bad} of {len(params)} trained tensors "
+                             f"non-finite (NaN or infinity) at a loss of {loss:.6g}")
 
 
 def grad_norm(loss: torch.Tensor | float, params: list[torch.nn.Parameter]) -> float:
