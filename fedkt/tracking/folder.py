@@ -43,6 +43,7 @@ from fedkt.tracking.tables import round_table
 __all__ = [
     "CONFIG_FILE", "HOLDINGS", "LATEST_FILE", "LOCK_FILE", "METRICS_FILE", "PREDICTIONS_DIR",
     "SERVER_STATE", "SUMMARY_FILE", "WRITTEN", "PlantedLink", "RunFolderBusy", "RunRecorder",
+    "optional_output",
     "atomic_write", "clear_run_dir", "holds_files", "is_run_folder", "not_a_run", "refuse_link",
     "refuse_links", "run_lock",
 ]
@@ -95,6 +96,22 @@ def _named(exc: OSError, path: Path) -> OSError:
     named = OSError(f"{path}: {exc.strerror or exc}; the file was not written")
     named.errno = exc.errno
     return named
+
+
+@contextmanager
+def optional_output(what: str, path: Path | None = None) -> Iterator[None]:
+    """An optional output of a run (plots, summary.md, a tracker's mirror): an ``OSError``
+    while writing it (a full disk, a read-only folder) is a ``RuntimeWarning`` naming the
+    path (``path``, or the error's), and the run goes on. The run's essential files
+    (``metrics.jsonl``, checkpoints) are written outside it: their errors stop the run,
+    naming the path."""
+    try:
+        yield
+    except OSError as exc:
+        named = path if path is not None else exc.filename
+        where = f"{named}: " if named and str(named) not in str(exc) else ""
+        warnings.warn(f"{what} not written: {where}{exc}; it is optional, the run goes on",
+                      RuntimeWarning, stacklevel=3)
 
 
 class RunRecorder:
@@ -221,15 +238,19 @@ class RunRecorder:
         return round_table(self.rows(), round)
 
     def summary(self) -> str:
-        """Markdown summary of the run (final and best values); also written to summary.md."""
+        """Markdown summary of the run (final and best values); also written to summary.md
+        (optional: a failed write is a warning naming it, :func:`optional_output`)."""
         text = summary_markdown(self.rows(), self.config(), self.run_dir)
-        atomic_write(self.run_dir / SUMMARY_FILE, text)
+        with optional_output("summary.md", self.run_dir / SUMMARY_FILE):
+            atomic_write(self.run_dir / SUMMARY_FILE, text)
         return text
 
     def plot(self) -> list[Path]:
         """Write PNG curves to ``plots/`` (:func:`~fedkt.tracking.plots.write_plots`);
-        returns the files written."""
-        return write_plots(self.rows(), self.plots_dir)
+        returns the files written (none where a write failed: a warning names the file)."""
+        with optional_output("the plots"):
+            return write_plots(self.rows(), self.plots_dir)
+        return []
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -91,7 +91,13 @@ def _safe(name: str) -> str:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path``; a failed write (a full disk) is an ``OSError`` naming it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     return path
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedkt.config import RunConfig
-from fedkt.tracking.folder import atomic_write
+from fedkt.tracking.folder import atomic_write, optional_output
 
 __all__ = ["MLflowTracker", "TensorBoardTracker", "Tracking", "open_tracking", "scalars"]
 
@@ -179,27 +179,53 @@ class Tracking:
         if self.trackers:
             atomic_write(self.state_path, json.dumps(state, indent=2) + "\n")
         self.resumed = resume
+        self._failed: set[int] = set()  # id() of the trackers whose writes failed
+
+    def _working(self) -> list[Any]:
+        """The trackers whose writes have not failed (a failed one is skipped from then on)."""
+        return [t for t in self.trackers if id(t) not in self._failed]
+
+    @contextmanager
+    def _optional(self, tracker: Any) -> Iterator[None]:
+        """A tracker's write: an ``OSError`` (a full disk) warns once, naming the tracker and
+        where it writes, and turns that tracker off; the run and the other trackers go on."""
+        failed = True
+        with optional_output(_mirror(tracker)):
+            yield
+            failed = False
+        if failed:
+            self._failed.add(id(tracker))
 
     def tags(self) -> dict[str, str]:
         return {"method": self.cfg.method.name, "seed": str(self.cfg.seed),
                 **self.cfg.tracking.tags}
 
     def config(self) -> None:
-        for t in self.trackers:
-            t.config(self.cfg, self.tags(), self.resumed)
+        for t in self._working():
+            with self._optional(t):
+                t.config(self.cfg, self.tags(), self.resumed)
 
     def row(self, row: dict[str, Any]) -> None:
         step, values = scalars(row)
-        for t in self.trackers:
-            t.row(step, values)
+        for t in self._working():
+            with self._optional(t):
+                t.row(step, values)
 
     def summary(self, text: str) -> None:
-        for t in self.trackers:
-            t.summary(text)
+        for t in self._working():
+            with self._optional(t):
+                t.summary(text)
 
     def close(self, ok: bool) -> None:
-        for t in self.trackers:
-            t.close(ok)
+        for t in self.trackers:  # a failed one too: its files and threads are released
+            with self._optional(t):
+                t.close(ok)
+
+
+def _mirror(tracker: Any) -> str:
+    """A tracker and where it writes, for a warning: ``tensorboard mirror (runs/x/tensorboard)``."""
+    where = getattr(tracker, "log_dir", None) or getattr(tracker, "uri", None)
+    return f"{tracker.name} mirror" + (f" ({where})" if where else "")
 
 
 @contextmanager
