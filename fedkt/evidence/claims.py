@@ -38,7 +38,11 @@ An interval that decides but seeds that do not is **fragile**, with the reason
 seeds' t-interval contains 0``).  A **not resolved** verdict says whether the estimate lies
 below the claim's detection floor (the smallest true difference its items and seeds detect
 with 80% power: :func:`fedkt.evidence.stats.detection_floor`).  A quantity that no
-resample and no seed moves (a model's size, bytes by design) is decided by its interval.  ``>`` and ``>=`` are decided alike: an interval that
+resample and no seed moves (a model's size, bytes by design) is decided by its interval
+alone, and only that: both sides run-level numbers (no per-example predictions, so no
+item resample can move them), a zero-width interval, and at least ``MIN_FIXED_SEEDS`` (2)
+seeds that all gave the same difference.  A per-example metric whose interval happens to
+have zero width (two arms right on the same items) still needs ``MIN_SEEDS`` seeds.  ``>`` and ``>=`` are decided alike: an interval that
 touches the boundary decides neither way.  For ``~=`` (|D| < TOLERANCE):
 
 * **reproduced** when the whole CI of D lies inside (-TOLERANCE, +TOLERANCE),
@@ -56,6 +60,9 @@ __all__ = ["Claim", "ClaimError", "Decision", "Ref", "decide", "parse_claim", "v
 REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradicted"
 FRAGILE = "fragile"
 MIN_SEEDS = 4  # seeds (or folds) a suite's "reproduced" / "contradicted" needs
+# Seeds that must give the identical difference before a run-level number (bytes by design)
+# is decided without MIN_SEEDS: one seed cannot show that a seed does not move it.
+MIN_FIXED_SEEDS = 2
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_\-]*"
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -193,10 +200,13 @@ def _seed_side(claim: Claim, value: float, side: str) -> bool:
 
 def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | list[float],
            *, seed_interval: tuple[float, float] | None = None, estimate: float | None = None,
-           floor: float | None = None, min_seeds: int = MIN_SEEDS) -> Decision:
+           floor: float | None = None, min_seeds: int = MIN_SEEDS,
+           fixed: bool = False) -> Decision:
     """A suite's verdict: the interval's (:func:`verdict`) if the seeds carry it, else
     ``fragile`` with the reason; ``not resolved`` says when the estimate is below the
-    detection ``floor`` (module docstring)."""
+    detection ``floor`` (module docstring).  ``fixed``: both sides are run-level numbers
+    without per-example data (bytes, sizes); only then may an exact result skip the seed
+    count, and only with ``MIN_FIXED_SEEDS`` seeds that all gave the same difference."""
     side = verdict(claim, low, high)
     if side == NOT_RESOLVED:
         if floor is not None and estimate is not None and claim.tolerance is None:
@@ -205,8 +215,8 @@ def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | 
                 return Decision(NOT_RESOLVED, f"the estimate's size is below the detection floor {floor:.3f}")
         return Decision(NOT_RESOLVED, "the interval contains the boundary")
     k = len(per_seed)
-    if high == low and len(set(per_seed)) <= 1:  # exact: no resample or seed moves it (bytes)
-        return Decision(side)
+    if fixed and high == low and k >= MIN_FIXED_SEEDS and len(set(per_seed)) == 1:
+        return Decision(side)  # a run-level number that no resample and no seed moved
     if k < min_seeds:
         return Decision(FRAGILE, f"{side} by the interval, but {k} seed{'s' * (k != 1)} "
                                  f"({min_seeds} needed)")
