@@ -180,7 +180,8 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import run_suite
 
     try:
-        run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet)
+        run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
+                  rerun_changed=args.rerun_changed)
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -359,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--jobs", type=int, default=1, help="runs at once (torch threads are split)")
     q.add_argument("--output-dir", help="suite folder (default: the suite's output_dir)")
     q.add_argument("-q", "--quiet", action="store_true")
+    q.add_argument("--rerun-changed", action="store_true",
+                   help="run again, from the start, the runs of the folder whose config the "
+                        "edited suite file changed (without it they are refused by name)")
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")

@@ -74,7 +74,7 @@ from fedkt.evidence.runs import (
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.infra.environment import describe
 from fedkt.infra.precision import physical_cores
-from fedkt.tracking.folder import LATEST_FILE
+from fedkt.tracking.folder import CONFIG_FILE, LATEST_FILE
 from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
 from fedkt.tracking.summary import read_environment
 from fedkt.tracking.tables import breakdown_table, format_table
@@ -267,26 +267,100 @@ def run_state(run_dir: Path, rounds: int) -> str:
     return "started" if (run_dir / "metrics.jsonl").is_file() else "new"
 
 
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def config_changes(run_dir: Path, cfg: RunConfig) -> list[str]:
+    """The keys in which a run's kept ``config.yaml`` differs from ``cfg`` (what the suite
+    file resolves that run to now).  Not compared: where the run is (``output_dir``,
+    ``name``, ``tracking``), ``runtime.torch_threads`` where the suite leaves it to the
+    cores, and keys fedkt added since the run began (``config.yaml``'s keys only)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        return []
+    try:
+        saved_raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return [f"{CONFIG_FILE} (unreadable)"]
+    saved = _flat(saved_raw if isinstance(saved_raw, dict) else {})
+    now = _flat(cfg.model_dump(mode="json"))
+    changed = []
+    for key, value in saved.items():
+        if key in ("output_dir", "name") or key.startswith("tracking."):
+            continue
+        if key == "runtime.torch_threads" and not now.get(key):
+            continue  # the suite gave the run cores / jobs threads
+        if value != now.get(key):
+            changed.append(key)
+    return changed
+
+
+class SuiteChangedError(ConfigError):
+    """Finished (or started) runs of a suite folder were made with another suite file."""
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
-              quiet: bool = False) -> Path:
-    """Run what is missing of a suite, then write its table and plots; returns the folder."""
-    suite = load_suite(path, output_dir)
-    suite.folder.mkdir(parents=True, exist_ok=True)
-    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
-    (suite.folder / "suite.yaml").write_text(
-        f"# copied from {suite.source}\n" + yaml.safe_dump(suite.cfg.model_dump(), sort_keys=False))
+def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True
+              ) -> list[tuple[str, int, RunConfig, str]]:
+    """``(arm, seed, config, state)`` of every run still to do.  A run of the folder made
+    with another config than the suite file gives it now (an edited suite file) raises
+    :class:`SuiteChangedError` naming it and the keys that differ, before anything runs;
+    with ``rerun_changed`` it is run again from the start (state ``new``)."""
+    changed = {}
+    for (arm, seed), cfg in suite.runs.items():
+        run_dir = suite.run_dir(arm, seed)
+        if run_state(run_dir, cfg.rounds) != "new":
+            keys = config_changes(run_dir, cfg)
+            if keys:
+                changed[(arm, seed)] = keys
+    if changed and not rerun_changed:
+        lines = [f"  {arm} seed {seed}: {', '.join(keys[:8])}"
+                 + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+                 for (arm, seed), keys in changed.items()]
+        raise SuiteChangedError(
+            f"suite {suite.source}: {len(changed)} run(s) in {suite.folder} were made with "
+            "another config than the suite file gives them now (keys that differ):\n"
+            + "\n".join(lines) + "\nrun the edited suite into a new folder (--output-dir), "
+            "or pass --rerun-changed to run these again from the start")
     todo = []
     for (arm, seed), cfg in suite.runs.items():
+        if (arm, seed) in changed:
+            if not quiet:
+                print(f"suite {suite.cfg.name}: {arm} seed {seed}: its config changed "
+                      f"({', '.join(changed[(arm, seed)][:4])}); running it again")
+            todo.append((arm, seed, cfg, "new"))
+            continue
         state = run_state(suite.run_dir(arm, seed), cfg.rounds)
         if state == "done":
             if not quiet:
                 print(f"suite {suite.cfg.name}: {arm} seed {seed}: done, skipped")
             continue
         todo.append((arm, seed, cfg, state))
+    return todo
+
+
+def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
+              quiet: bool = False, rerun_changed: bool = False) -> Path:
+    """Run what is missing of a suite, then write its table and plots; returns the folder.
+
+    A run of the folder made with another config than the suite file now gives it (an
+    edited suite file) is refused by name with the keys that differ, before anything
+    runs; ``rerun_changed`` runs those again from the start instead."""
+    suite = load_suite(path, output_dir)
+    todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet)
+    suite.folder.mkdir(parents=True, exist_ok=True)
+    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
+    (suite.folder / "suite.yaml").write_text(
+        f"# copied from {suite.source}\n" + yaml.safe_dump(suite.cfg.model_dump(), sort_keys=False))
     threads = max(1, physical_cores() // max(1, jobs))
     failures: list[str] = []
     running: list[tuple[str, subprocess.Popen, Any, float]] = []
@@ -590,8 +664,13 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
 
 
 def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
-    """``(arm, seed, state)`` of every run of a suite."""
+    """``(arm, seed, state)`` of every run of a suite; a run made with another config than
+    the suite file gives it now says so with the keys."""
     suite = load_suite(path)
-    return [(arm, seed, run_state(suite.run_dir(arm, seed), cfg.rounds))
-            for (arm, seed), cfg in suite.runs.items()]
+    out = []
+    for (arm, seed), cfg in suite.runs.items():
+        state = run_state(suite.run_dir(arm, seed), cfg.rounds)
+        keys = config_changes(suite.run_dir(arm, seed), cfg) if state != "new" else []
+        out.append((arm, seed, f"{state}, config changed: {', '.join(keys)}" if keys else state))
+    return out
 
