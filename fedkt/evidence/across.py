@@ -29,7 +29,7 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-from fedkt.evidence.claims import ClaimError, parse_claim
+from fedkt.evidence.claims import ClaimError, Joint, decide_joint, parse_claim
 from fedkt.evidence.pooled import pooled_decision
 from fedkt.tracking.tables import format_table
 
@@ -126,17 +126,28 @@ def _check_claim(claim: Any, where: str) -> None:
         parse_claim(text)
     except ClaimError as exc:
         raise ValueError(f"{where}.claim: {exc}") from None
-    if claim["estimate"] != "-":  # "-": the claim was not run
-        _finite(claim["estimate"], f"{where}.estimate")
+    for k, estimate in enumerate(str(claim["estimate"]).split(";")):  # a joint claim's parts
+        if estimate.strip() != "-":  # "-": the claim was not run
+            at = f"{where}.estimate" + (f"[part {k + 1}]" if ";" in str(claim["estimate"])
+                                        else "")
+            _finite(estimate.strip() if isinstance(claim["estimate"], str)
+                    else claim["estimate"], at)
+    parts = claim.get("parts")
+    if parts is not None:
+        if not isinstance(parts, list):
+            raise ValueError(f"{where}.parts: expected a list of the joint claim's parts")
+        for k, part in enumerate(parts):
+            _check_claim(part, f"{where}.parts[{k}]")
     per_seed = claim.get("per_seed")
     if per_seed is not None:
         if not isinstance(per_seed, dict):
             raise ValueError(f"{where}.per_seed: expected a mapping of seed to difference")
         for seed, value in per_seed.items():
             _finite(value, f"{where}.per_seed[{seed}]")
-    if claim.get("per_seed_text") not in (None, "-", ""):
-        for k, value in enumerate(str(claim["per_seed_text"]).split(",")):
-            _finite(value.strip(), f"{where}.per_seed_text[{k}]")
+    for part in str(claim.get("per_seed_text") or "-").split(";"):
+        if part.strip() not in ("-", ""):
+            for k, value in enumerate(part.split(",")):
+                _finite(value.strip(), f"{where}.per_seed_text[{k}]")
 
 
 def _load_json(path: Path) -> Any:
@@ -219,28 +230,46 @@ def _cell(claim: dict[str, Any] | None) -> str:
                      f"{claim.get('per_seed_text') or '-'}; {word}")
 
 
-def _per_fold(claim: dict[str, Any]) -> dict[str, float] | None:
-    """A claim's per-fold differences by fold label (position where only text was kept)."""
-    if isinstance(claim.get("per_seed"), dict) and claim["per_seed"]:
+def _per_fold(claim: dict[str, Any], part: int | None = None) -> dict[str, float] | None:
+    """A claim's (or its ``part``'s) per-fold differences by fold label (by position where
+    only the text was kept)."""
+    if part is not None and isinstance(claim.get("parts"), list) and \
+            part < len(claim["parts"]):
+        return _per_fold(claim["parts"][part])
+    if part is None and isinstance(claim.get("per_seed"), dict) and claim["per_seed"]:
         return {str(k): float(v) for k, v in claim["per_seed"].items()}
-    text = claim.get("per_seed_text")
-    if text in (None, "", "-"):
+    texts = str(claim.get("per_seed_text") or "-").split(";")
+    text = texts[part or 0].strip() if (part or 0) < len(texts) else "-"
+    if text in ("", "-"):
         return None
-    return {f"#{k}": float(v) for k, v in enumerate(str(text).split(","))}
+    return {f"#{k}": float(v) for k, v in enumerate(text.split(","))}
 
 
 def _pooled_cell(text: str, found: list[dict[str, Any] | None]) -> tuple[str, str]:
-    """The pooled verdict's cell and, unless plain, its reason."""
-    folds = [_per_fold(c) if c else None for c in found]
-    if any(f is None for f in folds):
-        return "-", ""
-    pooled = pooled_decision(text, folds)  # type: ignore[arg-type]
-    if pooled is None:
-        return "not computed: the folds differ between settings", ""
-    cell = (f"{pooled.estimate:+.4f} [{pooled.low:+.4f}, {pooled.high:+.4f}]; per fold "
-            + ", ".join(f"{m:+.3f}" for m in pooled.fold_means) + f"; {pooled.decision.verdict}"
-            + (" (why below)" if pooled.decision.reason else ""))
-    return cell, pooled.decision.reason
+    """The pooled verdict's cell and, unless plain, its reason (a joint claim: each part
+    pooled on its own, then :func:`fedkt.evidence.claims.decide_joint`)."""
+    claim = parse_claim(text)
+    parts = claim.parts if isinstance(claim, Joint) else (claim,)
+    pooled = []
+    for k, part in enumerate(parts):
+        folds = [_per_fold(c, k if isinstance(claim, Joint) else None) if c else None
+                 for c in found]
+        if any(f is None for f in folds):
+            return "-", ""
+        got = pooled_decision(part.text, folds)  # type: ignore[arg-type]
+        if got is None:
+            return "not computed: the folds differ between settings", ""
+        pooled.append(got)
+    cells = [f"{p.estimate:+.4f} [{p.low:+.4f}, {p.high:+.4f}]; per fold "
+             + ", ".join(f"{m:+.3f}" for m in p.fold_means) for p in pooled]
+    if isinstance(claim, Joint):
+        decision = decide_joint([p.decision for p in pooled])
+        cells = [f"part {k}: {c}" for k, c in enumerate(cells, 1)]
+    else:
+        decision = pooled[0].decision
+    cell = "; ".join(cells) + f"; {decision.verdict}" + (" (why below)" if decision.reason
+                                                          else "")
+    return cell, decision.reason
 
 
 def across_report(specs: list[str | Path]) -> str:

@@ -15,6 +15,9 @@ Grammar (spaces optional)::
   item by item and taken on each resample: a claim against the stronger of two controls,
   e.g. ``fedmkt.server.accuracy_cli > max(shuffled, marginal).server.accuracy_cli``.
 
+* ``CLAIM and CLAIM [and ...]``: a joint claim (transfer *and* no forgetting), decided
+  by :func:`decide_joint` from each part's own verdict.
+
 Examples: ``fedmkt.clients.accuracy > standalone.clients.accuracy``,
 ``fedmkt.server.accuracy >= 0.9 * centralized.server.accuracy``,
 ``koala.server.accuracy >= baseline.server.accuracy - 0.07``.
@@ -55,7 +58,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ClaimError", "Decision", "Ref", "decide", "parse_claim", "verdict"]
+__all__ = ["Claim", "ClaimError", "Decision", "Joint", "Ref", "decide", "decide_joint",
+           "parse_claim", "verdict"]
 
 REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradicted"
 FRAGILE = "fragile"
@@ -131,8 +135,32 @@ class Claim:
         return {self.lhs.arm} | (set(self.rhs.arms) if isinstance(self.rhs, Ref) else set())
 
 
-def parse_claim(text: str, arms: set[str] | None = None) -> Claim:
-    """Parse one claim line; with ``arms``, unknown arm names are refused."""
+@dataclass(frozen=True)
+class Joint:
+    """Claims joined with ``and``: an intersection-union test (:func:`decide_joint`)."""
+
+    text: str
+    parts: tuple[Claim, ...]
+
+    def arms(self) -> set[str]:
+        return set().union(*(p.arms() for p in self.parts))
+
+
+_AND = re.compile(r"\s+and\s+")
+
+
+def parse_claim(text: str, arms: set[str] | None = None) -> Claim | Joint:
+    """Parse one claim line (parts joined with ``and`` give a :class:`Joint`); with
+    ``arms``, unknown arm names are refused."""
+    pieces = _AND.split((text or "").strip())
+    if len(pieces) > 1:
+        if any(not p for p in pieces):
+            raise ClaimError(f"claim {text!r}: 'and' joins two claims; one side is empty")
+        return Joint(text.strip(), tuple(_parse_one(p, arms) for p in pieces))
+    return _parse_one(text, arms)
+
+
+def _parse_one(text: str, arms: set[str] | None = None) -> Claim:
     m = _CLAIM.match(text or "")
     if not m:
         raise ClaimError(
@@ -228,3 +256,22 @@ def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | 
                                  f"[{seed_interval[0]:+.3f}, {seed_interval[1]:+.3f}] does not "
                                  "agree")
     return Decision(side)
+
+
+def decide_joint(parts: list[Decision] | tuple[Decision, ...]) -> Decision:
+    """A joint claim's verdict from its parts', each decided on its own at the suite's
+    level (an intersection-union test needs no correction): **reproduced** only if every
+    part is, **contradicted** if any part is, else **not resolved**, naming the parts that
+    held it back.  A part that was not decided at all (not run, an error) gives its word."""
+    words = [p.verdict for p in parts]
+    for k, word in enumerate(words, 1):
+        if word not in (REPRODUCED, CONTRADICTED, NOT_RESOLVED, FRAGILE):
+            return Decision(word, f"part {k}")
+    against = [k for k, w in enumerate(words, 1) if w == CONTRADICTED]
+    if against:
+        return Decision(CONTRADICTED, "part" + "s" * (len(against) > 1) + " "
+                        + ", ".join(map(str, against)) + " contradicted")
+    if all(w == REPRODUCED for w in words):
+        return Decision(REPRODUCED)
+    held = [f"part {k} {p}" for k, p in enumerate(parts, 1) if p.verdict != REPRODUCED]
+    return Decision(NOT_RESOLVED, "; ".join(held))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedkt.evidence.claims import MIN_SEEDS, Decision, decide, parse_claim
+from fedkt.evidence.claims import MIN_SEEDS, Claim, Decision, decide, parse_claim
 from fedkt.evidence.stats import DEFAULT_LEVEL, DEFAULT_POWER, _normal_quantile, seed_interval
 
 __all__ = ["Pooled", "align_folds", "pooled_decision", "simulate_across", "t_rule"]
@@ -66,6 +66,8 @@ def pooled_decision(claim_text: str, per_setting: Sequence[dict[str, float]],
     means = table.mean(1)
     low, high = seed_interval(means.tolist(), level)  # type: ignore[misc]
     claim = parse_claim(claim_text)
+    if not isinstance(claim, Claim):
+        raise ValueError(f"{claim_text!r}: pool each part of a joint claim on its own")
     decision = decide(claim, low, high, means.tolist(), seed_interval=(low, high),
                       estimate=float(means.mean()),
                       floor=(high - low) / 2 * (1 + _normal_quantile(DEFAULT_POWER)

@@ -55,7 +55,15 @@ from fedkt.config import (
 )
 from fedkt.configs.catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
-from fedkt.evidence.claims import Claim, ClaimError, decide, parse_claim
+from fedkt.evidence.claims import (
+    Claim,
+    ClaimError,
+    Decision,
+    Joint,
+    decide,
+    decide_joint,
+    parse_claim,
+)
 from fedkt.evidence.method_table import (
     ComparisonConfig,
     check_comparison,
@@ -134,9 +142,9 @@ class Suite:
     cfg: SuiteConfig
     folder: Path
     runs: dict[tuple[str, int], RunConfig]  # (arm, seed) -> validated run config
-    claims: list[Claim]  # the primary claim first, if the file declares one
+    claims: list[Claim | Joint]  # the primary claim first, if the file declares one
     source: Path  # the suite file
-    primary: Claim | None = None
+    primary: Claim | Joint | None = None
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.folder / arm / f"seed_{seed}"
@@ -602,13 +610,31 @@ def _claims_preamble(suite: Suite) -> str:
             "the seeds is *fragile* (docs/evidence.md, \"How verdicts are decided\").")
 
 
-def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
-    out = _decide_interval(suite, claim)
+def _decide(suite: Suite, claim: Claim | Joint) -> dict[str, Any]:
+    out = _decide_joint(suite, claim) if isinstance(claim, Joint) else \
+        _decide_interval(suite, claim)
     out["role"] = "primary" if suite.primary is not None and claim is suite.claims[0] \
         else "secondary"
     for key in ("seed_ci", "per_seed_text", "floor_text"):
         out.setdefault(key, "-")
     return out
+
+
+_JOINED = ("estimate", "ci", "seed_ci", "per_seed_text", "floor_text")
+
+
+def _decide_joint(suite: Suite, claim: Joint) -> dict[str, Any]:
+    """A joint claim: each part decided as a claim of its own, then :func:`decide_joint`;
+    the row's cells hold each part's, in order, separated by '; '."""
+    parts = []
+    for part in claim.parts:
+        got = _decide_interval(suite, part)
+        for key in _JOINED:
+            got.setdefault(key, "-")
+        parts.append(got)
+    decision = decide_joint([Decision(p["verdict"], p.get("reason", "")) for p in parts])
+    return {"claim": claim.text, **{k: "; ".join(p[k] for p in parts) for k in _JOINED},
+            "verdict": decision.verdict, "reason": decision.reason, "parts": parts}
 
 
 def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
