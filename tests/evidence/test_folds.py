@@ -1,0 +1,76 @@
+"""Seeds inside folds: the three-level bootstrap (folds, seeds within a fold, items) on
+simulated suites with known fold, seed and item noise; a fast numpy simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedkt.evidence.stats import Sample, _mean_metric, bootstrap_difference
+
+METRIC = _mean_metric("accuracy")
+
+
+def _suite(rng, folds, seeds, items, fold_sd, seed_sd, item_sd, effect):
+    """Per run (fold, seed): a Sample of item scores (effect + fold + seed + item noise)
+    against a zero baseline on the same items; the runs' folds."""
+    ids = [str(i) for i in range(items)]
+    zero = Sample(ids, [np.stack([np.zeros(items), np.ones(items)], 1)], METRIC)
+    a, b, units = [], [], []
+    for f in range(folds):
+        u = rng.normal(0, fold_sd)
+        for _ in range(seeds):
+            x = effect + u + rng.normal(0, seed_sd) + rng.normal(0, item_sd, items)
+            a.append(Sample(ids, [np.stack([x, np.ones(items)], 1)], METRIC))
+            b.append(zero)
+            units.append(f)
+    return a, b, units
+
+
+def test_the_fold_is_the_unit():
+    rng = np.random.default_rng(0)
+    a, b, units = _suite(rng, 4, 2, 30, 0.2, 0.05, 0.3, 0.1)
+    d = bootstrap_difference(a, b, units=units, reps=300)
+    assert d.seeds == 4 and len(d.per_seed) == 4
+    assert d.resampling == "folds, seeds within a fold, items"
+    runs = [float(s.value()) for s in a]
+    assert d.per_seed == pytest.approx([np.mean(runs[2 * f: 2 * f + 2]) for f in range(4)])
+    assert d.estimate == pytest.approx(np.mean(runs))
+    flat = bootstrap_difference(a, b, reps=300)  # without units: each seed its own unit
+    assert flat.seeds == 8 and flat.resampling == "seeds, items"
+    with pytest.raises(ValueError, match="units"):
+        bootstrap_difference(a, b, units=units[:-1], reps=300)
+
+
+def test_coverage_is_near_95_percent_when_folds_vary():
+    # 200 simulated suites: 20 folds x 2 seeds x 40 items, fold SD 0.15, seed SD 0.05,
+    # item SD 0.5 (the fold the main source, as in the published suites).  Measured on
+    # this seed: 0.935 (the folds' t-interval 0.96).  A percentile interval over 4 folds
+    # covers less (0.84; the t-interval 0.975), which is why a verdict also needs the
+    # folds' t-interval.
+    rng = np.random.default_rng(1)
+    hits = 0
+    for k in range(200):
+        a, b, units = _suite(rng, 20, 2, 40, 0.15, 0.05, 0.5, 0.1)
+        d = bootstrap_difference(a, b, units=units, reps=300, seed=k)
+        hits += d.low <= 0.1 <= d.high
+    assert 0.90 <= hits / 200 <= 0.99
+
+
+def test_without_fold_or_seed_variance_it_is_the_item_level_interval():
+    # No fold or seed effect: all the noise is the items'.  The three-level interval must
+    # then be about as wide as the items' own (all runs' items resampled together).
+    # Measured over these 40 suites: 1.11 times (a shrink factor is the positive part of an
+    # estimated variance, so it is above 0 in about half the suites); resampling every
+    # level unshrunk gives 1.54 times.
+    rng = np.random.default_rng(2)
+    ratios = []
+    for k in range(40):
+        a, b, units = _suite(rng, 10, 2, 40, 0.0, 0.0, 0.5, 0.1)
+        d = bootstrap_difference(a, b, units=units, reps=400, seed=k)
+        ids = [str(i) for i in range(800)]
+        pooled = Sample(ids, [np.concatenate([s.parts[0] for s in a])], METRIC)
+        zero = Sample(ids, [np.concatenate([s.parts[0] for s in b])], METRIC)
+        items = bootstrap_difference([pooled], [zero], reps=400, seed=k)
+        ratios.append((d.high - d.low) / (items.high - items.low))
+    assert 0.95 <= float(np.mean(ratios)) <= 1.2
