@@ -3,12 +3,15 @@ simulated suites with known fold, seed and item noise; a fast numpy simulation."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from fedkt.evidence.stats import Sample, _mean_metric, bootstrap_difference
 
 METRIC = _mean_metric("accuracy")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _suite(rng, folds, seeds, items, fold_sd, seed_sd, item_sd, effect):
@@ -74,3 +77,63 @@ def test_without_fold_or_seed_variance_it_is_the_item_level_interval():
         items = bootstrap_difference([pooled], [zero], reps=400, seed=k)
         ratios.append((d.high - d.low) / (items.high - items.low))
     assert 0.95 <= float(np.mean(ratios)) <= 1.2
+
+
+# --------------------------------------------------------------- a suite's folds and seeds
+
+
+def _fold_suite(tmp_path, **extra):
+    import yaml
+
+    from fedkt.evidence.suite import load_suite
+
+    data = yaml.safe_load((ROOT / "configs" / "suites" / "quick.yaml").read_text())
+    data["base"]["data"]["split"] = {"scheme": "holdout", "folds": 4}
+    data.pop("seeds")
+    data.update(extra)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_suite(path, tmp_path / "out")
+
+
+def test_a_suite_runs_seeds_inside_its_folds(tmp_path):
+    suite = _fold_suite(tmp_path, folds=[0, 1, 2, 3], seeds_per_fold=2)
+    assert suite.seeds == [1000, 2000, 1001, 2001, 1002, 2002, 1003, 2003]
+    assert len(suite.runs) == 2 * 8
+    for (arm, seed), cfg in suite.runs.items():
+        fold = suite.fold_of[seed]
+        assert cfg.seed == seed and cfg.data.split.fold == fold == seed % 1000
+        assert cfg.seed not in (fold, cfg.data.split.fold_seed)  # a training seed of its own
+        assert suite.run_dir(arm, seed) == tmp_path / "out" / arm / f"fold_{fold}" / \
+            f"seed_{seed}"
+
+
+def test_fold_keys_are_checked(tmp_path):
+    from fedkt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="seeds_per_fold: needs folds"):
+        _fold_suite(tmp_path, seeds_per_fold=2)
+    with pytest.raises(ConfigError, match="seeds: with folds"):
+        _fold_suite(tmp_path, folds=[0, 1], seeds=[0, 1])
+    with pytest.raises(ConfigError, match="fold: 5 does not exist"):
+        _fold_suite(tmp_path, folds=[0, 5])
+    with pytest.raises(ConfigError, match="repeat a fold"):
+        _fold_suite(tmp_path, folds=[0, 0])
+
+
+def test_seeds_of_one_fold_share_its_test_items_not_their_order():
+    from fedkt.config.data_schema import SplitConfig
+    from fedkt.data.dataset import Dataset
+    from fedkt.data.splits import make_splits
+
+    records = [{"id": str(i), "text": f"r{i}", "label": i % 3} for i in range(40)]
+    data = Dataset("toy", "classification", records, ["a", "b", "c"])
+    split = SplitConfig(scheme="holdout", folds=4, fold=2)
+    one, two = make_splits(data, split, 2, 1002), make_splits(data, split, 2, 2002)
+    assert [r["id"] for r in one["test"]] == [r["id"] for r in two["test"]]
+    assert len(one["test"]) == 10
+    train = [r["id"] for r in one["public"] + one["private_pool"]]
+    assert train != [r["id"] for r in two["public"] + two["private_pool"]]
+    assert sorted(train) == sorted(r["id"] for r in two["public"] + two["private_pool"])
+    legacy = make_splits(data, SplitConfig(scheme="holdout", folds=4), 2, 2)  # fold = seed
+    assert [r["id"] for r in legacy["test"]] == [r["id"] for r in one["test"]]
