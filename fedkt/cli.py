@@ -213,6 +213,22 @@ def cmd_suite_across(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_suite_power(args: argparse.Namespace) -> int:
+    from fedkt.evidence.power import power_report, suite_targets
+
+    floor, half = suite_targets(args.pilot)
+    try:
+        table = power_report(args.pilot, args.target_floor or floor or 0.10,
+                             args.half_width or half or 0.06)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    if args.output:
+        Path(args.output).write_text(table)
+    return 0
+
+
 def cmd_suite_status(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import suite_status
 
@@ -373,6 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the same suite's folders, one per environment")
     q.add_argument("-o", "--output", help="also write the table to this file")
     q.set_defaults(func=cmd_suite_across)
+    q = suite_sub.add_parser("power", help="from a pilot suite folder: fold SD, item SE, floor "
+                             "and the folds, runs and hours a target floor and half-width need")
+    q.add_argument("pilot", help="a finished suite folder (or one fold of one)")
+    q.add_argument("--target-floor", type=float, default=None,
+                   help="detection floor to reach (default: the suite's target_floor, or 0.10)")
+    q.add_argument("--half-width", type=float, default=None,
+                   help="95%% half-width to reach (default: the suite's target_half_width, "
+                        "or 0.06)")
+    q.add_argument("-o", "--output", help="also write the table to this file")
+    q.set_defaults(func=cmd_suite_power)
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
     q.add_argument("suite")
     q.set_defaults(func=cmd_suite_status)
