@@ -254,11 +254,19 @@ paired confidence intervals decide. A suite file:
                                 # (OP ~= takes '+- TOL': equivalence)
     - fedavg.clients.accuracy > standalone.clients.accuracy
     - fedavg.server.accuracy >= 0.9 * standalone@0.clients.accuracy
+    - fedavg.clients.accuracy > standalone.clients.accuracy and
+      fedavg.server.accuracy >= standalone.server.accuracy - 0.03   # joint: every part
+  # folds: [0, 1, 2, 3]         # instead of seeds: test folds (base data.split.folds)
+  # seeds_per_fold: 2           # training seeds inside each fold; the fold is the unit
+  # target_floor: 0.10          # design targets, checked per claim in the table
   metrics: [accuracy]           # optional: table columns
   groups: [server, clients]     # optional: participant groups (clients = mean, paired per client)
 
-Verdicts: reproduced (CI of LHS - RHS on the claimed side), contradicted (on the
-other side), not resolved (CI contains 0). Run folders: <suite>/<arm>/seed_<s>;
+Verdicts: reproduced (CI of LHS - RHS on the claimed side, and 4 or more seeds or
+folds carrying it), contradicted (on the other side), not resolved (CI contains 0),
+fragile (the interval decides, the seeds do not). An edited suite file re-run into
+the same folder is refused for the runs it changed (--rerun-changed runs them again).
+Run folders: <suite>/<arm>/seed_<s> (with folds: <suite>/<arm>/fold_<f>/seed_<s>);
 table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs list
 (e.g. fedkt suite run suites/quick --jobs 2). See docs/evidence.md.
 """

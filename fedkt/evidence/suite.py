@@ -20,9 +20,15 @@ A suite YAML::
       clients_baseline: standalone
       read: {fedavg: {server: null, clients: server}}
 
+``folds: [0, 1, 2, 3]`` with ``seeds_per_fold: 2`` runs two training seeds inside each
+test fold (``<suite>/<arm>/fold_<f>/seed_<seed>``; the fold is the unit of the verdicts);
+``target_floor`` / ``target_half_width`` add a design-targets table.
+
 Each (arm, seed) is an ordinary run folder, ``<suite>/<arm>/seed_<seed>``.  A run
 whose last round is checkpointed is skipped; a started one is resumed; so after
-a crash or Ctrl-C the same command finishes only what is missing.  ``--jobs N``
+a crash or Ctrl-C the same command finishes only what is missing; a run whose kept config
+differs from what the (edited) suite file gives it is refused by name unless
+``rerun_changed``.  ``--jobs N``
 runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).  The
 suite ends with ``suite.md`` (the table and the claims' verdicts), ``suite.json``
 and ``plots/``; a ``comparison`` section adds the cross-method table
@@ -701,12 +707,22 @@ def _claims_preamble(suite: Suite) -> str:
     lead = ("The **primary** claim (first row) was declared in the suite file before it ran; "
             "the others are secondary." if suite.primary is not None else
             "No primary claim is declared in the suite file: every claim is secondary.")
+    if suite.fold_of:
+        return (f"{lead} CI: the paired bootstrap over folds, the seeds within each drawn "
+                "fold and, within each drawn seed, its test items; t-interval: Student's t "
+                "over the per-fold differences (each fold's mean over its seeds); floor: the "
+                "smallest true difference these folds detect with 80% power. Reproduced or "
+                "contradicted needs the CI on one side, at least 4 folds, all but at most one "
+                "of them on that side, and the t-interval on it too; an interval that decides "
+                "without the folds is *fragile*; a joint claim (parts joined by 'and') needs "
+                "every part (docs/evidence.md, \"How verdicts are decided\").")
     return (f"{lead} CI: the paired bootstrap over seeds and, within each drawn seed, its test "
             "items; t-interval: Student's t over the per-seed differences; floor: the smallest "
             "true difference these items and seeds detect with 80% power. Reproduced or "
             "contradicted needs the CI on one side, at least 4 seeds, all but at most one of "
             "them on that side, and the t-interval on it too; an interval that decides without "
-            "the seeds is *fragile* (docs/evidence.md, \"How verdicts are decided\").")
+            "the seeds is *fragile*; a joint claim (parts joined by 'and') needs every part "
+            "(docs/evidence.md, \"How verdicts are decided\").")
 
 
 def _decide(suite: Suite, claim: Claim | Joint) -> dict[str, Any]:
