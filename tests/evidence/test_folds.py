@@ -137,3 +137,53 @@ def test_seeds_of_one_fold_share_its_test_items_not_their_order():
     assert sorted(train) == sorted(r["id"] for r in two["public"] + two["private_pool"])
     legacy = make_splits(data, SplitConfig(scheme="holdout", folds=4), 2, 2)  # fold = seed
     assert [r["id"] for r in legacy["test"]] == [r["id"] for r in one["test"]]
+
+
+def test_a_fold_suites_report_counts_folds(tmp_path):
+    """Run folders as a suite with 4 folds x 2 seeds leaves them (prediction files with a
+    known number right), reported: the verdict's units are the 4 fold means."""
+    import json
+
+    import yaml
+
+    from fedkt.eval.predictions import Predictions, write_predictions
+    from fedkt.evidence.suite import load_suite, report_suite
+
+    data = {"name": "folds", "folds": [0, 1, 2, 3], "seeds_per_fold": 2, "baseline": "b",
+            "base": {"name": "x", "rounds": 1, "method": {"name": "fedavg"},
+                     "clients": {"num_clients": 2, "models": [{"name": "tiny-llama"}]},
+                     "data": {"dataset": {"name": "intent_recognition"},
+                              "split": {"scheme": "holdout", "folds": 4}}},
+            "arms": {"a": {}, "b": {}}, "metrics": ["accuracy"], "groups": ["server"],
+            "primary": "a.server.accuracy > b.server.accuracy", "target_floor": 0.5,
+            "target_half_width": 0.01, "bootstrap": 500}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(data))
+    suite = load_suite(tmp_path / "suite.yaml", tmp_path)
+    for (arm, seed), _cfg in suite.runs.items():
+        fold, r = suite.fold_of[seed], seed // 1000 - 1
+        right = 20 + 4 * fold + r if arm == "a" else 10 + fold
+        run = suite.run_dir(arm, seed)
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump({"name": arm, "seed": seed}))
+        (run / "metrics.jsonl").write_text(json.dumps(
+            {"round": 1, "participant": "server", "split": "test", "accuracy": right / 40,
+             "wall_time": 10.0}) + "\n")
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "latest.json").write_text('{"round": 1}')
+        ids = [f"{fold}-{i}" for i in range(40)]
+        table = Predictions({"id": ids, "gold": [0] * 40,
+                             "pred": [0] * right + [1] * (40 - right)},
+                            {"task": "classification"})
+        write_predictions(run, 1, "server", {"": table})
+    text = report_suite(tmp_path)
+    assert "- folds: [0, 1, 2, 3], 2 training seed(s) in each" in text
+    assert "- resampling: folds, then seeds within a fold, then each seed's test items" in text
+    claim = json.loads((tmp_path / "suite.json").read_text())["claims"][0]
+    want = [(10 + 3 * f + 0.5) / 40 for f in range(4)]  # each fold: a's 2 seeds vs b
+    assert list(claim["per_seed"]) == ["0", "1", "2", "3"]
+    assert list(claim["per_seed"].values()) == pytest.approx(want)
+    assert claim["resampling"] == "folds, seeds within a fold, items"
+    assert claim["verdict"] == "reproduced" and claim["value"] == pytest.approx(np.mean(want))
+    assert claim["targets"] == {"floor": 0.5, "floor_met": True, "half_width": 0.01,
+                                "half_width_met": False}
+    assert "### Design targets" in text
