@@ -88,7 +88,8 @@ class SplitConfig(_Strict):
         "Cross-fitted folds: the records are cut once into this many folds (fold_seed), and a "
         "run with seed k tests on fold k and trains on the rest, so over seeds 0..folds-1 "
         "every record is tested exactly once and never in the training part of its own fold "
-        "(test_size is then not used; seeds must be 0..folds-1). None: a seeded holdout."))
+        "(test_size is then not used; seeds must be 0..folds-1 unless fold is set). None: a "
+        "seeded holdout."))
     fold_seed: int = Field(0, description=(
         "folds: the seed of the one cut into folds, shared by every seed (fold) of a suite."))
     fold: int | None = Field(None, ge=0, description=(

@@ -187,3 +187,15 @@ def test_a_fold_suites_report_counts_folds(tmp_path):
     assert claim["targets"] == {"floor": 0.5, "floor_met": True, "half_width": 0.01,
                                 "half_width_met": False}
     assert "### Design targets" in text
+
+
+def test_a_runs_fold_is_checked_apart_from_its_seed():
+    from pydantic import ValidationError
+
+    from fedkt.config.data_schema import SplitConfig
+
+    with pytest.raises(ValidationError, match="fold: names a test fold, but folds is not set"):
+        SplitConfig(scheme="holdout", fold=1)
+    with pytest.raises(ValidationError, match="fold: 4 does not exist"):
+        SplitConfig(scheme="holdout", folds=4, fold=4)
+    assert SplitConfig(scheme="holdout", folds=4, fold=3).fold == 3
