@@ -180,7 +180,8 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import run_suite
 
     try:
-        run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet)
+        run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
+                  rerun_changed=args.rerun_changed)
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -203,6 +204,22 @@ def cmd_suite_across(args: argparse.Namespace) -> int:
 
     try:
         table = across_report(args.suite_dirs)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    if args.output:
+        Path(args.output).write_text(table)
+    return 0
+
+
+def cmd_suite_power(args: argparse.Namespace) -> int:
+    from fedkt.evidence.power import power_report, suite_targets
+
+    floor, half = suite_targets(args.pilot)
+    try:
+        table = power_report(args.pilot, args.target_floor or floor or 0.10,
+                             args.half_width or half or 0.06)
     except (FileNotFoundError, ValueError) as exc:
         print(f"fedkt: error: {exc}", file=sys.stderr)
         return 2
@@ -237,11 +254,19 @@ paired confidence intervals decide. A suite file:
                                 # (OP ~= takes '+- TOL': equivalence)
     - fedavg.clients.accuracy > standalone.clients.accuracy
     - fedavg.server.accuracy >= 0.9 * standalone@0.clients.accuracy
+    - fedavg.clients.accuracy > standalone.clients.accuracy and
+      fedavg.server.accuracy >= standalone.server.accuracy - 0.03   # joint: every part
+  # folds: [0, 1, 2, 3]         # instead of seeds: test folds (base data.split.folds)
+  # seeds_per_fold: 2           # training seeds inside each fold; the fold is the unit
+  # target_floor: 0.10          # design targets, checked per claim in the table
   metrics: [accuracy]           # optional: table columns
   groups: [server, clients]     # optional: participant groups (clients = mean, paired per client)
 
-Verdicts: reproduced (CI of LHS - RHS on the claimed side), contradicted (on the
-other side), not resolved (CI contains 0). Run folders: <suite>/<arm>/seed_<s>;
+Verdicts: reproduced (CI of LHS - RHS on the claimed side, and 4 or more seeds or
+folds carrying it), contradicted (on the other side), not resolved (CI contains 0),
+fragile (the interval decides, the seeds do not). An edited suite file re-run into
+the same folder is refused for the runs it changed (--rerun-changed runs them again).
+Run folders: <suite>/<arm>/seed_<s> (with folds: <suite>/<arm>/fold_<f>/seed_<s>);
 table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs list
 (e.g. fedkt suite run suites/quick --jobs 2). See docs/evidence.md.
 """
@@ -359,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--jobs", type=int, default=1, help="runs at once (torch threads are split)")
     q.add_argument("--output-dir", help="suite folder (default: the suite's output_dir)")
     q.add_argument("-q", "--quiet", action="store_true")
+    q.add_argument("--rerun-changed", action="store_true",
+                   help="run again, from the start, the runs of the folder whose config the "
+                        "edited suite file changed (without it they are refused by name)")
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")
@@ -369,6 +397,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the same suite's folders, one per environment")
     q.add_argument("-o", "--output", help="also write the table to this file")
     q.set_defaults(func=cmd_suite_across)
+    q = suite_sub.add_parser("power", help="from a pilot suite folder: fold SD, item SE, floor "
+                             "and the folds, runs and hours a target floor and half-width need")
+    q.add_argument("pilot", help="a finished suite folder (or one fold of one)")
+    q.add_argument("--target-floor", type=float, default=None,
+                   help="detection floor to reach (default: the suite's target_floor, or 0.10)")
+    q.add_argument("--half-width", type=float, default=None,
+                   help="95%% half-width to reach (default: the suite's target_half_width, "
+                        "or 0.06)")
+    q.add_argument("-o", "--output", help="also write the table to this file")
+    q.set_defaults(func=cmd_suite_power)
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
     q.add_argument("suite")
     q.set_defaults(func=cmd_suite_status)

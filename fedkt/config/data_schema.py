@@ -89,12 +89,22 @@ class SplitConfig(_Strict):
         "Cross-fitted folds: the records are cut once into this many folds (fold_seed), and a "
         "run with seed k tests on fold k and trains on the rest, so over seeds 0..folds-1 "
         "every record is tested exactly once and never in the training part of its own fold "
-        "(test_size is then not used; seeds must be 0..folds-1). None: a seeded holdout."))
+        "(test_size is then not used; seeds must be 0..folds-1 unless fold is set). None: a "
+        "seeded holdout."))
     fold_seed: Seed = Field(0, description=(
         "folds: the seed of the one cut into folds, shared by every seed (fold) of a suite."))
+    fold: int | None = Field(None, ge=0, le=999, description=(
+        "folds: the fold this run tests (0..folds-1). None: the run's seed, as before; set, "
+        "the seed is free to be a training seed (initialisation and data order) of its own, "
+        "so a suite can run several seeds inside one fold (a suite's seeds_per_fold)."))
 
     @model_validator(mode="after")
     def _folds_or_test_dataset(self) -> SplitConfig:
+        if self.fold is not None and self.folds is None:
+            raise ValueError("fold: names a test fold, but folds is not set")
+        if self.fold is not None and self.folds is not None and self.fold >= self.folds:
+            raise ValueError(f"fold: {self.fold} does not exist (folds is {self.folds}: "
+                             f"0..{self.folds - 1})")
         if self.folds is not None and self.test_dataset is not None:
             raise ValueError("folds: the test set comes from split.test_dataset, so there is "
                              "nothing to cut into test folds; set one of folds or test_dataset")

@@ -138,7 +138,7 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _seed_has_a_fold(self) -> RunConfig:
         folds = self.data.split.folds
-        if folds is not None and not 0 <= self.seed < folds:
+        if folds is not None and self.data.split.fold is None and not 0 <= self.seed < folds:
             raise ValueError(f"seed: {self.seed} has no fold: data.split.folds is {folds}, and "
                              f"seed k tests on fold k (seeds 0..{folds - 1})")
         return self

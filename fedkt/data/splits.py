@@ -46,7 +46,8 @@ def make_splits(
 ) -> dict[str, list[dict[str, Any]]]:
     """Cut a dataset into ``server``, ``public``, ``private_pool`` and ``test`` record lists.
 
-    ``test`` is ``split.test_dataset`` if given; with ``split.folds`` K, fold ``seed`` of one
+    ``test`` is ``split.test_dataset`` if given; with ``split.folds`` K, fold ``split.fold``
+    (default: ``seed``) of one
     cut of the records into K folds (seeded by ``split.fold_seed``, the same for every seed),
     the other folds in the seed's random order being the training part; else a seeded
     holdout of ``test_size``.
@@ -68,7 +69,8 @@ def make_splits(
         test = [test_ds.records[i] for i in order]
         train_idx = perm
     elif split.folds is not None:
-        test_idx, train_idx = fold_indices(n, split.folds, seed, split.fold_seed)
+        fold = seed if split.fold is None else split.fold
+        test_idx, train_idx = fold_indices(n, split.folds, fold, split.fold_seed)
         test = [records[i] for i in test_idx]
         train_idx = train_idx[_rng(seed, _SPLIT).permutation(len(train_idx))]
     else:

@@ -3,7 +3,7 @@
 * :mod:`fedkt.evidence.stats`: metrics as sums of per-example components, the paired
   bootstrap (over examples and seeds), the normal approximation, McNemar's exact test;
 * :mod:`fedkt.evidence.runs`: run folders (``RUN@ROUND``), participant groups, seed groups;
-* :mod:`fedkt.evidence.claims`: claim lines and their verdicts;
+* :mod:`fedkt.evidence.claims`: claim lines (joint ones with ``and``) and their verdicts;
 * :mod:`fedkt.evidence.run_table`: ``fedkt report RUN...``, one row per run (final
   metrics, best round, bytes, wall time; lm-evaluation-harness results);
 * :mod:`fedkt.evidence.paired_table`: ``fedkt report RUN... --baseline RUN``, paired
@@ -14,7 +14,10 @@
   compute, exposure per arm);
 * :mod:`fedkt.evidence.plots`: a suite's figures.
 * :mod:`fedkt.evidence.across`: ``fedkt suite across``, one suite's verdicts under several
-  environments (kernel settings).
+  environments (kernel settings);
+* :mod:`fedkt.evidence.pooled`: the pooled verdict across kernel settings, blocked by
+  fold, and its simulated false-positive rate and power;
+* :mod:`fedkt.evidence.power`: ``fedkt suite power``, the folds a target floor needs.
 
 See docs/evidence.md.
 """

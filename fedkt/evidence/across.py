@@ -4,20 +4,33 @@ A seed does not fix how a machine's matrix kernels round, and across kernel sett
 (bf16 with or without AMX, fp32) a run can move by more than a seed moves it
 (docs/evidence.md, "Machines").  So a suite run on one machine decides its claims for
 that machine.  ``fedkt suite across A B ...`` reads the same suite's ``suite.json`` from
-folders made under different kernel settings and gives each claim one verdict across
-them: it is **reproduced** (or contradicted) only where every folder says so, and
-**machine-dependent** where the folders' verdicts differ.  Nothing is recomputed: each
-folder's verdict stands as its own suite decided it.
+folders made under different kernel settings and gives each claim:
+
+* each setting's own verdict, as its suite decided it (nothing recomputed);
+* a word across them: ``reproduced under all N`` (or contradicted, not resolved, fragile)
+  where every folder agrees; **machine-dependent** only where two settings decided
+  opposite sides (one reproduced, another contradicted); ``differs`` otherwise;
+* the **pooled verdict**, blocked by fold (:func:`fedkt.evidence.pooled.pooled_decision`):
+  per fold, the difference averaged over the settings, and Student's t over those fold
+  means, decided by the suite's rules (at least 4 folds, all but one on the side, the
+  interval on it).
+
+Every file is checked before it is used: a field of the wrong type, a NaN, a claim text
+that does not parse, a nesting too deep to read are refused naming the file and field.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
+from fedkt.evidence.claims import ClaimError, Joint, decide_joint, parse_claim
+from fedkt.evidence.pooled import pooled_decision
 from fedkt.tracking.tables import format_table
 
 __all__ = ["SuiteResult", "across_report", "joint_verdict", "read_suite_result"]
@@ -38,7 +51,7 @@ def _table_lines(table: Path) -> list[str]:
     """``suite.md``'s lines (none where the folder has no table)."""
     try:
         return table.read_text().splitlines()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return []
 
 
@@ -58,23 +71,92 @@ _COLUMNS = ("role", "claim", "estimate", "ci", "seed_ci", "per_seed_text", "floo
 
 def _claims_from_table(table: Path, lines: list[str]) -> tuple[str, dict[str, dict[str, Any]]]:
     """The suite's name and claims from ``suite.md``'s "Claims" table, for a folder that
-    kept only the table (a published one): the same fields ``suite.json`` holds as text."""
+    kept only the table (a published one): the same fields ``suite.json`` holds as text.
+    Only the table's own rows count: those that follow its header without a break."""
     name = next((x[len("# Suite "):].strip() for x in lines if x.startswith("# Suite ")), "")
     try:
         start = lines.index("## Claims")
     except ValueError:
         raise ValueError(f"{table}: no Claims table") from None
+    head = next((i for i in range(start, len(lines)) if lines[i].startswith("|")), len(lines))
+    rows = list(takewhile(lambda x: x.startswith("|"), lines[head:]))[2:]  # header, rule
     claims: dict[str, dict[str, Any]] = {}
-    for line in lines[start:]:
+    for k, line in enumerate(rows):
         cells = line.strip().strip("|").split("|")
         if len(cells) < 8 or cells[0].strip() not in ("primary", "secondary"):
             continue
-        row = {k: c.strip() for k, c in zip(_COLUMNS, cells[:7], strict=True)}
+        row = {key: c.strip() for key, c in zip(_COLUMNS, cells[:7], strict=True)}
         verdict, _, reason = "|".join(cells[7:]).strip().partition(": ")  # a reason may hold '|'
-        claims[row["claim"]] = {**row, "verdict": verdict, "reason": reason}
+        entry = {**row, "verdict": verdict, "reason": reason}
+        _check_claim(entry, f"{table}: Claims table row {k + 1}")
+        claims[row["claim"]] = entry
     if not name or not claims:
         raise ValueError(f"{table}: not a suite's table (no '# Suite' title or no claim rows)")
     return name, claims
+
+
+def _finite(value: Any, where: str) -> float:
+    """``value`` (a number, or its text as suite.json writes it: '+0.1234') as a finite float."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{where}: expected a number, got {type(value).__name__}")
+    try:
+        got = float(value)
+    except ValueError:
+        raise ValueError(f"{where}: {value!r} is not a number") from None
+    if not math.isfinite(got):
+        raise ValueError(f"{where}: {value!r} is not a finite number")
+    return got
+
+
+def _check_claim(claim: Any, where: str) -> None:
+    """Refuse a claim entry whose fields would not print or compare (naming ``where``)."""
+    if not isinstance(claim, dict):
+        raise ValueError(f"{where}: a claim must be a mapping, got {type(claim).__name__}")
+    for key in ("claim", "verdict", "estimate", "ci"):
+        if key not in claim:
+            raise ValueError(f"{where}.{key}: missing")
+    for key in ("claim", "verdict", "ci", "reason", "role", "per_seed_text", "seed_ci",
+                "floor_text"):
+        if key in claim and claim[key] is not None and not isinstance(claim[key], str):
+            raise ValueError(f"{where}.{key}: expected text, got {claim[key]!r}")
+    text = claim["claim"]
+    if any(c in text for c in "\n\r|") or not text.strip():
+        raise ValueError(f"{where}.claim: {text!r} is not one claim line")
+    try:
+        parse_claim(text)
+    except ClaimError as exc:
+        raise ValueError(f"{where}.claim: {exc}") from None
+    for k, estimate in enumerate(str(claim["estimate"]).split(";")):  # a joint claim's parts
+        if estimate.strip() != "-":  # "-": the claim was not run
+            at = f"{where}.estimate" + (f"[part {k + 1}]" if ";" in str(claim["estimate"])
+                                        else "")
+            _finite(estimate.strip() if isinstance(claim["estimate"], str)
+                    else claim["estimate"], at)
+    parts = claim.get("parts")
+    if parts is not None:
+        if not isinstance(parts, list):
+            raise ValueError(f"{where}.parts: expected a list of the joint claim's parts")
+        for k, part in enumerate(parts):
+            _check_claim(part, f"{where}.parts[{k}]")
+    per_seed = claim.get("per_seed")
+    if per_seed is not None:
+        if not isinstance(per_seed, dict):
+            raise ValueError(f"{where}.per_seed: expected a mapping of seed to difference")
+        for seed, value in per_seed.items():
+            _finite(value, f"{where}.per_seed[{seed}]")
+    for part in str(claim.get("per_seed_text") or "-").split(";"):
+        if part.strip() not in ("-", ""):
+            for k, value in enumerate(part.split(",")):
+                _finite(value.strip(), f"{where}.per_seed_text[{k}]")
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deep to be a suite's result") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a suite's result ({exc})") from None
 
 
 def read_suite_result(spec: str | Path) -> SuiteResult:
@@ -82,7 +164,7 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     from its ``suite.json``, or from ``suite.md`` where only the table was kept.
 
     Raises ``FileNotFoundError`` naming the folder when it has neither and ``ValueError``
-    when the file is not a suite's."""
+    naming the file and field when the file is not a suite's."""
     text = str(spec)
     label, sep, path = text.partition("=")
     folder = Path(path if sep else text)
@@ -95,21 +177,38 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
         lines = _table_lines(table)
         name, claims = _claims_from_table(table, lines)
         return SuiteResult(label, folder, name, claims, _environment_from_table(lines))
-    try:
-        data = json.loads(result.read_text())
-        claims = {c["claim"]: c for c in data["claims"]}
-        name = str(data["name"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{result}: not a suite's result ({exc})") from None
-    env = data.get("environment") or _environment_from_table(_table_lines(table))
-    return SuiteResult(label, folder, name, claims, [str(x) for x in env])
+    data = _load_json(result)
+    if not isinstance(data, dict):
+        raise ValueError(f"{result}: not a suite's result (the top level is not a mapping)")
+    if not isinstance(data.get("name"), str):
+        raise ValueError(f"{result}: name: missing or not text")
+    if not isinstance(data.get("claims"), list):
+        raise ValueError(f"{result}: claims: missing or not a list")
+    claims = {}
+    for i, claim in enumerate(data["claims"]):
+        _check_claim(claim, f"{result}: claims[{i}]")
+        claims[claim["claim"]] = claim
+    env = data.get("environment")
+    if env is None or env == []:
+        env = _environment_from_table(_table_lines(table))
+    elif not isinstance(env, list) or not all(isinstance(x, str) for x in env):
+        raise ValueError(f"{result}: environment: expected a list of lines, got "
+                         f"{type(env).__name__}")
+    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env])
+
+
+def _one_line(text: Any) -> str:
+    """``text`` on one line (newlines cannot start a heading or a row in the output)."""
+    return re.sub(r"\s*[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+\s*", " ", str(text))
 
 
 def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -> str:
-    """One verdict from each environment's (``None``: the claim is absent there).
+    """One word from each environment's verdict (``None``: the claim is absent there).
 
-    Every environment agreeing gives their verdict (``reproduced under all 2``); any
-    difference gives ``machine-dependent`` with each one's word."""
+    Every environment agreeing gives their verdict (``reproduced under all 2``); two
+    settings decided on opposite sides (reproduced and contradicted) give
+    ``machine-dependent``; any other difference is ``differs`` (one setting decided,
+    another could not: not evidence that the machine moves the answer)."""
     labels = labels or [str(i + 1) for i in range(len(verdicts))]
     if any(v is None for v in verdicts):
         return "not compared: absent in " + ", ".join(
@@ -117,19 +216,65 @@ def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -
     first = verdicts[0]
     if all(v == first for v in verdicts):
         return f"{first} under all {len(verdicts)}"
-    return "machine-dependent: " + " / ".join(str(v) for v in verdicts)
+    words = " / ".join(str(v) for v in verdicts)
+    if "reproduced" in verdicts and "contradicted" in verdicts:
+        return "machine-dependent: " + words
+    return "differs: " + words
 
 
 def _cell(claim: dict[str, Any] | None) -> str:
     if claim is None:
         return "-"
-    reason = claim.get("reason")
-    word = claim["verdict"] + (" (why below)" if reason else "")
-    return f"{claim['estimate']} {claim['ci']}; per seed {claim.get('per_seed_text', '-')}; {word}"
+    word = claim["verdict"] + (" (why below)" if claim.get("reason") else "")
+    return _one_line(f"{claim['estimate']} {claim['ci']}; per seed "
+                     f"{claim.get('per_seed_text') or '-'}; {word}")
+
+
+def _per_fold(claim: dict[str, Any], part: int | None = None) -> dict[str, float] | None:
+    """A claim's (or its ``part``'s) per-fold differences by fold label (by position where
+    only the text was kept)."""
+    if part is not None and isinstance(claim.get("parts"), list) and \
+            part < len(claim["parts"]):
+        return _per_fold(claim["parts"][part])
+    if part is None and isinstance(claim.get("per_seed"), dict) and claim["per_seed"]:
+        return {str(k): float(v) for k, v in claim["per_seed"].items()}
+    texts = str(claim.get("per_seed_text") or "-").split(";")
+    text = texts[part or 0].strip() if (part or 0) < len(texts) else "-"
+    if text in ("", "-"):
+        return None
+    return {f"#{k}": float(v) for k, v in enumerate(text.split(","))}
+
+
+def _pooled_cell(text: str, found: list[dict[str, Any] | None]) -> tuple[str, str]:
+    """The pooled verdict's cell and, unless plain, its reason (a joint claim: each part
+    pooled on its own, then :func:`fedkt.evidence.claims.decide_joint`)."""
+    claim = parse_claim(text)
+    parts = claim.parts if isinstance(claim, Joint) else (claim,)
+    pooled = []
+    for k, part in enumerate(parts):
+        folds = [_per_fold(c, k if isinstance(claim, Joint) else None) if c else None
+                 for c in found]
+        if any(f is None for f in folds):
+            return "-", ""
+        got = pooled_decision(part.text, folds)  # type: ignore[arg-type]
+        if got is None:
+            return "not computed: the folds differ between settings", ""
+        pooled.append(got)
+    cells = [f"{p.estimate:+.4f} [{p.low:+.4f}, {p.high:+.4f}]; per fold "
+             + ", ".join(f"{m:+.3f}" for m in p.fold_means) for p in pooled]
+    if isinstance(claim, Joint):
+        decision = decide_joint([p.decision for p in pooled])
+        cells = [f"part {k}: {c}" for k, c in enumerate(cells, 1)]
+    else:
+        decision = pooled[0].decision
+    cell = "; ".join(cells) + f"; {decision.verdict}" + (" (why below)" if decision.reason
+                                                          else "")
+    return cell, decision.reason
 
 
 def across_report(specs: list[str | Path]) -> str:
-    """Markdown: each claim's verdict in each folder, and the one across them."""
+    """Markdown: each claim's verdict in each folder, the word across them and the pooled
+    verdict blocked by fold."""
     if len(specs) < 2:
         raise ValueError("suite across needs two or more suite folders (one per environment)")
     results = [read_suite_result(s) for s in specs]
@@ -138,7 +283,7 @@ def across_report(specs: list[str | Path]) -> str:
         raise ValueError("suite across compares one suite under several environments; these "
                          "folders hold different suites: " +
                          ", ".join(f"{r.folder} ({r.name})" for r in results))
-    labels = [r.label for r in results]
+    labels = [_one_line(r.label) for r in results]
     if len(set(labels)) < len(labels):
         raise ValueError("two folders share a label; name them LABEL=FOLDER")
     order: list[str] = []
@@ -147,27 +292,35 @@ def across_report(specs: list[str | Path]) -> str:
     rows, reasons = [], []
     for text in order:
         found = [r.claims.get(text) for r in results]
-        role = next((c.get("role", "") for c in found if c), "")
+        role = next((_one_line(c.get("role") or "") for c in found if c), "")
+        pooled, why = _pooled_cell(text, found)
         rows.append([role, text, *(_cell(c) for c in found),
-                     joint_verdict([c["verdict"] if c else None for c in found], labels)])
-        reasons += [f"- {r.label}, `{text}`: {c['reason']}"
-                    for r, c in zip(results, found, strict=True) if c and c.get("reason")]
-    lines = [f"# Suite {results[0].name} across {len(results)} environments", ""]
-    for i, r in enumerate(results, 1):
+                     joint_verdict([_one_line(c["verdict"]) if c else None for c in found],
+                                   labels), pooled])
+        reasons += [f"- {label}, `{text}`: {_one_line(c['reason'])}"
+                    for label, c in zip(labels, found, strict=True) if c and c.get("reason")]
+        if why:
+            reasons.append(f"- pooled, `{text}`: {why}")
+    lines = [f"# Suite {_one_line(results[0].name)} across {len(results)} environments", ""]
+    for i, (r, label) in enumerate(zip(results, labels, strict=True), 1):
         env = r.environment or ["- environment: not recorded"]
-        lines.append(f"{i}. **{r.label}** (`{r.folder}`)")
+        lines.append(f"{i}. **{label}** (`{r.folder}`)")
         lines += [f"   {e}" for e in env]
     seen: dict[tuple[str, ...], str] = {}
-    for r in results:
+    for r, label in zip(results, labels, strict=True):
         if r.environment and tuple(r.environment) in seen:
-            lines.append(f"- note: {r.label} reports the same environment as "
+            lines.append(f"- note: {label} reports the same environment as "
                          f"{seen[tuple(r.environment)]}; this is not a second kernel setting")
-        seen.setdefault(tuple(r.environment), r.label)
-    lines += ["", "A claim counts as reproduced (or contradicted) when every environment's "
-              "suite decided it so; where the verdicts differ it is machine-dependent "
-              "(docs/evidence.md, \"Machines\"). Cells: estimate, CI (items, seeds), each "
-              "seed's difference, that suite's verdict.", "",
-              format_table(["", "claim", *labels, "across"], rows, markdown=True)]
+        seen.setdefault(tuple(r.environment), label)
+    lines += ["", "Each environment's cell: estimate, CI (items, seeds), each seed's (fold's) "
+              "difference, that suite's verdict. across: the verdict every environment "
+              "gave; machine-dependent only where two decided opposite sides (one reproduced, "
+              "one contradicted), differs where they disagree otherwise. pooled: per fold, "
+              "the difference averaged over the environments, Student's t over those fold "
+              "means, decided by the suite's rules: the effect averaged over these kernel "
+              "settings (docs/evidence.md, \"Machines\").", "",
+              format_table(["", "claim", *labels, "across", "pooled (blocked by fold)"], rows,
+                           markdown=True)]
     if reasons:
         lines += ["", "Why (each suite's own reason):", "", *reasons]
     return "\n".join(lines) + "\n"

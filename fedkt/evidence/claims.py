@@ -15,6 +15,9 @@ Grammar (spaces optional)::
   item by item and taken on each resample: a claim against the stronger of two controls,
   e.g. ``fedmkt.server.accuracy_cli > max(shuffled, marginal).server.accuracy_cli``.
 
+* ``CLAIM and CLAIM [and ...]``: a joint claim (transfer *and* no forgetting), decided
+  by :func:`decide_joint` from each part's own verdict.
+
 Examples: ``fedmkt.clients.accuracy > standalone.clients.accuracy``,
 ``fedmkt.server.accuracy >= 0.9 * centralized.server.accuracy``,
 ``koala.server.accuracy >= baseline.server.accuracy - 0.07``.
@@ -38,7 +41,11 @@ An interval that decides but seeds that do not is **fragile**, with the reason
 seeds' t-interval contains 0``).  A **not resolved** verdict says whether the estimate lies
 below the claim's detection floor (the smallest true difference its items and seeds detect
 with 80% power: :func:`fedkt.evidence.stats.detection_floor`).  A quantity that no
-resample and no seed moves (a model's size, bytes by design) is decided by its interval.  ``>`` and ``>=`` are decided alike: an interval that
+resample and no seed moves (a model's size, bytes by design) is decided by its interval
+alone, and only that: both sides run-level numbers (no per-example predictions, so no
+item resample can move them), a zero-width interval, and at least ``MIN_FIXED_SEEDS`` (2)
+seeds that all gave the same difference.  A per-example metric whose interval happens to
+have zero width (two arms right on the same items) still needs ``MIN_SEEDS`` seeds.  ``>`` and ``>=`` are decided alike: an interval that
 touches the boundary decides neither way.  For ``~=`` (|D| < TOLERANCE):
 
 * **reproduced** when the whole CI of D lies inside (-TOLERANCE, +TOLERANCE),
@@ -51,11 +58,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ClaimError", "Decision", "Ref", "decide", "parse_claim", "verdict"]
+__all__ = ["Claim", "ClaimError", "Decision", "Joint", "Ref", "decide", "decide_joint",
+           "parse_claim", "verdict"]
 
 REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradicted"
 FRAGILE = "fragile"
 MIN_SEEDS = 4  # seeds (or folds) a suite's "reproduced" / "contradicted" needs
+# Seeds that must give the identical difference before a run-level number (bytes by design)
+# is decided without MIN_SEEDS: one seed cannot show that a seed does not move it.
+MIN_FIXED_SEEDS = 2
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_\-]*"
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -124,8 +135,32 @@ class Claim:
         return {self.lhs.arm} | (set(self.rhs.arms) if isinstance(self.rhs, Ref) else set())
 
 
-def parse_claim(text: str, arms: set[str] | None = None) -> Claim:
-    """Parse one claim line; with ``arms``, unknown arm names are refused."""
+@dataclass(frozen=True)
+class Joint:
+    """Claims joined with ``and``: an intersection-union test (:func:`decide_joint`)."""
+
+    text: str
+    parts: tuple[Claim, ...]
+
+    def arms(self) -> set[str]:
+        return set().union(*(p.arms() for p in self.parts))
+
+
+_AND = re.compile(r"\s+and\s+")
+
+
+def parse_claim(text: str, arms: set[str] | None = None) -> Claim | Joint:
+    """Parse one claim line (parts joined with ``and`` give a :class:`Joint`); with
+    ``arms``, unknown arm names are refused."""
+    pieces = _AND.split((text or "").strip())
+    if len(pieces) > 1:
+        if any(not p for p in pieces):
+            raise ClaimError(f"claim {text!r}: 'and' joins two claims; one side is empty")
+        return Joint(text.strip(), tuple(_parse_one(p, arms) for p in pieces))
+    return _parse_one(text, arms)
+
+
+def _parse_one(text: str, arms: set[str] | None = None) -> Claim:
     m = _CLAIM.match(text or "")
     if not m:
         raise ClaimError(
@@ -193,10 +228,13 @@ def _seed_side(claim: Claim, value: float, side: str) -> bool:
 
 def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | list[float],
            *, seed_interval: tuple[float, float] | None = None, estimate: float | None = None,
-           floor: float | None = None, min_seeds: int = MIN_SEEDS) -> Decision:
+           floor: float | None = None, min_seeds: int = MIN_SEEDS,
+           fixed: bool = False) -> Decision:
     """A suite's verdict: the interval's (:func:`verdict`) if the seeds carry it, else
     ``fragile`` with the reason; ``not resolved`` says when the estimate is below the
-    detection ``floor`` (module docstring)."""
+    detection ``floor`` (module docstring).  ``fixed``: both sides are run-level numbers
+    without per-example data (bytes, sizes); only then may an exact result skip the seed
+    count, and only with ``MIN_FIXED_SEEDS`` seeds that all gave the same difference."""
     side = verdict(claim, low, high)
     if side == NOT_RESOLVED:
         if floor is not None and estimate is not None and claim.tolerance is None:
@@ -205,8 +243,8 @@ def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | 
                 return Decision(NOT_RESOLVED, f"the estimate's size is below the detection floor {floor:.3f}")
         return Decision(NOT_RESOLVED, "the interval contains the boundary")
     k = len(per_seed)
-    if high == low and len(set(per_seed)) <= 1:  # exact: no resample or seed moves it (bytes)
-        return Decision(side)
+    if fixed and high == low and k >= MIN_FIXED_SEEDS and len(set(per_seed)) == 1:
+        return Decision(side)  # a run-level number that no resample and no seed moved
     if k < min_seeds:
         return Decision(FRAGILE, f"{side} by the interval, but {k} seed{'s' * (k != 1)} "
                                  f"({min_seeds} needed)")
@@ -218,3 +256,22 @@ def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | 
                                  f"[{seed_interval[0]:+.3f}, {seed_interval[1]:+.3f}] does not "
                                  "agree")
     return Decision(side)
+
+
+def decide_joint(parts: list[Decision] | tuple[Decision, ...]) -> Decision:
+    """A joint claim's verdict from its parts', each decided on its own at the suite's
+    level (an intersection-union test needs no correction): **reproduced** only if every
+    part is, **contradicted** if any part is, else **not resolved**, naming the parts that
+    held it back.  A part that was not decided at all (not run, an error) gives its word."""
+    words = [p.verdict for p in parts]
+    for k, word in enumerate(words, 1):
+        if word not in (REPRODUCED, CONTRADICTED, NOT_RESOLVED, FRAGILE):
+            return Decision(word, f"part {k}")
+    against = [k for k, w in enumerate(words, 1) if w == CONTRADICTED]
+    if against:
+        return Decision(CONTRADICTED, "part" + "s" * (len(against) > 1) + " "
+                        + ", ".join(map(str, against)) + " contradicted")
+    if all(w == REPRODUCED for w in words):
+        return Decision(REPRODUCED)
+    held = [f"part {k} {p}" for k, p in enumerate(parts, 1) if p.verdict != REPRODUCED]
+    return Decision(NOT_RESOLVED, "; ".join(held))

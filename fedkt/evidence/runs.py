@@ -305,12 +305,13 @@ def check_same_examples(a: Run, b: Run, sa: Sample, sb: Sample) -> None:
 def compare(a: Group, b: Group | Sequence[Group], group: str, metric: str, *,
             b_group: str | None = None,
             b_metric: str | None = None, factor: float = 1.0, offset: float = 0.0,
-            reps: int = DEFAULT_BOOTSTRAP, level: float = DEFAULT_LEVEL, seed: int = 0
-            ) -> tuple[Difference, float | None] | None:
+            reps: int = DEFAULT_BOOTSTRAP, level: float = DEFAULT_LEVEL, seed: int = 0,
+            units: dict[int, int] | None = None) -> tuple[Difference, float | None] | None:
     """``A.group.metric - factor * B.group.metric - offset`` with its paired CI, and
     McNemar's exact p when both sides are one run's accuracy of one participant.  ``b``
     several groups: the larger of them on each resample (``max(B1, B2)``, on their
-    common seeds)."""
+    common seeds).  ``units``: each seed's fold, where a suite runs several seeds inside
+    a fold (the fold then the unit of the bootstrap and of ``per_seed``)."""
     if isinstance(b, Group):
         runs_a, runs_b = paired(a, b)
         others: list[list[Run]] = []
@@ -341,7 +342,8 @@ def compare(a: Group, b: Group | Sequence[Group], group: str, metric: str, *,
         sides_a.append(ma)
         sides_b.append(mb)
     diff = bootstrap_difference(sides_a, sides_b, factor=factor, offset=offset, reps=reps,
-                                level=level, seed=seed)
+                                level=level, seed=seed,
+                                units=[units[r.seed] for r in runs_a] if units else None)
     p = None
     ma, mb = sides_a[0], sides_b[0]
     if len(sides_a) == 1 and factor == 1.0 and offset == 0.0 and isinstance(ma, Sample) \

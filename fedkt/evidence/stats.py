@@ -222,6 +222,9 @@ class Difference:
     a: float
     b: float
     per_seed: tuple[float, ...] = ()  # each seed's (or fold's) own difference, in seed order
+    # "seeds, items" (each seed its own unit) or "folds, seeds within a fold, items" (the
+    # fold the unit: per_seed then holds each fold's mean over its seeds, in fold order)
+    resampling: str = "seeds, items"
 
     def seed_interval(self) -> tuple[float, float] | None:
         """The t-interval over :attr:`per_seed` at :attr:`level` (None below 2 seeds)."""
@@ -235,7 +238,7 @@ class Difference:
 def bootstrap_difference(
     a: Sequence[Sample | float], b: Sequence[Sample | Largest | float], *, factor: float = 1.0,
     offset: float = 0.0, reps: int = DEFAULT_BOOTSTRAP, level: float = DEFAULT_LEVEL,
-    seed: int = 0,
+    seed: int = 0, units: Sequence[int] | None = None,
 ) -> Difference:
     """Paired bootstrap CI of ``mean_s A_s - factor * mean_s B_s - offset``.
 
@@ -249,6 +252,15 @@ def bootstrap_difference(
     the seeds of each replicate.  The interval is the percentile one.  One side
     may be a plain number against a :class:`Sample` (a claim against a constant); ``b``
     may be a :class:`Largest` of samples on ``a``'s examples (the larger on each resample).
+
+    ``units[s]``: the fold of seed ``s``, where a suite runs several training seeds inside
+    each fold.  The fold is then the unit, and the bootstrap has three levels: after every
+    seed's item resamples, each fold in turn (in fold order) draws its ``m`` seeds with
+    replacement (``rng.integers(0, m, size=(reps, m))``), each drawn seed bringing its own
+    item resample, then ``rng.integers(0, F, size=(reps, F))`` draws the folds; the
+    replicate is the mean over the drawn folds of the mean over their drawn seeds.
+    ``per_seed`` then holds each fold's mean over its seeds, so the seeds' t-interval and a
+    suite's verdict count folds.
     """
     if len(a) != len(b) or not a:
         raise ValueError(f"paired seeds: {len(a)} and {len(b)} runs; give the same number (>0)")
@@ -273,6 +285,18 @@ def bootstrap_difference(
         b_vals.append(vb)
     k = len(per_seed_reps)
     stacked = np.stack(per_seed_reps, 0)  # [seeds, reps]
+    if units is not None and len(units) != k:
+        raise ValueError(f"units: {len(units)} folds given for {k} seeds")
+    if units is not None and len(set(units)) < k:  # several seeds inside a fold
+        replicates, fold_point, members = _fold_replicates(rng, stacked, per_seed_point,
+                                                           units, reps)
+        alpha = (1 - level) / 2
+        low, high = np.quantile(replicates, [alpha, 1 - alpha])
+        return Difference(float(np.mean(fold_point)), float(low), float(high), level,
+                          min(sizes) if sizes else 0, len(fold_point),
+                          float(np.mean([np.mean(np.asarray(a_vals)[i]) for i in members])),
+                          float(np.mean([np.mean(np.asarray(b_vals)[i]) for i in members])),
+                          tuple(fold_point), "folds, seeds within a fold, items")
     if k == 1:
         replicates = stacked[0]
     else:
@@ -283,6 +307,55 @@ def bootstrap_difference(
     return Difference(float(np.mean(per_seed_point)), float(low), float(high), level,
                       min(sizes) if sizes else 0, k, float(np.mean(a_vals)),
                       float(np.mean(b_vals)), tuple(float(v) for v in per_seed_point))
+
+
+def _shrink(points: np.ndarray, within: float, between: float | None = None) -> float:
+    """The factor that scales a level's units about their mean so that their spread is the
+    between-unit part only: ``sqrt(max(1 - within / var(points), 0))``.  Resampling a level
+    and then the level below it counts the lower level's noise twice (once in the units'
+    own spread, once in the resample below); scaling the units by this factor counts it
+    once (the shrunken hierarchical bootstrap, Davison and Hinkley 1997, section 3.8)."""
+    if between is None:
+        if len(points) < 2:
+            return 0.0
+        between = float(np.var(points, ddof=1))
+    return math.sqrt(max(1.0 - within / between, 0.0)) if between > 0 else 0.0
+
+
+def _fold_replicates(rng: np.random.Generator, stacked: np.ndarray,
+                     per_seed_point: Sequence[float], units: Sequence[int], reps: int
+                     ) -> tuple[np.ndarray, list[float], list[np.ndarray]]:
+    """The three-level replicates (folds, seeds within a fold, items) of
+    :func:`bootstrap_difference`, each level's units shrunk (:func:`_shrink`) by the
+    variance the level below supplies; with no fold (or seed) variance the interval is the
+    items' alone."""
+    point = np.asarray(per_seed_point, float)
+    item_var = stacked.var(1)  # each seed's item-resample variance
+    folds = sorted(set(units))
+    members = [np.flatnonzero(np.asarray(units) == f) for f in folds]
+    rows = np.arange(reps)[:, None]
+    fold_reps = np.empty((len(folds), reps))
+    fold_point = []
+    # one factor for the seeds of every fold: the seeds' variance within a fold, pooled
+    # over the folds (two seeds a fold alone would make it a coin toss)
+    spread = [float(np.var(point[idx], ddof=1)) for idx in members if len(idx) > 1]
+    c = _shrink(point, float(item_var.mean()), float(np.mean(spread))) if spread else 0.0
+    for i, idx in enumerate(members):
+        mean = float(point[idx].mean())
+        drawn = idx[rng.integers(0, len(idx), size=(reps, len(idx)))]
+        # slot j of replicate r takes the item resample of column r + j: a seed drawn
+        # twice brings two independent item resamples, not the same one twice
+        cols = (rows + np.arange(len(idx))[None, :]) % reps
+        fold_reps[i] = (mean + c * (point[drawn] - mean)
+                        + stacked[drawn, cols] - point[drawn]).mean(1)
+        fold_point.append(mean)
+    fp = np.asarray(fold_point)
+    grand = float(fp.mean())
+    c = _shrink(fp, float(fold_reps.var(1).mean()))
+    pick = rng.integers(0, len(folds), size=(reps, len(folds)))
+    cols = (rows + np.arange(len(folds))[None, :]) % reps  # as above, for folds
+    replicates = (grand + c * (fp[pick] - grand) + fold_reps[pick, cols] - fp[pick]).mean(1)
+    return replicates, fold_point, members
 
 
 def seed_interval(per_seed: Sequence[float], level: float = DEFAULT_LEVEL

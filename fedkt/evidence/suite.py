@@ -20,9 +20,15 @@ A suite YAML::
       clients_baseline: standalone
       read: {fedavg: {server: null, clients: server}}
 
+``folds: [0, 1, 2, 3]`` with ``seeds_per_fold: 2`` runs two training seeds inside each
+test fold (``<suite>/<arm>/fold_<f>/seed_<seed>``; the fold is the unit of the verdicts);
+``target_floor`` / ``target_half_width`` add a design-targets table.
+
 Each (arm, seed) is an ordinary run folder, ``<suite>/<arm>/seed_<seed>``.  A run
 whose last round is checkpointed is skipped; a started one is resumed; so after
-a crash or Ctrl-C the same command finishes only what is missing.  ``--jobs N``
+a crash or Ctrl-C the same command finishes only what is missing; a run whose kept config
+differs from what the (edited) suite file gives it is refused by name unless
+``rerun_changed``.  ``--jobs N``
 runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).  The
 suite ends with ``suite.md`` (the table and the claims' verdicts), ``suite.json``
 and ``plots/``; a ``comparison`` section adds the cross-method table
@@ -55,7 +61,15 @@ from fedkt.config import (
 )
 from fedkt.configs.catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
-from fedkt.evidence.claims import Claim, ClaimError, decide, parse_claim
+from fedkt.evidence.claims import (
+    Claim,
+    ClaimError,
+    Decision,
+    Joint,
+    decide,
+    decide_joint,
+    parse_claim,
+)
 from fedkt.evidence.method_table import (
     ComparisonConfig,
     check_comparison,
@@ -74,13 +88,14 @@ from fedkt.evidence.runs import (
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.infra.environment import describe
 from fedkt.infra.precision import physical_cores
-from fedkt.tracking.folder import LATEST_FILE
+from fedkt.tracking.folder import CONFIG_FILE, LATEST_FILE
 from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
 from fedkt.tracking.summary import read_environment
 from fedkt.tracking.tables import breakdown_table, format_table
 
 __all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
 
+FOLD_SEED_BASE = 1000  # a run's seed inside fold f: 1000 * (r + 1) + f
 SUITE_TABLE = "suite.md"
 SUITE_JSON = "suite.json"
 
@@ -91,6 +106,14 @@ class SuiteConfig(_Strict):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     base: str | dict[str, Any]
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    # Seeds inside folds: the test folds (the base's data.split.folds cuts the records) and
+    # the training seeds run inside each; the fold is the unit of the verdict.  Run (fold f,
+    # r-th seed) has seed FOLD_SEED_BASE * (r + 1) + f, never its fold's index.
+    folds: list[int] | None = Field(None, min_length=1)
+    seeds_per_fold: int | None = Field(None, ge=1)
+    # The design's targets: the claims table says, per claim, whether they were met.
+    target_floor: float | None = Field(None, gt=0)
+    target_half_width: float | None = Field(None, gt=0)
     arms: dict[str, dict[str, Any]] = Field(..., min_length=1)
     baseline: str | None = None
     # The one claim the suite is run to decide, written in the file before it runs; the
@@ -128,17 +151,42 @@ class SuiteConfig(_Strict):
             raise ValueError(f"seeds {seeds} repeat a seed")
         return seeds
 
+    @field_validator("folds")
+    @classmethod
+    def _unique_folds(cls, folds: list[int] | None) -> list[int] | None:
+        if folds is not None:
+            if len(set(folds)) != len(folds):
+                raise ValueError(f"folds {folds} repeat a fold")
+            if any(not 0 <= f < FOLD_SEED_BASE for f in folds):
+                raise ValueError(f"folds {folds}: each fold is 0..{FOLD_SEED_BASE - 1}")
+        return folds
+
+    def run_seeds(self) -> dict[int, int | None]:
+        """Every run's seed and its test fold (None: the seed is its own unit)."""
+        if self.folds is None:
+            return {s: None for s in self.seeds}
+        return {FOLD_SEED_BASE * (r + 1) + f: f for f in self.folds
+                for r in range(self.seeds_per_fold or 1)}
+
 
 @dataclass
 class Suite:
     cfg: SuiteConfig
     folder: Path
     runs: dict[tuple[str, int], RunConfig]  # (arm, seed) -> validated run config
-    claims: list[Claim]  # the primary claim first, if the file declares one
+    claims: list[Claim | Joint]  # the primary claim first, if the file declares one
     source: Path  # the suite file
-    primary: Claim | None = None
+    primary: Claim | Joint | None = None
+    fold_of: dict[int, int] | None = None  # seed -> test fold (seeds inside folds)
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every run's seed, in order (with folds, fold by fold)."""
+        return list(self.fold_of) if self.fold_of else list(self.cfg.seeds)
 
     def run_dir(self, arm: str, seed: int) -> Path:
+        if self.fold_of:
+            return self.folder / arm / f"fold_{self.fold_of[seed]}" / f"seed_{seed}"
         return self.folder / arm / f"seed_{seed}"
 
 
@@ -203,13 +251,23 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
             check_comparison(cfg.comparison, list(cfg.arms))
         except ValueError as exc:
             raise ConfigError(f"suite {path}: {exc}") from None
+    if cfg.seeds_per_fold is not None and cfg.folds is None:
+        raise ConfigError(f"suite {path}: seeds_per_fold: needs folds (the test folds)")
+    if cfg.folds is not None and "seeds" in raw:
+        raise ConfigError(f"suite {path}: seeds: with folds, each run's seed is derived "
+                          f"({FOLD_SEED_BASE} * (r + 1) + fold); give seeds_per_fold instead")
     folder = Path(output_dir or cfg.output_dir.format(name=cfg.name))
+    fold_of = {s: f for s, f in cfg.run_seeds().items() if f is not None} or None
+    probe = Suite(cfg, folder, {}, [], path, None, fold_of)
     runs = {}
     for arm, overrides in cfg.arms.items():
         data = _deep_merge(base, overrides, f"suite {path}: arm {arm!r}")
-        for seed in cfg.seeds:
+        for seed, fold in cfg.run_seeds().items():
             run_data = {**data, "seed": seed, "name": f"{arm}",
-                        "output_dir": str(folder / arm / f"seed_{seed}")}
+                        "output_dir": str(probe.run_dir(arm, seed))}
+            if fold is not None:
+                run_data = copy.deepcopy(run_data)
+                _set_dotted(run_data, "data.split.fold", fold)
             if cfg.tracking is not None and "tracking" not in overrides:
                 run_data["tracking"] = copy.deepcopy(cfg.tracking)
             if run_data.get("tracking"):
@@ -219,6 +277,13 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
                 runs[(arm, seed)] = parse_config(run_data, f"(suite {path}, arm {arm!r})")
             except ConfigError as exc:
                 raise ConfigError(str(exc)) from None
+            split = runs[(arm, seed)].data.split
+            if fold is not None and split.folds is None:
+                raise ConfigError(f"suite {path}: folds: arm {arm!r} has no "
+                                  "data.split.folds to cut the records into folds")
+            if fold is not None and seed == split.fold_seed:
+                raise ConfigError(f"suite {path}: arm {arm!r}: seed {seed} is the split's "
+                                  "fold_seed; a training seed must differ from it")
     try:
         primary = parse_claim(cfg.primary, set(cfg.arms)) if cfg.primary else None
         claims = [parse_claim(c, set(cfg.arms)) for c in cfg.claims]
@@ -228,7 +293,7 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
         claims = [primary, *(c for c in claims if c.text != primary.text)]
     if isinstance(cfg.base, str):  # the copy in the suite folder must find its base too
         cfg = cfg.model_copy(update={"base": base})
-    return Suite(cfg, folder, runs, claims, path, primary)
+    return Suite(cfg, folder, runs, claims, path, primary, fold_of)
 
 
 def _suite_tracking(tracking: Any, suite: str, folder: Path, arm: str, seed: int) -> Any:
@@ -267,26 +332,101 @@ def run_state(run_dir: Path, rounds: int) -> str:
     return "started" if (run_dir / "metrics.jsonl").is_file() else "new"
 
 
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def config_changes(run_dir: Path, cfg: RunConfig) -> list[str]:
+    """The keys in which a run's kept ``config.yaml`` differs from ``cfg`` (what the suite
+    file resolves that run to now).  Not compared: where the run is (``output_dir``,
+    ``name``, ``tracking``), ``runtime.torch_threads`` where the suite leaves it to the
+    cores, and keys fedkt added since the run began (``config.yaml``'s keys only)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        return []
+    try:
+        saved_raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return [f"{CONFIG_FILE} (unreadable)"]
+    saved = _flat(saved_raw if isinstance(saved_raw, dict) else {})
+    now = _flat(cfg.model_dump(mode="json"))
+    changed = []
+    for key, value in saved.items():
+        if key in ("output_dir", "name") or key.startswith("tracking."):
+            continue
+        if key == "runtime.torch_threads" and not now.get(key):
+            continue  # the suite gave the run cores / jobs threads
+        if value != now.get(key):
+            changed.append(key)
+    return changed
+
+
+class SuiteChangedError(ConfigError):
+    """Finished (or started) runs of a suite folder were made with another suite file."""
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
-              quiet: bool = False) -> Path:
-    """Run what is missing of a suite, then write its table and plots; returns the folder."""
-    suite = load_suite(path, output_dir)
-    suite.folder.mkdir(parents=True, exist_ok=True)
-    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
-    (suite.folder / "suite.yaml").write_text(
-        f"# copied from {suite.source}\n" + yaml.safe_dump(suite.cfg.model_dump(), sort_keys=False))
+def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True
+              ) -> list[tuple[str, int, RunConfig, str]]:
+    """``(arm, seed, config, state)`` of every run still to do.  A run of the folder made
+    with another config than the suite file gives it now (an edited suite file) raises
+    :class:`SuiteChangedError` naming it and the keys that differ, before anything runs;
+    with ``rerun_changed`` it is run again from the start (state ``new``)."""
+    changed = {}
+    for (arm, seed), cfg in suite.runs.items():
+        run_dir = suite.run_dir(arm, seed)
+        if run_state(run_dir, cfg.rounds) != "new":
+            keys = config_changes(run_dir, cfg)
+            if keys:
+                changed[(arm, seed)] = keys
+    if changed and not rerun_changed:
+        lines = [f"  {arm} seed {seed}: {', '.join(keys[:8])}"
+                 + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+                 for (arm, seed), keys in changed.items()]
+        raise SuiteChangedError(
+            f"suite {suite.source}: {len(changed)} run(s) in {suite.folder} were made with "
+            "another config than the suite file gives them now (keys that differ):\n"
+            + "\n".join(lines) + "\nrun the edited suite into a new folder (--output-dir), "
+            "or pass --rerun-changed to run these again from the start")
     todo = []
     for (arm, seed), cfg in suite.runs.items():
+        if (arm, seed) in changed:
+            if not quiet:
+                print(f"suite {suite.cfg.name}: {arm} seed {seed}: its config changed "
+                      f"({', '.join(changed[(arm, seed)][:4])}); running it again")
+            todo.append((arm, seed, cfg, "new"))
+            continue
         state = run_state(suite.run_dir(arm, seed), cfg.rounds)
         if state == "done":
             if not quiet:
                 print(f"suite {suite.cfg.name}: {arm} seed {seed}: done, skipped")
             continue
         todo.append((arm, seed, cfg, state))
+    return todo
+
+
+def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
+              quiet: bool = False, rerun_changed: bool = False) -> Path:
+    """Run what is missing of a suite, then write its table and plots; returns the folder.
+
+    A run of the folder made with another config than the suite file now gives it (an
+    edited suite file) is refused by name with the keys that differ, before anything
+    runs; ``rerun_changed`` runs those again from the start instead."""
+    suite = load_suite(path, output_dir)
+    todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet)
+    suite.folder.mkdir(parents=True, exist_ok=True)
+    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
+    dumped = suite.cfg.model_dump(exclude={"seeds"} if suite.cfg.folds is not None else None)
+    (suite.folder / "suite.yaml").write_text(
+        f"# copied from {suite.source}\n" + yaml.safe_dump(dumped, sort_keys=False))
     threads = max(1, physical_cores() // max(1, jobs))
     failures: list[str] = []
     running: list[tuple[str, subprocess.Popen, Any, float]] = []
@@ -366,7 +506,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def _arm_group(suite: Suite, arm: str, rnd: int | None = None) -> Group:
     runs = []
-    for seed in suite.cfg.seeds:
+    for seed in suite.seeds:
         folder = suite.run_dir(arm, seed)
         if (folder / "metrics.jsonl").is_file() and run_state(
                 folder, suite.runs[(arm, seed)].rounds) == "done":
@@ -385,7 +525,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         suite = load_suite(copy, folder)
     cfg = suite.cfg
     groups = {arm: _arm_group(suite, arm) for arm in cfg.arms}
-    missing = [f"{arm} seed {s}" for arm in cfg.arms for s in cfg.seeds
+    missing = [f"{arm} seed {s}" for arm in cfg.arms for s in suite.seeds
                if s not in groups[arm].seeds]
     present = {a: g for a, g in groups.items() if g.runs}
     if not present:
@@ -422,7 +562,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
                 if base is not None and group is not base:
                     try:
                         got = compare(group, base, part, metric, reps=cfg.bootstrap,
-                                      level=cfg.level, seed=cfg.bootstrap_seed)
+                                      level=cfg.level, seed=cfg.bootstrap_seed,
+                                      units=suite.fold_of)
                     except ValueError:  # e.g. an arm without clients: nothing to pair
                         got = None
                     if got is not None:
@@ -436,11 +577,21 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
                                   "mean_std": ms, "vs_baseline": entry})
         table.append(line)
     verdicts = [_decide(suite, c) for c in suite.claims]
+    if suite.fold_of:
+        design = (f"- folds: {cfg.folds}, {cfg.seeds_per_fold or 1} training seed(s) in each "
+                  f"(seeds {suite.seeds}); the fold is the unit of the verdicts")
+        resampling = ("- resampling: folds, then seeds within a fold, then each seed's test "
+                      "items (each level shrunk by what the level below supplies); "
+                      "t-interval and per seed: over the folds' means")
+    else:
+        design = f"- seeds: {cfg.seeds}"
+        resampling = ("- resampling: seeds, then each seed's test items; t-interval and per "
+                      "seed: over the seeds")
     text = [f"# Suite {cfg.name}", "",
-            f"- seeds: {cfg.seeds}; arms: {', '.join(cfg.arms)}; baseline: {baseline or '-'}",
+            f"{design}; arms: {', '.join(cfg.arms)}; baseline: {baseline or '-'}",
             f"- cells: mean ± std over seeds of the final evaluation; Δ: paired bootstrap "
             f"({cfg.bootstrap} resamples over test examples and seeds) vs the baseline arm",
-            ]
+            resampling]
     n_items = _items(first)
     if n_items:
         text.append(f"- test examples per run: {n_items}")
@@ -452,11 +603,23 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     if verdicts:
         pct = int(cfg.level * 100)
         text += ["## Claims", "", _claims_preamble(suite), "", format_table(
-            ["", "claim", "estimate", f"{pct}% CI (items, seeds)", f"seeds' {pct}% t-interval",
-             "per seed", "floor", "verdict"],
+            ["", "claim", "estimate",
+             f"{pct}% CI (items, seeds{', folds' if suite.fold_of else ''})",
+             f"{'folds' if suite.fold_of else 'seeds'}' {pct}% t-interval",
+             "per fold" if suite.fold_of else "per seed", "floor", "verdict"],
             [[v["role"], v["claim"], v["estimate"], v["ci"], v["seed_ci"], v["per_seed_text"],
               v["floor_text"], v["verdict"] + (f": {v['reason']}" if v.get("reason") else "")]
              for v in verdicts], markdown=True), ""]
+        targets = target_rows(cfg.target_floor, cfg.target_half_width, verdicts)
+        if targets:
+            text += ["### Design targets", "",
+                     "Per claim (a joint claim: per part), the detection floor and the 95% "
+                     "half-width (the larger of the CI's and the t-interval's) against the "
+                     "suite file's target_floor and target_half_width (`fedkt suite power` "
+                     "plans the folds that reach them).", "",
+                     format_table(["claim", "floor", "target floor", "met",
+                                   "half-width", "target half-width", "met"], targets,
+                                  markdown=True), ""]
     text += ["## Where the time went", "",
              "Mean over seeds of each run's seconds per phase (fedkt.infra.timing), summed over "
              "its participants; other: the wall time no phase covers; all runs: the sum "
@@ -473,7 +636,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     out = "\n".join(text)
     (folder / SUITE_TABLE).write_text(out)
     (folder / SUITE_JSON).write_text(json.dumps(
-        {"name": cfg.name, "seeds": cfg.seeds, "metrics": metrics, "table": rows_json,
+        {"name": cfg.name, "seeds": suite.seeds, "folds": suite.fold_of, "metrics": metrics,
+         "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines},
         indent=2, default=float) + "\n")
     suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
@@ -508,6 +672,29 @@ def _round0_group(suite: Suite, arms: list[str]) -> tuple[str, Group] | None:
     return None
 
 
+def target_rows(target_floor: float | None, target_half: float | None,
+                verdicts: list[dict[str, Any]]) -> list[list[str]]:
+    """The design-targets table: per decided claim (or part), floor and half-width against
+    the targets, with ``yes``/``no``; none without targets.  Also records them in each
+    verdict's ``targets`` (suite.json)."""
+    if target_floor is None and target_half is None:
+        return []
+    rows = []
+    for v in verdicts:
+        for part in v.get("parts") or [v]:
+            floor, half = part.get("floor"), part.get("half_width")
+            if floor is None or half is None:
+                continue
+            met_floor = None if target_floor is None else bool(floor <= target_floor)
+            met_half = None if target_half is None else bool(half <= target_half)
+            part["targets"] = {"floor": target_floor, "floor_met": met_floor,
+                               "half_width": target_half, "half_width_met": met_half}
+            word = {True: "yes", False: "no", None: "-"}
+            rows.append([part["claim"], f"{floor:.3f}", _fmt(target_floor), word[met_floor],
+                         f"{half:.3f}", _fmt(target_half), word[met_half]])
+    return rows
+
+
 def _items(run: Run) -> int | None:
     for key in run.files:
         if key[0] == run.eval_round():
@@ -520,21 +707,49 @@ def _claims_preamble(suite: Suite) -> str:
     lead = ("The **primary** claim (first row) was declared in the suite file before it ran; "
             "the others are secondary." if suite.primary is not None else
             "No primary claim is declared in the suite file: every claim is secondary.")
+    if suite.fold_of:
+        return (f"{lead} CI: the paired bootstrap over folds, the seeds within each drawn "
+                "fold and, within each drawn seed, its test items; t-interval: Student's t "
+                "over the per-fold differences (each fold's mean over its seeds); floor: the "
+                "smallest true difference these folds detect with 80% power. Reproduced or "
+                "contradicted needs the CI on one side, at least 4 folds, all but at most one "
+                "of them on that side, and the t-interval on it too; an interval that decides "
+                "without the folds is *fragile*; a joint claim (parts joined by 'and') needs "
+                "every part (docs/evidence.md, \"How verdicts are decided\").")
     return (f"{lead} CI: the paired bootstrap over seeds and, within each drawn seed, its test "
             "items; t-interval: Student's t over the per-seed differences; floor: the smallest "
             "true difference these items and seeds detect with 80% power. Reproduced or "
             "contradicted needs the CI on one side, at least 4 seeds, all but at most one of "
             "them on that side, and the t-interval on it too; an interval that decides without "
-            "the seeds is *fragile* (docs/evidence.md, \"How verdicts are decided\").")
+            "the seeds is *fragile*; a joint claim (parts joined by 'and') needs every part "
+            "(docs/evidence.md, \"How verdicts are decided\").")
 
 
-def _decide(suite: Suite, claim: Claim) -> dict[str, Any]:
-    out = _decide_interval(suite, claim)
+def _decide(suite: Suite, claim: Claim | Joint) -> dict[str, Any]:
+    out = _decide_joint(suite, claim) if isinstance(claim, Joint) else \
+        _decide_interval(suite, claim)
     out["role"] = "primary" if suite.primary is not None and claim is suite.claims[0] \
         else "secondary"
     for key in ("seed_ci", "per_seed_text", "floor_text"):
         out.setdefault(key, "-")
     return out
+
+
+_JOINED = ("estimate", "ci", "seed_ci", "per_seed_text", "floor_text")
+
+
+def _decide_joint(suite: Suite, claim: Joint) -> dict[str, Any]:
+    """A joint claim: each part decided as a claim of its own, then :func:`decide_joint`;
+    the row's cells hold each part's, in order, separated by '; '."""
+    parts = []
+    for part in claim.parts:
+        got = _decide_interval(suite, part)
+        for key in _JOINED:
+            got.setdefault(key, "-")
+        parts.append(got)
+    decision = decide_joint([Decision(p["verdict"], p.get("reason", "")) for p in parts])
+    return {"claim": claim.text, **{k: "; ".join(p[k] for p in parts) for k in _JOINED},
+            "verdict": decision.verdict, "reason": decision.reason, "parts": parts}
 
 
 def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
@@ -565,7 +780,7 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
     try:
         got = compare(lhs, largest or rhs, claim.lhs.group, claim.lhs.metric, b_group=b_group,
                       b_metric=b_metric, factor=factor, offset=offset, reps=cfg.bootstrap,
-                      level=cfg.level, seed=cfg.bootstrap_seed)
+                      level=cfg.level, seed=cfg.bootstrap_seed, units=suite.fold_of)
     except ValueError as exc:
         return {**out, "verdict": f"error: {exc}"}
     if got is None:
@@ -574,24 +789,32 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
     seeds = d.seed_interval()
     floor = d.floor()
     decision = decide(claim, d.low, d.high, d.per_seed, seed_interval=seeds,
-                      estimate=d.estimate, floor=floor)
+                      estimate=d.estimate, floor=floor, fixed=d.n == 0)
     common = set.intersection(*(set(g.seeds) for g in (lhs, *largest)))
     seed_labels = [r.seed for r in paired(Group([r for r in lhs.runs if r.seed in common]),
                                           rhs)[0]]
+    if suite.fold_of:  # per_seed holds each fold's mean over its seeds, in fold order
+        seed_labels = sorted({suite.fold_of[s] for s in seed_labels})
     return {"claim": claim.text, "estimate": f"{d.estimate:+.4f}",
             "ci": f"[{d.low:+.4f}, {d.high:+.4f}]", "verdict": decision.verdict,
             "reason": decision.reason, "low": d.low, "high": d.high, "value": d.estimate,
             "per_seed": dict(zip((str(s) for s in seed_labels), d.per_seed, strict=False)),
             "seed_low": seeds[0] if seeds else None, "seed_high": seeds[1] if seeds else None,
-            "floor": floor,
+            "floor": floor, "resampling": d.resampling,
+            "half_width": max((d.high - d.low) / 2, (seeds[1] - seeds[0]) / 2 if seeds else 0.0),
             "seed_ci": f"[{seeds[0]:+.3f}, {seeds[1]:+.3f}]" if seeds else "-",
             "per_seed_text": ", ".join(f"{v:+.3f}" for v in d.per_seed),
             "floor_text": f"{floor:.3f}"}
 
 
 def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
-    """``(arm, seed, state)`` of every run of a suite."""
+    """``(arm, seed, state)`` of every run of a suite; a run made with another config than
+    the suite file gives it now says so with the keys."""
     suite = load_suite(path)
-    return [(arm, seed, run_state(suite.run_dir(arm, seed), cfg.rounds))
-            for (arm, seed), cfg in suite.runs.items()]
+    out = []
+    for (arm, seed), cfg in suite.runs.items():
+        state = run_state(suite.run_dir(arm, seed), cfg.rounds)
+        keys = config_changes(suite.run_dir(arm, seed), cfg) if state != "new" else []
+        out.append((arm, seed, f"{state}, config changed: {', '.join(keys)}" if keys else state))
+    return out
 

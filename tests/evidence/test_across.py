@@ -37,9 +37,15 @@ def _folder(root: Path, name: str, claims: list[dict], env: list[str] | None,
 def test_joint_verdict_agrees_only_when_every_environment_does():
     assert joint_verdict(["reproduced", "reproduced"]) == "reproduced under all 2"
     assert joint_verdict(["not resolved"] * 3) == "not resolved under all 3"
+    # one setting decided, another could not: that is not the machine moving the answer
     assert joint_verdict(["reproduced", "not resolved"]) == (
-        "machine-dependent: reproduced / not resolved")
-    assert joint_verdict(["reproduced", "contradicted"]).startswith("machine-dependent")
+        "differs: reproduced / not resolved")
+    assert joint_verdict(["fragile", "contradicted"]) == "differs: fragile / contradicted"
+    # machine-dependent: two settings decided opposite sides
+    assert joint_verdict(["reproduced", "contradicted"]) == (
+        "machine-dependent: reproduced / contradicted")
+    assert joint_verdict(["contradicted", "not resolved", "reproduced"]).startswith(
+        "machine-dependent")
     assert joint_verdict(["reproduced", None], ["bf16", "fp32"]) == (
         "not compared: absent in fp32")
 
@@ -54,9 +60,9 @@ def test_report_pairs_claims_by_text_and_names_each_environment(tmp_path):
     text = across_report([f"bf16={amx}", str(fp32)])
     rows = {line.split("|")[2].strip(): line for line in text.splitlines()
             if line.startswith("| ") and "accuracy" in line}
-    assert rows[PRIMARY].rstrip(" |").endswith("reproduced under all 2")
+    assert rows[PRIMARY].split("|")[-3].strip() == "reproduced under all 2"
     assert rows[PRIMARY].split("|")[1].strip() == "primary"
-    assert rows[OTHER].rstrip(" |").endswith("machine-dependent: reproduced / fragile")
+    assert rows[OTHER].split("|")[-3].strip() == "differs: reproduced / fragile"
     assert "| bf16 | fp32 |" in text.replace("|  | claim ", "")
     assert "CPU AVX512 (amx_bf16)" in text and "CPU AVX2" in text
     assert "fp32, `a.clients.accuracy > b.clients.accuracy`: 2 seeds (4 needed)" in text
@@ -120,7 +126,7 @@ def test_cli_writes_the_table(tmp_path, capsys):
     assert main(["suite", "across", str(a), str(b), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed == out.read_text()
-    assert "machine-dependent: reproduced / not resolved" in printed
+    assert "differs: reproduced / not resolved" in printed
 
 
 @pytest.mark.parametrize("name", ["fedmkt_transfer", "fedcollm_transfer"])
@@ -151,3 +157,85 @@ def test_a_table_without_claims_is_refused(tmp_path):
     (folder / "suite.md").write_text("# Suite x\n\n- environment: y\n")
     with pytest.raises(ValueError, match="no Claims table"):
         read_suite_result(folder)
+
+
+# --------------------------------------------------------------- what across refuses
+
+
+def _json_folder(root: Path, name: str, text: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "suite.json").write_text(text)
+    return folder
+
+
+def test_a_nan_verdict_is_refused_naming_file_and_field(tmp_path):
+    good = _folder(tmp_path, "good", [_claim(PRIMARY, "reproduced", "primary")], [])
+    text = json.dumps({"name": "demo", "claims": [{"claim": PRIMARY, "estimate": "+0.1",
+                                                   "ci": "[0, 1]", "verdict": float("nan")}]})
+    assert "NaN" in text
+    bad = _json_folder(tmp_path, "bad", text)
+    with pytest.raises(ValueError, match=r"bad/suite.json: claims\[0\]\.verdict"):
+        across_report([good, bad])
+
+
+def test_a_claim_without_estimate_is_refused_naming_file_and_field(tmp_path):
+    good = _folder(tmp_path, "good", [_claim(PRIMARY, "reproduced", "primary")], [])
+    row = _claim(PRIMARY, "reproduced", "primary")
+    del row["estimate"]
+    bad = _folder(tmp_path, "bad", [row], [])
+    with pytest.raises(ValueError, match=r"bad/suite.json: claims\[0\]\.estimate"):
+        across_report([good, bad])
+
+
+@pytest.mark.parametrize("estimate", ["nan", "NaN", float("nan"), "inf"])
+def test_a_nan_estimate_does_not_pass_through(tmp_path, estimate):
+    row = _claim(PRIMARY, "reproduced", "primary")
+    row["estimate"] = estimate
+    bad = _folder(tmp_path, "bad", [row], [])
+    with pytest.raises(ValueError, match=r"claims\[0\]\.estimate.*finite"):
+        read_suite_result(bad)
+
+
+def test_a_deeply_nested_file_is_refused_not_a_recursion_error(tmp_path):
+    bad = _json_folder(tmp_path, "deep", "[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match="deep/suite.json: .*nested"):
+        read_suite_result(bad)
+
+
+def test_a_string_environment_is_refused(tmp_path, capsys):
+    good = _folder(tmp_path, "good", [_claim(PRIMARY, "reproduced", "primary")], [])
+    bad = _folder(tmp_path, "bad", [_claim(PRIMARY, "reproduced", "primary")],
+                  "- environment: x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"bad/suite.json: environment: .*list"):
+        across_report([good, bad])
+    assert main(["suite", "across", str(good), str(bad)]) == 2
+    assert "environment" in capsys.readouterr().err
+
+
+def test_newlines_and_markdown_in_a_claim_cannot_inject_headings(tmp_path):
+    good = _folder(tmp_path, "good", [_claim(PRIMARY, "reproduced", "primary")], [])
+    evil = _claim(PRIMARY + "\n# Injected heading", "reproduced", "primary")
+    bad = _folder(tmp_path, "bad", [evil], [])
+    with pytest.raises(ValueError, match=r"bad/suite.json: claims\[0\]\.claim"):
+        across_report([good, bad])
+    # a reason with a newline is printed on one line
+    why = _claim(PRIMARY, "fragile", "primary", reason="2 seeds\n## Injected\n| x |")
+    a = _folder(tmp_path, "a", [why], [])
+    text = across_report([good, a])
+    assert not any(line.startswith("#") and "Injected" in line for line in text.splitlines())
+
+
+def test_a_row_after_the_claims_table_is_not_a_claim(tmp_path):
+    published = ROOT / "docs" / "suites" / "fedmkt_transfer"
+    folder = tmp_path / "fedmkt_transfer"
+    folder.mkdir()
+    text = (published / "suite.md").read_text()
+    extra = ("| secondary | a.server.accuracy > b.server.accuracy | +0.5 | [+0.4, +0.6] | - "
+             "| +0.5 | 0.1 | reproduced |")
+    lines = text.splitlines()
+    start = lines.index("## Claims")
+    end = next(i for i in range(start + 4, len(lines)) if not lines[i].startswith("|"))
+    lines[end:end] = ["", "Notes.", "", extra]  # after the table, separated from it
+    (folder / "suite.md").write_text("\n".join(lines) + "\n")
+    assert "a.server.accuracy > b.server.accuracy" not in read_suite_result(folder).claims

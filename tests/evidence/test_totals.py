@@ -52,7 +52,9 @@ def test_suite_report_without_round0(tmp_path):
 
     from fedkt.evidence.suite import report_suite
 
-    suite = {"name": "noround0", "seeds": [0], "baseline": "fedavg",
+    # Two seeds: a run-level number (bytes) with a zero-width interval is decided only when
+    # at least 2 seeds gave it identically (docs/evidence.md, "How verdicts are decided").
+    suite = {"name": "noround0", "seeds": [0, 1], "baseline": "fedavg",
              "base": {"name": "x", "rounds": 2, "method": {"name": "fedavg"},
                       "clients": {"num_clients": 3, "models": [{"name": "tiny-llama"}]},
                       "data": {"dataset": {"name": "intent_recognition"}},
@@ -60,8 +62,9 @@ def test_suite_report_without_round0(tmp_path):
              "arms": {"fedkd": {}, "fedavg": {}}, "metrics": ["accuracy", "bytes_total"],
              "claims": ["fedkd.clients.bytes_total <= 0.2 * fedavg.clients.bytes_total"]}
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    for arm, (up, down) in {"fedkd": (10, 5), "fedavg": (100, 100)}.items():
-        run = _run(tmp_path / arm / "seed_0", 0, up, down, evaluated_clients=True)
+    for (arm, (up, down)), seed in [(a, s) for a in {"fedkd": (10, 5), "fedavg": (100, 100)}
+                                    .items() for s in (0, 1)]:
+        run = _run(tmp_path / arm / f"seed_{seed}", seed, up, down, evaluated_clients=True)
         rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
                 if r["round"] != 0]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -131,10 +131,22 @@ def test_primary_claim_is_checked_like_the_others(tmp_path):
         load_suite(_suite_file(tmp_path, primary="nope.clients.accuracy > fedavg.clients.accuracy"))
 
 
-def test_an_exact_quantity_needs_no_seeds():
+def test_an_exact_run_level_quantity_needs_two_agreeing_seeds_not_four():
     claim = parse_claim("a.server.size >= 0.976")
-    assert decide(claim, -0.1, -0.1, [-0.1]).verdict == CONTRADICTED
-    assert decide(claim, 0.2, 0.2, [0.2]).verdict == REPRODUCED
+    assert decide(claim, -0.1, -0.1, [-0.1, -0.1], fixed=True).verdict == CONTRADICTED
+    assert decide(claim, 0.2, 0.2, [0.2, 0.2, 0.2], fixed=True).verdict == REPRODUCED
+    one = decide(claim, 0.2, 0.2, [0.2], fixed=True)  # one seed cannot show seeds don't move it
+    assert one.verdict == FRAGILE and "1 seed (4 needed)" in one.reason
+
+
+def test_a_zero_width_per_example_interval_from_one_fold_is_not_decided():
+    # docs/suites/fedmkt_receiving_pilot: two arms right on the same 64 items gave the
+    # interval [+0.03, +0.03] from one fold; before the rule fix this read "reproduced".
+    claim = parse_claim("a.server.accuracy_srv >= b.server.accuracy_srv - 0.03")
+    got = decide(claim, 0.03, 0.03, [0.03])
+    assert got.verdict == FRAGILE and "1 seed (4 needed)" in got.reason
+    assert decide(claim, 0.03, 0.03, [0.03] * 3).verdict == FRAGILE  # 3 < MIN_SEEDS
+    assert decide(claim, 0.03, 0.03, [0.03] * 4).verdict == REPRODUCED
 
 
 def test_max_of_two_controls_is_the_larger_on_each_resample():

@@ -1,0 +1,102 @@
+"""``fedkt suite power``: folds needed for a target floor and half-width, the item SE, the
+runs and hours, and a suite's design-targets table, with answers computed by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedkt.cli import main
+from fedkt.evidence.power import claim_power, floor_factor, folds_needed, item_se
+from fedkt.evidence.suite import target_rows
+
+Z = 1.959963984540054
+
+
+def test_folds_for_a_half_width_by_hand():
+    # t(0.975, K-1) * 0.1 / sqrt(K) <= 0.1: K=6 gives 2.571/2.449 = 1.050, K=7 2.447/2.646
+    # = 0.925, so 7 folds
+    assert folds_needed(0.1, 0.1) == 7
+    assert folds_needed(1e-6, 0.1) == 4  # never below the verdict's 4 folds
+    assert folds_needed(0.0, 0.1) == 4
+
+
+def test_folds_for_a_floor_by_hand():
+    # floor = 1.4294 * t * sd / sqrt(K) <= 0.1 with sd 0.1: t / sqrt(K) <= 0.6996;
+    # K=10: 2.262/3.162 = 0.715, K=11: 2.228/3.317 = 0.672, so 11 folds
+    assert floor_factor() == pytest.approx(1 + 0.8416212335729143 / Z)
+    assert folds_needed(0.1, 0.1, factor=floor_factor()) == 11
+
+
+def test_item_se_from_the_bootstrap_by_hand():
+    assert item_se(Z * 0.05, 1, None) == pytest.approx(0.05)
+    # 4 folds, fold SD 0.1, item SE 0.05: the bootstrap's variance (0.01 * 3/4 + 0.0025) / 4
+    # = 0.0025, its half-width 1.96 * 0.05
+    assert item_se(Z * 0.05, 4, 0.1) == pytest.approx(0.05)
+    assert item_se(0.01, 4, 0.5) == 0.0  # noise larger than the interval: none left
+
+
+def test_one_fold_gives_a_lower_bound():
+    got = claim_power("a.server.accuracy > b.server.accuracy", [0.2], 0.2 - Z * 0.05,
+                      0.2 + Z * 0.05, 0.14, 0.10, 0.06)
+    assert got.fold_sd is None and got.lower_bound and got.item_se == pytest.approx(0.05)
+    assert got.folds_for_half == folds_needed(0.05, 0.06)
+
+
+def _pilot(root: Path) -> Path:
+    folder = root / "pilot"
+    folder.mkdir()
+    per = {"0": 0.1, "1": 0.3, "2": 0.2, "3": 0.0}  # SD 0.1291
+    claim = {"claim": "a.server.accuracy > b.server.accuracy", "role": "primary",
+             "estimate": "+0.1500", "ci": "[+0.0500, +0.2500]", "verdict": "fragile",
+             "reason": "x", "per_seed": per, "floor": 0.2,
+             "per_seed_text": "+0.100, +0.300, +0.200, +0.000"}
+    (folder / "suite.json").write_text(json.dumps({
+        "name": "p", "seeds": [0, 1, 2, 3], "claims": [claim],
+        "table": [{"arm": "round 0 (a@0)"}, {"arm": "a"}, {"arm": "b"}]}))
+    (folder / "suite.md").write_text(
+        "# Suite p\n\n## Where the time went\n\n| | wall (s) | eval (s, %) |\n|---|---:|---:|\n"
+        "| a | 1800.0 | 1.0 (0%) |\n| b | 900.0 | 1.0 (0%) |\n| all runs | 10800.0 | 8 |\n")
+    return folder
+
+
+def test_power_command_by_hand(tmp_path, capsys):
+    folder = _pilot(tmp_path)
+    assert main(["suite", "power", str(folder), "--target-floor", "0.2",
+                 "--half-width", "0.1"]) == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("| a.server"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    sd = 0.12909944487358055
+    assert cells[1:3] == ["4", f"{sd:.3f}"]
+    k_floor = folds_needed(sd, 0.2, factor=floor_factor())
+    k_half = folds_needed(sd, 0.1)
+    # by hand: floor t/sqrt(K) <= 0.2 / (1.4294 * 0.1291) = 1.084: K=5 1.241, K=6 1.050;
+    # half-width t/sqrt(K) <= 0.1 / 0.1291 = 0.775: K=8 0.836, K=9 0.769
+    assert (k_floor, k_half) == (6, 9)
+    assert cells[5:8] == ["6", "9", "9 x 1"]
+    # runs: 9 folds x 1 seed x 2 arms; hours: 9 folds x (1800 + 900) s a fold
+    assert cells[8:] == ["18", f"{9 * 2700 / 3600:.1f}"]
+    assert "0.75 h per fold" in out
+
+
+def test_power_refuses_bad_targets(tmp_path, capsys):
+    folder = _pilot(tmp_path)
+    assert main(["suite", "power", str(folder), "--half-width", "-1"]) == 2
+    assert "positive" in capsys.readouterr().err
+
+
+def test_design_targets_table():
+    verdicts = [{"claim": "x", "floor": 0.08, "half_width": 0.07},
+                {"claim": "y", "parts": [{"claim": "y1", "floor": 0.12, "half_width": 0.05},
+                                         {"claim": "y2", "floor": 0.09, "half_width": 0.06}]},
+                {"claim": "not run"}]
+    rows = target_rows(0.10, 0.06, verdicts)
+    assert rows == [["x", "0.080", "0.100", "yes", "0.070", "0.060", "no"],
+                    ["y1", "0.120", "0.100", "no", "0.050", "0.060", "yes"],
+                    ["y2", "0.090", "0.100", "yes", "0.060", "0.060", "yes"]]
+    assert verdicts[0]["targets"] == {"floor": 0.10, "floor_met": True, "half_width": 0.06,
+                                      "half_width_met": False}
+    assert target_rows(None, None, verdicts) == []
