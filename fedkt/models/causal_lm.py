@@ -271,11 +271,13 @@ def load_causal_lm(
     Raises :class:`~fedkt.models.offline.ModelError` with what to do when it can't.
     """
     from fedkt.infra.placement import loader_kwargs
+    from fedkt.infra.progress import quiet_libraries
 
     extra = loader_kwargs(cfg, device)
     if cfg.quantization is not None:
         _check_bitsandbytes(extra.get("device_map"))
-    model, tokenizer = _load_causal_lm(cfg, seed, extra)
+    with quiet_libraries():
+        model, tokenizer = _load_causal_lm(cfg, seed, extra)
     if cfg.num_layers is not None:
         try:
             keep_first_layers(model, cfg.num_layers)
