@@ -10,11 +10,13 @@ what it does (``eval``, ``knowledge``, ``align``), counting items with their rat
 than :data:`MIN_ITEMS` items) show none.  Loading a model shows no library bar:
 :func:`quiet_libraries` holds transformers' "Loading weights" bars and its warnings back
 while fedkt loads one (the models' loaders use it), so a run's console starts with fedkt's
-own lines.
+own lines: one :func:`status` line per model loaded from disk (and per GGUF checkpoint
+converted once), where loading takes seconds and has no bar.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 from tqdm.auto import tqdm
 
 __all__ = ["MIN_ITEMS", "bar", "counted", "current_participant", "current_scope", "participant",
-           "quiet_libraries", "scope"]
+           "quiet_libraries", "scope", "status"]
 
 T = TypeVar("T")
 
@@ -77,6 +79,16 @@ def bar(total: int, what: str, *, unit: str = "items") -> Any:
     label = " ".join(p for p in (current_participant(), model, what) if p)
     return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True,
                 disable=None if total >= MIN_ITEMS else True)
+
+
+def status(text: str) -> None:
+    """One line on stderr for a step that takes seconds and has no bar (loading a model),
+    labelled with the participant; only when stderr is a terminal, as the bars."""
+    stream = sys.stderr
+    if not stream.isatty():
+        return
+    label = " ".join(p for p in (current_participant(), current_scope()) if p)
+    tqdm.write(f"{label}: {text}" if label else text, file=stream)
 
 
 def counted(items: Iterable[T], total: int, what: str = "align") -> Iterator[T]:
