@@ -91,3 +91,13 @@ def test_each_demo_record_agrees_with_its_own_table():
                 assert (float(cells[2]), float(cells[3])) == (want["round0"], want["final"]), (
                     f"{record['file']}: {cells[0]}")
         assert json.loads(json.dumps(record))  # plain data
+
+
+def test_the_readme_lists_every_file_a_run_writes():
+    from fedkt.tracking.folder import WRITTEN
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("A run writes `runs/<name>/`:", 1)[1].split("```", 2)[1]
+    listed = {line.split()[0].rstrip("/").split("/")[0] for line in block.splitlines()
+              if line.strip() and not line.startswith(" ")}
+    assert set(WRITTEN) <= listed, f"README's run folder lacks {sorted(set(WRITTEN) - listed)}"
