@@ -102,6 +102,8 @@ def timing_table(rows: Sequence[dict[str, Any]]) -> str:
     table = []
     for name in participant_order(r.get("participant", "?") for r in rows):
         mine = [r for r in rows if r.get("participant", "?") == name]
+        if not any(total(mine, k) is not None for k in found):
+            continue  # a model timed with its participant (FedCoLLM's global_slm)
         line = [name, *(fmt_seconds(total(mine, k)) for k in cols)]
         if found & saved:
             line.append(fmt_seconds(sum(total(mine, k) or 0.0 for k in saved)))

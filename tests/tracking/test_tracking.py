@@ -117,6 +117,7 @@ def _timed_rows() -> list[dict]:
             rows.append({"round": rnd, "participant": "client_0", "split": "train", "loss": 1.0,
                          "train_seconds": 6.0, "step_seconds": 0.5, "wall_time": 7.0,
                          "compute_time": 6.5})
+        rows.append({"round": rnd, "participant": "global_slm", "split": "test", "accuracy": 0.3})
     return rows
 
 
@@ -139,6 +140,7 @@ def test_timings_are_not_metrics_and_have_their_own_table_and_plot(tmp_path):
     assert server == ["server", "8.0", "-", "6.0", "-", "0.5", "-", "3.0"]
     client = [c.strip() for c in lines[3].strip("|").split("|")]
     assert client == ["client_0", "12.0", "6.5", "4.0", "6.0", "-", "0.5", "0.0"]
+    assert len(lines) == 4  # global_slm: no timings of its own, no line
     names = {p.name for p in rec.plot()}
     assert names == {"test_accuracy.png", "train_loss.png", "time.png"}  # no bytes logged
 
