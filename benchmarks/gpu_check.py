@@ -3,7 +3,7 @@
 Prepared for a machine with one NVIDIA GPU (H100/H200), PyTorch, transformers, peft and
 accelerate, and no network: fedkt's other dependencies come as wheels in
 ``benchmarks/.gpu_wheels/`` (``bash benchmarks/gpu_wheels.sh`` here, carried along; see
-docs/performance.md, "GPU check"). Models are built from configs (random weights), so no
+docs/records/performance.md, "GPU check"). Models are built from configs (random weights), so no
 checkpoint travels. Parts (``--part``, default ``all``), each under 5 minutes on an H100:
 
 ``tiny``  every registered method on its tiny config (1 round) on the CPU in fp32, on CUDA in
@@ -290,7 +290,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device; run it on the GPU machine (docs/performance.md)")
+        print("gpu_check: no CUDA device; run it on the GPU machine (docs/records/performance.md)")
         return 2
     parts = ["tiny", "big", "big4"] if args.part == "all" else args.part.split(",")
     work = Path(args.work or tempfile.mkdtemp(prefix="fedkt-gpu-"))

@@ -21,7 +21,7 @@ mean ± std over seeds of the large model's best and final test accuracy, and ro
     python benchmarks/koala_tables.py --suite runs/suites/koala   # + Table 1 from the suite
 
 The runs themselves are the suite: ``python -m fedkt.cli suite run suites/koala --jobs 2``
-(its measured time is in docs/methods/koala.md, the one place it is stated).
+(its measured time is in docs/records/koala.md, the one place it is stated).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ __all__ = ["ATTENTION_COST", "CALL_COST", "LAYOUTS", "LayoutPlan", "model_plan",
 LAYOUTS = ("auto", "shared", "pairs")
 # What a layout costs besides its token positions, in positions through the model (the
 # body's work per position), fitted to 272 timed forwards of SmolLM2-135M (fp32, one CPU
-# thread; 200 PIQA-style and 100 intent items, each layout forced: docs/performance.md).
+# thread; 200 PIQA-style and 100 intent items, each layout forced: docs/records/performance.md).
 # A forward call's fixed cost (small matrix products, per-layer overheads): it is what
 # makes a chunk of a few short contexts dearer than its positions say.
 CALL_COST = 54.0

@@ -7,11 +7,17 @@ too, through :func:`bar`: labelled with the participant doing the work (``server
 what it does (``eval``, ``knowledge``, ``align``), counting items with their rate
 (``items/s``).  Like training's, the bars write to stderr only when it is a terminal
 (tqdm's ``disable=None``): logs, CI and piped output stay clean.  Short jobs (fewer
-than :data:`MIN_ITEMS` items) show none.
+than :data:`MIN_ITEMS` items) show none.  Loading a model shows no library bar:
+:func:`quiet_libraries` holds transformers' "Loading weights" bars and its warnings back
+while fedkt loads one (the models' loaders use it), so a run's console starts with fedkt's
+own lines: one :func:`status` line per model loaded from disk (and per GGUF checkpoint
+converted once), where loading takes seconds and has no bar.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,7 +26,7 @@ from typing import Any, TypeVar
 from tqdm.auto import tqdm
 
 __all__ = ["MIN_ITEMS", "bar", "counted", "current_participant", "current_scope", "participant",
-           "scope"]
+           "quiet_libraries", "scope", "status"]
 
 T = TypeVar("T")
 
@@ -75,9 +81,52 @@ def bar(total: int, what: str, *, unit: str = "items") -> Any:
                 disable=None if total >= MIN_ITEMS else True)
 
 
+def status(text: str) -> None:
+    """One line on stderr for a step that takes seconds and has no bar (loading a model),
+    labelled with the participant; only when stderr is a terminal, as the bars."""
+    stream = sys.stderr
+    if not stream.isatty():
+        return
+    label = " ".join(p for p in (current_participant(), current_scope()) if p)
+    tqdm.write(f"{label}: {text}" if label else text, file=stream)
+
+
 def counted(items: Iterable[T], total: int, what: str = "align") -> Iterator[T]:
     """``items`` unchanged, ticking a :func:`bar` of ``total`` as each is consumed."""
     with bar(total, what) as shown:
         for item in items:
             yield item
             shown.update(1)
+
+
+_QUIET_LOCK = threading.Lock()
+_quiet_depth = 0
+_saved: tuple[bool, int] | None = None
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Inside the block, transformers shows no progress bar (its "Loading weights" bars)
+    and logs errors only (no advice repeated for every model loaded); outside it, its
+    settings are what they were.  fedkt's own bars (:func:`bar`, training's) are untouched.
+    Nested and concurrent blocks restore the settings once, when the last one ends."""
+    global _quiet_depth, _saved
+    from transformers.utils import logging as hf_logging
+
+    with _QUIET_LOCK:
+        if _quiet_depth == 0:
+            _saved = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity())
+            hf_logging.disable_progress_bar()
+            hf_logging.set_verbosity_error()
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            _quiet_depth -= 1
+            if _quiet_depth == 0 and _saved is not None:
+                bars, verbosity = _saved
+                if bars:
+                    hf_logging.enable_progress_bar()
+                hf_logging.set_verbosity(verbosity)
+                _saved = None

@@ -164,6 +164,9 @@ def gguf_float_dir(folder: str | Path, gguf_file: str) -> Path:
     target = cache_dir("gguf-float") / f"{src.stem}-{_fingerprint(src)}"
 
     def convert(tmp: Path) -> Path:
+        from fedkt.infra.progress import status
+
+        status(f"converting {src.name} to float once (cached in {target.parent})")
         tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
         # A GGUF-loaded model refuses save_pretrained while it carries its quantisation marker.
@@ -271,11 +274,16 @@ def load_causal_lm(
     Raises :class:`~fedkt.models.offline.ModelError` with what to do when it can't.
     """
     from fedkt.infra.placement import loader_kwargs
+    from fedkt.infra.progress import quiet_libraries, status
 
     extra = loader_kwargs(cfg, device)
     if cfg.quantization is not None:
         _check_bitsandbytes(extra.get("device_map"))
-    model, tokenizer = _load_causal_lm(cfg, seed, extra)
+    if not is_tiny_preset(cfg.name):
+        layers = f", its first {cfg.num_layers} layers" if cfg.num_layers is not None else ""
+        status(f"loading {cfg.name}{layers}")
+    with quiet_libraries():
+        model, tokenizer = _load_causal_lm(cfg, seed, extra)
     if cfg.num_layers is not None:
         try:
             keep_first_layers(model, cfg.num_layers)

@@ -224,7 +224,12 @@ def load_encoder_classifier(
     if given:
         raise ModelError(f"model {cfg.name!r}: {given[0]} applies to causal LMs only; encoder "
                          "classifiers load in full on their device (remove it)")
-    model, tokenizer = _load_hf_classifier(cfg, num_labels, seed)
+    from fedkt.infra.progress import quiet_libraries, status
+
+    if not cfg.name.lower().startswith("tiny-"):
+        status(f"loading {cfg.name}")
+    with quiet_libraries():
+        model, tokenizer = _load_hf_classifier(cfg, num_labels, seed)
     if pooling is None:
         return model, tokenizer
     return PooledClassifier(model, pooling, seed).eval(), tokenizer

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedkt.tracking.rows import MB, NON_METRIC_KEYS, is_eval, is_number, participant_order
+from fedkt.tracking.rows import (
+    MB,
+    NON_METRIC_KEYS,
+    is_eval,
+    is_number,
+    is_timing,
+    participant_order,
+)
 
 __all__ = ["write_plots"]
 
@@ -17,7 +24,8 @@ def write_plots(rows: Sequence[dict[str, Any]], plots_dir: Path) -> list[Path]:
 
     One figure per (split, metric) - ``test_accuracy.png``,
     ``train_loss.png`` ... - with a line per participant (the server's
-    bold), and ``communication.png`` with cumulative MB sent / received.
+    bold), ``communication.png`` with cumulative MB sent / received, and ``time.png``:
+    the seconds of each round, per phase (timings are not metrics: no figure of their own).
     """
     rows = [r for r in rows if is_number(r.get("round"))]
     if not rows:
@@ -33,7 +41,7 @@ def write_plots(rows: Sequence[dict[str, Any]], plots_dir: Path) -> list[Path]:
     for r in rows:
         split = "test" if is_eval(r) else "train"
         for k, v in r.items():
-            if is_number(v) and (k == "loss" or k not in NON_METRIC_KEYS):
+            if is_number(v) and (k == "loss" or k not in NON_METRIC_KEYS) and not is_timing(k):
                 series_keys.add((split, k))
     for split, key in sorted(series_keys):
         fig = Figure(figsize=(6, 4))
@@ -77,7 +85,43 @@ def write_plots(rows: Sequence[dict[str, Any]], plots_dir: Path) -> list[Path]:
             ax.legend(fontsize="small")
     if drew:
         written.append(_save(fig, plots_dir / "communication.png"))
+    timing = _time_plot(rows)
+    if timing is not None:
+        written.append(_save(timing, plots_dir / "time.png"))
     return written
+
+
+def _time_plot(rows: Sequence[dict[str, Any]]) -> Any:
+    """One figure: per round, the server's wall time and each phase's seconds summed over
+    every participant (:mod:`fedkt.infra.timing`); None without timings."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    from fedkt.infra.timing import PHASES
+
+    series: dict[str, dict[int, float]] = {}
+    for r in rows:
+        keys = [("round (server)", "wall_time")] if r.get("participant") == "server" else []
+        keys += [(p, f"{p}_seconds") for p in PHASES]
+        for label, key in keys:
+            if is_number(r.get(key)):
+                per_round = series.setdefault(label, {})
+                per_round[int(r["round"])] = per_round.get(int(r["round"]), 0.0) + r[key]
+    if not series:
+        return None
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    for label, per_round in series.items():
+        xs = sorted(per_round)
+        style = _line_style("server") if label == "round (server)" else {"linewidth": 1.2}
+        ax.plot(xs, [per_round[x] for x in xs], marker="o", markersize=3, label=label, **style)
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("seconds")
+    ax.set_title("time per round (phases summed over participants)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
 
 
 

@@ -87,9 +87,12 @@ def is_eval(row: dict[str, Any]) -> bool:
 
 
 def metric_keys(rows: Iterable[dict[str, Any]]) -> list[str]:
-    """Metric keys of evaluation rows: preferred ones first, then the rest by name."""
+    """Metric keys of evaluation rows: preferred ones first, then the rest by name.
+
+    Timings (:func:`is_timing`: ``eval_seconds``, ``comm_seconds``, ...) are not metrics:
+    they differ between identical runs and have their own table (summary.md) and plot."""
     found = {k for row in rows if is_eval(row) for k, v in row.items()
-             if is_number(v) and k not in NON_METRIC_KEYS}
+             if is_number(v) and k not in NON_METRIC_KEYS and not is_timing(k)}
     return [k for k in PREFERRED_METRICS if k in found] + sorted(found - set(PREFERRED_METRICS))
 
 

@@ -12,6 +12,7 @@ from fedkt.tracking.rows import (
     best_round,
     is_eval,
     is_number,
+    is_timing,
     last_value,
     main_metric,
     metric_keys,
@@ -21,7 +22,7 @@ from fedkt.tracking.rows import (
 )
 from fedkt.tracking.tables import fmt, fmt_mb, fmt_seconds, format_table
 
-__all__ = ["environment_facts", "read_environment", "summary_markdown"]
+__all__ = ["environment_facts", "read_environment", "summary_markdown", "timing_table"]
 
 
 def read_environment(run_dir: Path) -> list[dict[str, Any]]:
@@ -75,5 +76,42 @@ def summary_markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any], run_di
             fmt_seconds(total(mine, "wall_time")),
         ])
     text = "\n".join([title, "", *facts, "", ""])
-    return text + (format_table(header, table, markdown=True) + "\n" if table
-                   else "No metrics.\n")
+    text += format_table(header, table, markdown=True) + "\n" if table else "No metrics.\n"
+    timings = timing_table(rows)
+    return text + ("\n## Where the time went\n\n" + timings + "\n" if timings else "")
+
+
+def timing_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of each participant's seconds, summed over the run: its
+    ``wall_time``, ``compute_time`` and each phase (``<phase>_seconds``,
+    :mod:`fedkt.infra.timing`), and what reused results spared (``*_saved_seconds``);
+    ``""`` when no row has a timing.  Other ``*_seconds`` keys (FedKD's step time) are
+    summed as they are."""
+    from fedkt.infra.timing import PHASES, SAVED
+
+    found = {k for r in rows for k, v in r.items() if is_timing(k) and is_number(v)}
+    if not found:
+        return ""
+    saved = {f"{name}_seconds" for name in SAVED}
+    phases = [f"{p}_seconds" for p in PHASES if f"{p}_seconds" in found]
+    others = sorted(found - saved - set(phases) - {"wall_time", "compute_time", "compute_cpu"})
+    cols = [k for k in ("wall_time", "compute_time") if k in found] + phases + others
+    header = ["participant", *(_timing_label(k) for k in cols)]
+    if found & saved:
+        header.append("spared by reuse (s)")
+    table = []
+    for name in participant_order(r.get("participant", "?") for r in rows):
+        mine = [r for r in rows if r.get("participant", "?") == name]
+        if not any(total(mine, k) is not None for k in found):
+            continue  # a model timed with its participant (FedCoLLM's global_slm)
+        line = [name, *(fmt_seconds(total(mine, k)) for k in cols)]
+        if found & saved:
+            line.append(fmt_seconds(sum(total(mine, k) or 0.0 for k in saved)))
+        table.append(line)
+    return format_table(header, table, markdown=True)
+
+
+def _timing_label(key: str) -> str:
+    """``wall_time`` -> ``time (s)``, ``eval_seconds`` -> ``eval (s)``."""
+    return {"wall_time": "time (s)", "compute_time": "compute (s)"}.get(
+        key, key.removesuffix("_seconds") + " (s)")

@@ -131,3 +131,42 @@ def test_alignment_bar_counts_the_texts(tmp_path, bars, monkeypatch):
     (bar,) = bars
     assert bar.desc == "server align" and bar.total == 25 and bar.n == 25
     clear_alignment_cache()
+
+
+def test_loading_a_saved_model_shows_no_library_bar_and_restores_its_settings(
+        tmp_path, monkeypatch):
+    """transformers' "Loading weights" bar (and its advice) printed before round 0 for every
+    model a run loaded; fedkt's own bars stay, and the library's setting is kept after."""
+    from transformers.utils import logging as hf_logging
+
+    from fedkt.config import ModelConfig
+    from fedkt.models.causal_lm import load_causal_lm
+
+    model, tokenizer = build_tiny_causal_lm("tiny-llama")
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    out = on_terminal(monkeypatch)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert hf_logging.is_progress_bar_enabled()
+    before = hf_logging.get_verbosity()
+    with progress.participant("server"):
+        load_causal_lm(ModelConfig(name=str(tmp_path / "m"), num_layers=1))
+    assert "Loading weights" not in out.getvalue()
+    assert out.getvalue().splitlines()[0] == f"server: loading {tmp_path / 'm'}, its first 1 layers"
+    assert hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == before
+    with progress.quiet_libraries(), progress.quiet_libraries():
+        assert not hf_logging.is_progress_bar_enabled()
+        with progress.bar(30, "eval") as shown:  # fedkt's own bars still show
+            shown.update(30)
+    assert "eval" in out.getvalue() and hf_logging.is_progress_bar_enabled()
+
+
+def test_status_lines_only_on_a_terminal(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    progress.status("loading x")
+    assert out.getvalue() == ""
+    term = on_terminal(monkeypatch)
+    with progress.participant("client_1"):
+        progress.status("loading x")
+    assert term.getvalue() == "client_1: loading x\n"

@@ -9,7 +9,7 @@ import pytest
 from fedkt.runner import client_state_root, run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.local import LocalTransport, start
-from fedkt.tracking import without_timings
+from fedkt.tracking import is_timing, without_timings
 from tests.conftest import final_test_rows
 from tests.support.fault_injection import client_faults
 
@@ -31,7 +31,19 @@ def test_fedavg_run_writes_metrics_bytes_and_checkpoints(make_config):
     rows = run_job(cfg, local(cfg), quiet=True)
     run_dir = cfg.run_dir
     assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.md").is_file()
-    assert list((run_dir / "plots").glob("*.png"))
+    plots = {p.name for p in (run_dir / "plots").glob("*.png")}
+    assert "test_accuracy.png" in plots and "time.png" in plots
+    assert not any("seconds" in name or "wall_time" in name for name in plots)
+    # summary.md: metric columns only between the losses and the best value; the
+    # timings (eval_seconds, comm_seconds, eval_saved_seconds ...) in a table of their own
+    results, timings = (run_dir / "summary.md").read_text().split("## Where the time went")
+    header = [c.strip() for c in next(ln for ln in results.splitlines()
+                                      if ln.startswith("| participant")).strip("|").split("|")]
+    metrics = header[header.index("test loss") + 1:header.index("best accuracy (round)")]
+    assert "accuracy" in metrics and not any(is_timing(k) for k in metrics)
+    assert "_seconds" not in results
+    timing_header = next(ln for ln in timings.splitlines() if ln.startswith("| participant"))
+    assert "eval (s)" in timing_header and "train (s)" in timing_header
     no_plots = make_config("eval.plots=false", name="no_plots")  # sweeps: metrics only
     run_job(no_plots, local(no_plots), quiet=True)
     assert not (no_plots.run_dir / "plots").exists()

@@ -1,7 +1,7 @@
 """Smoke version of the shipped FedCoLLM suite: its arms' mechanics on the real SmolLM2.
 
 Two arms (FedCoLLM and its lambda=0 control), one round, tiny sizes: the full suite
-(fedkt/configs/suites/fedcollm.yaml) is documented in docs/methods/fedcollm.md.
+(fedkt/configs/suites/fedcollm.yaml) is documented in docs/records/fedcollm.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Server Qwen2.5-0.5B, clients SmolLM2-135M and Gemma-3-270M (three tokenizers), the
 label-free, class-disjoint FedMKT arm and the labelled one (top-K logits projected across
 the three vocabularies), one round, a few records: the full suite
-(fedkt/configs/suites/fedmkt_hetero.yaml) is documented in docs/methods/fedmkt.md.
+(fedkt/configs/suites/fedmkt_hetero.yaml) is documented in docs/records/fedmkt.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Smoke version of the shipped FedMKT suite: its arms' mechanics on the real SmolLM2.
 
 Two arms (FedMKT and its lambda=1 control), one round, tiny sizes: the full suite
-(fedkt/configs/suites/fedmkt.yaml) is documented in docs/methods/fedmkt.md.
+(fedkt/configs/suites/fedmkt.yaml) is documented in docs/records/fedmkt.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Smoke version of the shipped FedSP suite: its arms' mechanics on the real SmolLM2.
 
 Two arms (FedSP and its server-only control), one round, two clients, tiny sizes: the full
-suite (fedkt/configs/suites/fedsp.yaml) is documented in docs/methods/fedsp.md.
+suite (fedkt/configs/suites/fedsp.yaml) is documented in docs/records/fedsp.md.
 """
 
 from __future__ import annotations

@@ -104,13 +104,60 @@ def test_metric_selection():
                           {"round": 2, "participant": "client_0", "wall_time": 1.0}]) == 4.0
 
 
+def _timed_rows() -> list[dict]:
+    """Rows as a real run logs them: phases' seconds on train and test rows."""
+    rows = []
+    for rnd in (0, 1):
+        rows.append({"round": rnd, "participant": "server", "split": "test", "accuracy": 0.2 + rnd,
+                     "eval_seconds": 3.0, "eval_saved_seconds": 1.5, "comm_seconds": 0.25,
+                     "wall_time": 4.0})
+        rows.append({"round": rnd, "participant": "client_0", "split": "test", "accuracy": 0.1,
+                     "eval_seconds": 2.0, "wall_time": 2.5})
+        if rnd:
+            rows.append({"round": rnd, "participant": "client_0", "split": "train", "loss": 1.0,
+                         "train_seconds": 6.0, "step_seconds": 0.5, "wall_time": 7.0,
+                         "compute_time": 6.5})
+        rows.append({"round": rnd, "participant": "global_slm", "split": "test", "accuracy": 0.3})
+    return rows
+
+
+def test_timings_are_not_metrics_and_have_their_own_table_and_plot(tmp_path):
+    rows = _timed_rows()
+    assert metric_keys(rows) == ["accuracy"]
+    rec = RunRecorder(tmp_path)
+    rec.save_config("name: timed\nmethod:\n  name: fedavg\n")
+    for row in rows:
+        rec.log(row)
+    text = rec.summary()
+    results, timings = text.split("## Where the time went")
+    header = next(ln for ln in results.splitlines() if ln.startswith("| participant"))
+    assert "seconds" not in header and "eval (s)" not in header and "comm" not in header
+    lines = [ln for ln in timings.splitlines() if ln.startswith("|")]
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cols == ["participant", "time (s)", "compute (s)", "eval (s)", "train (s)",
+                    "comm (s)", "step (s)", "spared by reuse (s)"]
+    server = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert server == ["server", "8.0", "-", "6.0", "-", "0.5", "-", "3.0"]
+    client = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert client == ["client_0", "12.0", "6.5", "4.0", "6.0", "-", "0.5", "0.0"]
+    assert len(lines) == 4  # global_slm: no timings of its own, no line
+    names = {p.name for p in rec.plot()}
+    assert names == {"test_accuracy.png", "train_loss.png", "time.png"}  # no bytes logged
+
+
+def test_a_run_without_timings_has_no_timing_table(tmp_path):
+    rec = RunRecorder(tmp_path)
+    rec.log({"round": 1, "participant": "server", "split": "test", "accuracy": 0.5})
+    assert "time went" not in rec.summary()
+
+
 def test_plot_writes_non_empty_pngs(tmp_path):
     rec = RunRecorder(tmp_path)
     _log_run(rec)
     written = rec.plot()
     names = {p.name for p in written}
     assert names == {"test_accuracy.png", "test_loss.png", "train_loss.png",
-                     "communication.png"}
+                     "communication.png", "time.png"}
     for path in written:
         data = path.read_bytes()
         assert path.parent == tmp_path / "plots"

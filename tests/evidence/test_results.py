@@ -1,0 +1,57 @@
+"""docs/results.md and the README's results summary are generated from docs/suites
+(fedkt.evidence.results): regenerating them gives the files as committed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from fedkt.evidence import results
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES = ROOT / "docs" / "suites"
+
+
+def test_results_page_is_what_the_suites_generate():
+    want = results.results_markdown(SUITES)
+    assert (ROOT / "docs" / "results.md").read_text() == want, (
+        "docs/results.md differs from docs/suites: run "
+        "`python -m fedkt.evidence.results docs/suites > docs/results.md`")
+
+
+def test_readme_summary_is_what_the_suites_generate():
+    readme = (ROOT / "README.md").read_text()
+    assert results.replace_block(readme, results.readme_summary(SUITES)) == readme, (
+        "README.md's results block differs from docs/suites: run "
+        "`python -m fedkt.evidence.results docs/suites --readme README.md`")
+
+
+def test_a_changed_number_in_a_suite_changes_the_page_and_the_readme(tmp_path):
+    for name in ("fedmkt_keep", "fedmkt_hetero"):  # suite.json, and a suite.md only
+        shutil.copytree(SUITES / name, tmp_path / name)
+    before = results.results_markdown(tmp_path), results.readme_summary(tmp_path)
+    path = tmp_path / "fedmkt_keep" / "suite.json"
+    data = json.loads(path.read_text())
+    assert data["claims"][0]["role"] == "primary"
+    data["claims"][0]["estimate"] = "+0.9876"
+    path.write_text(json.dumps(data))
+    after = results.results_markdown(tmp_path), results.readme_summary(tmp_path)
+    for old, new in zip(before, after, strict=True):
+        assert "+0.9876" in new and "+0.9876" not in old
+
+
+def test_provenance_is_read_from_the_suites_comment_once_per_table(tmp_path):
+    folder = tmp_path / "s"
+    shutil.copytree(SUITES / "fedcollm_labelled", folder)
+    got = results.provenance(folder, ["- environment: torch 2.13.0+cpu; CPU AVX2"])
+    assert got.command == "fedkt suite run suites/fedcollm_labelled --jobs 2"
+    assert (got.commit, got.date, got.time) == ("6812971", "2026-11-28 15:58-16:24 UTC",
+                                                "25 min 38 s")
+    assert got.machine == "a 2-core AMD EPYC with AVX2 only"
+    assert results.kernels(got.environment) == "fp32, AVX2"
+    text = results.results_markdown(tmp_path)
+    assert text.count("Provenance:") == 1 and "commit `6812971`" in text
+    table = folder / "suite.md"
+    table.write_text("\n".join(table.read_text().splitlines()[1:]))  # no comment
+    assert "commit not recorded" in results.results_markdown(tmp_path)
