@@ -29,12 +29,13 @@ __all__ = ["LocalTransport", "client_threads", "client_workers", "start", "threa
 
 
 def worker_threads(workers: int, cores: int | None = None) -> int:
-    """torch threads of each of ``workers`` worker processes: the physical cores shared
+    """torch threads of each of ``workers`` worker processes: the physical cores (or
+    ``$OMP_NUM_THREADS`` when set: :func:`~fedkt.infra.precision.default_threads`) shared
     out, at least one (``runtime.torch_threads``, when set, still wins in each)."""
     if cores is None:
-        from fedkt.infra.precision import physical_cores
+        from fedkt.infra.precision import default_threads
 
-        cores = physical_cores()
+        cores = default_threads()
     return max(1, cores // max(1, workers))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["FlowerSettings", "FlowerSimSettings", "LocalSettings", "RuntimeSettings"]
 
@@ -37,10 +37,17 @@ class LocalSettings(RuntimeSettings):
     client_threads: int | Literal["auto"] = Field("auto", description=(
         "torch threads each client computes with, in a worker or in this process (this "
         "process's own count is restored after each client); runtime.torch_threads, when "
-        "set, wins. auto: the physical cores shared out over the workers (all of them with "
-        "1 worker, half each with 2), so another client_workers gives other threads and, "
+        "set, wins. auto: the physical cores (or $OMP_NUM_THREADS) shared out over the "
+        "workers (all of them with 1 worker, half each with 2), so another client_workers gives other threads and, "
         "with bf16 kernels, other numbers; a number gives the same numbers with any "
         "client_workers."))
+
+    @field_validator("client_threads")
+    @classmethod
+    def _at_least_one(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1, or auto")
+        return value
 
 
 class FlowerSimSettings(RuntimeSettings):
