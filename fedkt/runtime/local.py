@@ -4,7 +4,9 @@ or with ``runtime.local.client_workers: N`` up to N at once in worker processes.
 Requests and replies still go through the wire format, so byte counts and
 results are identical to the Flower runtimes.  Client state is kept on disk
 under the run folder, as a deployed client keeps it on its own machine; so a client
-may run in any worker from one round to the next.
+may run in any worker from one round to the next.  Every client computes with
+``runtime.local.client_threads`` torch threads wherever it runs (:func:`client_threads`),
+and ``runtime.timeout`` is enforced (:class:`LocalTransport`; docs/deployment.md).
 """
 
 from __future__ import annotations
