@@ -106,7 +106,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
             print(f"resuming {run_dir} after round {done} of {cfg.rounds}")
     else:
         recorder.save_config(cfg.to_yaml())
-    _record_environment(run_dir, start)
+    _record_environment(run_dir, start, cfg)
     tracking.config()
 
     clients = RuntimeClients(cfg, transport)
@@ -252,14 +252,29 @@ def _server_phases(before: dict[str, Clock], clients: dict[str, Clock]) -> dict[
                          clocks())
 
 
-def _record_environment(run_dir: Path, start: int) -> None:
+def _client_threads(cfg: RunConfig) -> dict[str, Any]:
+    """The torch threads clients compute with, as ``environment.json`` records them."""
+    if cfg.runtime.name == "local":
+        from fedkt.runtime.local import threads_record
+
+        return threads_record(cfg)
+    if cfg.runtime.torch_threads:
+        return {"client_threads": cfg.runtime.torch_threads,
+                "client_threads_from": f"runtime.torch_threads={cfg.runtime.torch_threads}"}
+    return {"client_threads": None, "client_threads_from": (
+        "each client process's default (flower-sim: its actor's client_cpus; flower: its "
+        "machine's physical cores)")}
+
+
+def _record_environment(run_dir: Path, start: int, cfg: RunConfig | None = None) -> None:
     """``environment.json``: where the rounds from ``start`` on are computed (a list: a run
     resumed elsewhere gets a second entry; rounds before it came from the first). It is
     the server process's machine: in the local and flower-sim runtimes every participant's,
-    deployed (`flower`) only the server's."""
+    deployed (`flower`) only the server's; ``torch_threads`` are the server's, and with
+    ``cfg`` the clients' are recorded too (``client_threads``, and what set them)."""
     entries = [e for e in read_environment(run_dir) if start > 1
                and int(e.get("from_round", 1)) < start]
-    here = environment()
+    here = environment() | (_client_threads(cfg) if cfg is not None else {})
     if entries and {k: v for k, v in entries[-1].items() if k != "from_round"} == here:
         return
     entries.append({"from_round": start, **here})

@@ -55,7 +55,9 @@ class RuntimeConfig(_Strict):
     name: str = Field("local", description=(
         "The runtime that runs the job (fedkt.runtime.registry)."))
     timeout: float = Field(3600.0, gt=0, le=30 * 86400, description=(
-        "Seconds to wait for a client's reply before excluding it."))
+        "Seconds to wait for a client's reply before excluding it (local runtime: from when "
+        "the client starts; a worker past it is killed, a client in this process interrupted: "
+        "docs/deployment.md)."))
     torch_threads: int | None = Field(None, ge=1, le=1024, description=(
         "torch intra-op threads for client and server work (None: one per physical core, or "
         "$OMP_NUM_THREADS when set)."))
@@ -105,6 +107,19 @@ class RuntimeConfig(_Strict):
                              f"{self.name} runs each client in its own process (flower-sim: "
                              "runtime.flower_sim.client_gpus; flower: each SuperNode's "
                              "runtime.device)")
+        return self
+
+    @model_validator(mode="after")
+    def _local_settings_elsewhere(self) -> RuntimeConfig:
+        """``runtime.local.*`` set for another runtime: a warning naming the keys (not an
+        error: a config written for ``local``, like the demo, is run on another runtime with
+        ``--set runtime.name=...``, where those keys are simply not used)."""
+        local = getattr(self, "local", None)
+        given = sorted(local.model_fields_set) if isinstance(local, BaseModel) else []
+        if self.name != "local" and given:
+            keys = ", ".join(f"runtime.local.{k}" for k in given)
+            warnings.warn(f"{keys}: only the local runtime reads {'it' if len(given) == 1 else 'them'}; "
+                          f"ignored under runtime.name {self.name}", UserWarning, stacklevel=1)
         return self
 
     @model_validator(mode="before")

@@ -18,17 +18,30 @@ of them, and a repeated key reads the stored result instead of running the model
   positive label, class groups, chat format; for knowledge K, the loss reduction, the
   temperature;
 * the precision (the autocast dtype in force, if any) and the device;
+* how the numbers are computed now (:func:`fedkt.infra.environment.numerics`, read when
+  the key is made): torch's intra-op and inter-op thread counts (a bf16 matrix product
+  split over another number of threads rounds otherwise), float32 matrix precision,
+  oneDNN and TF32 switches, and the variables that pick kernels (``ONEDNN_MAX_CPU_ISA``,
+  ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``, ...:
+  :data:`fedkt.infra.environment.KERNEL_ENV`);
 * the code (:func:`code_digest`): every fedkt source file, the versions of torch,
   transformers and peft, and what picks the kernels (torch's CPU capability, the CPU's
   matrix flags such as AMX, ``ONEDNN_MAX_CPU_ISA``, the GPU:
   :func:`fedkt.infra.environment.kernels`).
+
+A result computed under other settings has another key: it is computed, never served.
 
 Entries live under ``$FEDKT_REUSE_CACHE`` (default ``$FEDKT_CACHE/reuse``): ``eval/`` one
 gzipped JSON file per evaluation, ``knowledge/`` one safetensors file per knowledge set,
 ``train/`` one per plain training (:func:`fedkt.train.lm.train_lm`: the trained adapter).
 They are written through :func:`fedkt.infra.cache.cached` (one builder per key, the others
 wait and read; published by one rename), so ``fedkt suite run --jobs N``, several suites
-and a killed run are safe.  Deleting the folder is always safe.
+and a killed run are safe.  Deleting the folder is always safe.  The store never stops or
+stalls a run: one that cannot be written (a full disk) is warned about once, naming it,
+and results are computed without it; a run that waits for an entry another process
+builds says so at WARNING (the entry, the builder's pid) and computes the result itself
+once the builder is dead or stopped, or after ``$FEDKT_REUSE_WAIT`` seconds (default
+300).
 
 Every entry is checked before it is used: it must parse, hold finite metrics (or
 tensors), a finite ``seconds`` and well-formed tables, and carry the SHA-256 of its key
@@ -65,8 +78,8 @@ from typing import Any
 import torch
 
 from fedkt.eval import predictions
-from fedkt.infra.cache import CACHE_ERRORS, cache_dir, cached
-from fedkt.infra.environment import kernels, libraries
+from fedkt.infra.cache import CACHE_ERRORS, EntryBusy, cache_dir, cached
+from fedkt.infra.environment import kernels, libraries, numerics
 from fedkt.infra.timing import now, phase, saved
 
 __all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats", "store",
@@ -74,7 +87,9 @@ __all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats"
 
 # The folder of reuse entries (default: fedkt's cache folder's reuse/).
 ENV = "FEDKT_REUSE_CACHE"
-_VERSION = 2  # of the entries' format and of what the keys cover
+# Seconds a run waits for an entry another process builds before computing it itself.
+WAIT_ENV = "FEDKT_REUSE_WAIT"
+_VERSION = 3  # of the entries' format and of what the keys cover
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -273,9 +288,47 @@ def _precision(device: torch.device) -> dict[str, Any]:
 def _key(kind: str, model: torch.nn.Module | None, tokenizer: Any, parts: Mapping[str, Any]
          ) -> str:
     return digest({"format": _VERSION, "kind": kind, "code": code_digest(),
+                   "numerics": numerics(),
                    "model": model_digest(model) if model is not None else None,
                    "tokenizer": tokenizer_digest(tokenizer),
                    **_precision(_device(model)), "parts": parts})
+
+
+def _wait() -> float:
+    """Seconds to wait for an entry another process builds (``$FEDKT_REUSE_WAIT``)."""
+    try:
+        value = float(os.environ.get(WAIT_ENV, "") or 300.0)
+    except ValueError:
+        value = 300.0
+    return max(0.0, value) if math.isfinite(value) else 300.0
+
+
+# Stores (folders) already warned about, and unusable entries (path, mtime, size): each
+# is warned about once per process.
+_WARNED: set[Any] = set()
+
+
+def _once(what: Any) -> bool:
+    """True the first time ``what`` is seen in this process."""
+    with _lock:
+        if what in _WARNED:
+            return False
+        _WARNED.add(what)
+        return True
+
+
+def _store_failed(kind: str, exc: OSError) -> None:
+    """Warn, once per store folder, that it cannot be used (results are computed instead);
+    an entry whose builder did not finish was warned about when it was waited for."""
+    if isinstance(exc, EntryBusy):
+        return
+    root = os.environ.get(ENV)
+    folder = Path(root).expanduser() / kind if root else cache_dir("reuse") / kind
+    if _once(("store", str(folder))):
+        _log.warning("eval.reuse: the reuse store %s cannot be used (%s: %s); computing "
+                     "without it (warned once)", folder, type(exc).__name__, exc)
+    else:
+        _log.debug("eval.reuse: the reuse store %s failed again (%s)", folder, exc)
 
 
 # --------------------------------------------------------------------------- evaluations
@@ -325,8 +378,15 @@ def _finite_number(value: Any) -> bool:
 
 
 def _unusable(path: Path, why: str) -> ValueError:
-    """Warn that the entry at ``path`` is recomputed, and the error that makes it so."""
-    _log.warning("eval.reuse: %s: %s; recomputing it", path, why)
+    """Warn that the entry at ``path`` is recomputed (once per file version: it is read
+    before and again after taking its lock), and the error that makes it so."""
+    try:
+        info = path.stat()
+        version: Any = (info.st_mtime_ns, info.st_size, info.st_ino)
+    except OSError:
+        version = None
+    if _once(("entry", str(path), version, why)):
+        _log.warning("eval.reuse: %s: %s; recomputing it", path, why)
     return ValueError(f"{path}: {why}")
 
 
@@ -368,12 +428,17 @@ def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
         return compute()
     here = predictions.current_scope()
     computed: dict[str, Any] | None = None
+    failed = False  # compute() itself raised: its error is the caller's, not the store's
 
     def build(tmp: Path) -> dict[str, Any]:
-        nonlocal computed
+        nonlocal computed, failed
         start = now()
         with predictions.capture() as tables:
-            metrics = compute()
+            try:
+                metrics = compute()
+            except BaseException:
+                failed = True
+                raise
         computed = {"metrics": metrics, "seconds": (now() - start).wall,
                     "tables": {("" if name == here else name):
                                {"columns": t.columns, "meta": t.meta}
@@ -385,9 +450,11 @@ def evaluation(enabled: bool, model: torch.nn.Module | None, tokenizer: Any,
         try:
             key = _key("eval", model, tokenizer, parts)
             path = store("eval") / f"{key}.json.gz"
-            data = cached(path, build, _read_json)
-        except OSError as exc:  # an unwritable cache never stops an evaluation
-            _log.warning("eval.reuse: the reuse store failed (%s); evaluating without it", exc)
+            data = cached(path, build, _read_json, wait=_wait())
+        except OSError as exc:  # an unwritable or stalled store never stops an evaluation
+            if failed:
+                raise
+            _store_failed("eval", exc)
             if computed is None:
                 return compute()
             data = computed
@@ -418,6 +485,7 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
     from safetensors.torch import load_file, save_file
 
     computed: dict[str, torch.Tensor] | None = None
+    failed = False  # compute() itself raised: its error is the caller's, not the store's
 
     def load(p: Path) -> tuple[dict[str, torch.Tensor], float]:
         try:
@@ -442,22 +510,32 @@ def tensors(enabled: bool, kind: str, model: torch.nn.Module | None, tokenizer: 
         return values, seconds
 
     def build(tmp: Path) -> tuple[dict[str, torch.Tensor], float]:
-        nonlocal computed
+        nonlocal computed, failed
         start = now()
-        computed = compute()
+        try:
+            computed = compute()
+        except BaseException:
+            failed = True
+            raise
         seconds = (now() - start).wall
         values = {k: v.detach().cpu().contiguous() for k, v in computed.items()}
-        save_file(values, str(tmp), metadata={"seconds": repr(seconds),
-                                              "check": _check(key, digest(values))})
+        try:
+            save_file(values, str(tmp), metadata={"seconds": repr(seconds),
+                                                  "check": _check(key, digest(values))})
+        except SafetensorError as exc:  # safetensors' own I/O errors (a full disk)
+            raise Unstorable(f"writing {tmp}: {exc}") from None
         return computed, seconds
 
     with phase(phase_name):
         try:
             key = _key(kind, model, tokenizer, parts)
             path = store(phase_name) / f"{kind}-{key}.safetensors"
-            values, seconds = cached(path, build, load, (*CACHE_ERRORS, SafetensorError))
-        except OSError as exc:  # an unwritable cache never stops the computation
-            _log.warning("eval.reuse: the reuse store failed (%s); computing without it", exc)
+            values, seconds = cached(path, build, load, (*CACHE_ERRORS, SafetensorError),
+                                     wait=_wait())
+        except OSError as exc:  # an unwritable or stalled store never stops the computation
+            if failed:
+                raise
+            _store_failed(phase_name, exc)
             if computed is None:
                 return compute()
             values = computed

@@ -12,6 +12,9 @@ which give two guarantees when several fedkt processes use the same cache:
   same entry waits and then reads the first one's result. The kernel releases the
   lock when a builder dies; its temporary leftovers are deleted by the next builder
   of that entry. Each entry has its own lock, so unrelated entries build in parallel.
+  The builder writes its pid into the lock file; a caller that gives a ``wait`` bound
+  is told at WARNING whom it waits for, and gets :class:`EntryBusy` once that process is
+  dead or stopped (``SIGSTOP``, Ctrl-Z) or the bound has passed.
 
 Without ``fcntl`` (Windows) entries are still published atomically, but two processes
 may both build the same entry (the last rename wins; both results are complete).
@@ -23,6 +26,7 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +37,8 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CACHE_ERRORS", "CacheBuild", "cache_dir", "cache_entry", "cached", "entry_lock"]
+__all__ = ["CACHE_ERRORS", "CacheBuild", "EntryBusy", "cache_dir", "cache_entry", "cached",
+           "entry_lock"]
 
 T = TypeVar("T")
 
@@ -55,9 +60,79 @@ def _temp_prefix(path: Path) -> str:
     return f".{path.name}.tmp-"
 
 
+class EntryBusy(TimeoutError):
+    """Another process holds an entry's lock and will not finish it in time (it is dead or
+    stopped, or the wait's bound passed): build the value without the cache."""
+
+
+def _holder(fd: int) -> int | None:
+    """The pid the lock's holder wrote into the lock file (None: none, or unreadable)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _state(pid: int | None) -> str:
+    """``dead``, ``stopped`` or ``running`` (also for a pid not known or not readable)."""
+    if pid is None:
+        return "running"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except OSError:  # another user's process: alive
+        return "running"
+    try:  # /proc/<pid>/stat: "pid (name) S ...", the state after the last ')'
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "running"
+    return {"Z": "dead", "X": "dead", "T": "stopped", "t": "stopped"}.get(state, "running")
+
+
+def _take(fd: int, path: Path, wait: float | None) -> None:
+    """Take the lock on ``fd``: blocking (``wait`` None), or polling until the holder is
+    dead or stopped or ``wait`` seconds have passed (then :class:`EntryBusy`)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    pid = _holder(fd)
+    who = f"process {pid}" if pid is not None else "another process"
+    if wait is None:
+        _log.info("waiting for %s: %s is building it", path, who)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    _log.warning("waiting for %s: %s is building it (at most %.0f s; then it is computed "
+                 "here)", path, who, wait)
+    deadline = time.monotonic() + wait
+    seen: tuple[int | None, str] | None = None
+    while True:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        pid = _holder(fd) or pid
+        state = _state(pid)
+        # dead or stopped twice in a row (a new holder may not have written its pid yet)
+        given_up = state != "running" and seen == (pid, state)
+        seen = (pid, state)
+        if given_up or time.monotonic() >= deadline:
+            why = f"process {pid} is {state}" if state != "running" else \
+                f"{who} has not finished it in {wait:.0f} s"
+            _log.warning("not waiting for %s any longer: %s; computing it here, without the "
+                         "cache", path, why)
+            raise EntryBusy(f"{path}: {why}")
+
+
 @contextlib.contextmanager
-def entry_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>.lock`` (blocks while another process holds it)."""
+def entry_lock(path: str | os.PathLike[str], wait: float | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` (blocks while another process holds it;
+    with ``wait``, at most that long and only while the holder runs: :class:`EntryBusy`)."""
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -65,16 +140,23 @@ def entry_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         if fcntl is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                _log.info("waiting for %s: another process is building it", path)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _take(fd, path, wait)
+            except BaseException:
+                os.close(fd)
+                fd = -1
+                raise
+            with contextlib.suppress(OSError):  # who builds it, for those who wait
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
-        if fcntl is not None:
-            # Explicit unlock: a child forked meanwhile would otherwise keep the lock.
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        if fd >= 0:
+            if fcntl is not None:
+                with contextlib.suppress(OSError):  # no builder now: an empty lock file
+                    os.ftruncate(fd, 0)
+                # Explicit unlock: a child forked meanwhile would otherwise keep the lock.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def _remove(path: Path) -> None:
@@ -142,21 +224,23 @@ def _exists(path: Path) -> bool:
 
 @contextlib.contextmanager
 def cache_entry(
-    path: str | os.PathLike[str], valid: Callable[[Path], bool] | None = None
+    path: str | os.PathLike[str], valid: Callable[[Path], bool] | None = None,
+    wait: float | None = None,
 ) -> Iterator[CacheBuild | None]:
     """Build the entry at ``path`` unless a usable one exists.
 
     Yields ``None`` when ``valid(path)`` holds (default: the path exists), checked
     first without the lock and again with it; otherwise, with ``path``'s lock held, a
     :class:`CacheBuild` whose ``tmp`` the block writes. On a clean exit the entry is
-    published; on an error the temporary is deleted and no entry appears.
+    published; on an error the temporary is deleted and no entry appears.  ``wait``: see
+    :func:`entry_lock`.
     """
     path = Path(path)
     ok = valid or _exists
     if ok(path):
         yield None
         return
-    with entry_lock(path):
+    with entry_lock(path, wait):
         if ok(path):  # another process built it while we waited
             yield None
             return
@@ -175,6 +259,7 @@ def cached(
     build: Callable[[Path], T],
     load: Callable[[Path], T],
     errors: tuple[type[BaseException], ...] = CACHE_ERRORS,
+    wait: float | None = None,
 ) -> T:
     """``load(path)`` of a usable entry, else ``build(tmp)``'s value after publishing it.
 
@@ -182,7 +267,8 @@ def cached(
     under a temporary name) and returns the value (when that is the temporary path,
     the entry's path is returned instead); ``load`` reads an entry, raising
     one of ``errors`` when it is unusable (it is then rebuilt and replaced). At most
-    one process builds a given entry at a time; the others wait and load its result.
+    one process builds a given entry at a time; the others wait and load its result
+    (with ``wait``, only while the builder runs and at most that long: :class:`EntryBusy`).
     """
     path = Path(path)
     found: list[T] = []
@@ -197,7 +283,7 @@ def cached(
             return False
         return True
 
-    with cache_entry(path, usable) as entry:
+    with cache_entry(path, usable, wait) as entry:
         if entry is None:
             return found[-1]
         value = build(entry.tmp)

@@ -471,8 +471,45 @@ def remote_code_keys(cfg: RunConfig) -> list[str]:
     return found
 
 
+class ClientTimeout(TimeoutError):
+    """A client handler ran past its ``runtime.timeout`` (the local runtime, in-process)."""
+
+
+@contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`ClientTimeout` in this thread once ``seconds`` have passed (SIGALRM:
+    at the next Python line the handler runs, or when a sleep or wait is interrupted; a
+    call in C that never returns is not interrupted).  Only in the main thread of a
+    process that has ``setitimer``; elsewhere, or with ``seconds`` None, nothing."""
+    import signal
+    import threading
+
+    if (not seconds or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    active = [True]
+
+    def alarm(signum: int, frame: object) -> None:
+        if active[0]:
+            active[0] = False
+            raise ClientTimeout(f"no reply within runtime.timeout ({seconds:g} s); the "
+                                "handler was interrupted")
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        active[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def handle_request(data: bytes, state_root: Path | None = None, cid: int | None = None, *,
-                   allow_remote_code: bool | None = None) -> bytes:
+                   allow_remote_code: bool | None = None, threads: int | None = None,
+                   timeout: float | None = None,
+                   fatal: Callable[[BaseException], bool] | None = None) -> bytes:
     """Run the handler a request names and return the serialised reply.
 
     Any exception in the handler becomes an error reply, so the server can name
@@ -481,6 +518,11 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
     the envelope's when given.  ``allow_remote_code``: whether this client runs model
     code when the job's config sets ``trust_remote_code`` (None: only if
     ``$FEDKT_ALLOW_REMOTE_CODE`` says so); refused, the request fails with the keys named.
+    ``threads``: torch threads the handler computes with when ``runtime.torch_threads`` is
+    not set (None: :func:`~fedkt.infra.precision.default_threads`).  ``timeout``: seconds
+    after which the handler is interrupted (:func:`_deadline`; an error reply).  ``fatal``:
+    an exception it holds true for is raised, not replied (the process is unusable after
+    it, e.g. out of memory: the local runtime replaces its worker).
     """
     start, phases = now(), clocks()
     try:
@@ -507,9 +549,10 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                             step=int(env["step"]),
                             state_dir=Path(state_root or FALLBACK_STATE_ROOT) / f"client_{ctx_cid}",
                             evaluate=bool(env["evaluate"]))
-        set_threads(cfg.runtime.torch_threads)
+        set_threads(cfg.runtime.torch_threads or threads)
         seed_everything(ctx.seed("handler"))
-        with predictions.capture() as tables, progress.participant(ctx.name):
+        with (_deadline(timeout), predictions.capture() as tables,
+              progress.participant(ctx.name)):
             reply = method.handlers[env["handler"]](ctx, msg)
         if tables and ctx.evaluate and cfg.eval.predictions:
             blob = bytearray(predictions.pack(tables))
@@ -522,6 +565,8 @@ def handle_request(data: bytes, state_root: Path | None = None, cid: int | None 
                            "cpu": _fixed(compute.cpu), **({"timings": timings} if timings else {})}
         return dumps(reply)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
+        if fatal is not None and fatal(exc):
+            raise
         where = traceback.extract_tb(exc.__traceback__)[-1]
         text = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
         log.error("client handler failed: %s", text)

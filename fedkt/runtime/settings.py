@@ -5,6 +5,9 @@ never imports a transport."""
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["FlowerSettings", "FlowerSimSettings", "LocalSettings", "RuntimeSettings"]
@@ -25,20 +28,28 @@ class RuntimeSettings(BaseModel):
 class LocalSettings(RuntimeSettings):
     """``local``: where its clients run (in this process, or in worker processes)."""
 
-    client_workers: int = Field(1, ge=1, description=(
-        "Clients that run at once, each in a worker process of its own with its share of the "
-        "cores (1: every client in this process, one after another). The same numbers as 1 "
-        "for a given seed; faster where one client cannot keep every core busy (two clients "
-        "of a small model on two cores), slower for tiny models (a worker's start costs "
-        "seconds), and one model copy per worker in memory."))
+    client_workers: int = Field(1, ge=1, le=1024, description=(
+        "Clients that run at once, each in a worker process of its own (1: every client in "
+        "this process, one after another); never more workers than clients. With "
+        "client_threads (or runtime.torch_threads) set, the same numbers as 1 for a given "
+        "seed; faster where one client cannot keep every core busy (two clients of a small "
+        "model on two cores), slower for tiny models (a worker's start costs seconds), and "
+        "one model copy per worker in memory."))
+    client_threads: Annotated[int, Ge(1), Le(1024)] | Literal["auto"] = Field("auto", description=(
+        "torch threads each client computes with, in a worker or in this process (this "
+        "process's own count is restored after each client); runtime.torch_threads, when "
+        "set, wins. auto: the physical cores (or $OMP_NUM_THREADS) shared out over the "
+        "workers (all of them with 1 worker, half each with 2), so another client_workers gives other threads and, "
+        "with bf16 kernels, other numbers; a number gives the same numbers with any "
+        "client_workers."))
 
 
 class FlowerSimSettings(RuntimeSettings):
     """``flower-sim``: resources per simulated client (a Ray actor each)."""
 
-    client_cpus: float = Field(1.0, gt=0, description=(
+    client_cpus: float = Field(1.0, gt=0, le=1024, description=(
         "CPUs each simulated client (a Ray actor) reserves."))
-    client_gpus: float = Field(0.0, ge=0, description=(
+    client_gpus: float = Field(0.0, ge=0, le=64, description=(
         "GPUs (or a fraction of one) each simulated client reserves."))
 
 

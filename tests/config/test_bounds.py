@@ -27,10 +27,6 @@ UNBOUNDED = {
     "ClientsConfig.participants",
     # teacher layer indices: checked against the teacher's depth (fedkd.models.layer_pairs)
     "FedKDConfig.layer_map",
-    # fedkt/runtime/settings.py's per-runtime settings: resource shares and worker counts
-    # that the runtime hands to Ray / its worker pool, which refuse what the machine lacks
-    "FlowerSimSettings.client_cpus", "FlowerSimSettings.client_gpus",
-    "LocalSettings.client_workers",
 }
 
 

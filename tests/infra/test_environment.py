@@ -34,11 +34,11 @@ def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_co
 def test_a_run_resumed_elsewhere_records_a_second_environment(make_config, monkeypatch):
     cfg = make_config("rounds=2")
     run(cfg, quiet=True)
-    runner._record_environment(cfg.run_dir, 2)  # resumed on the same machine: no new entry
+    runner._record_environment(cfg.run_dir, 2, cfg)  # resumed on the same machine: no new entry
     assert len(read_environment(cfg.run_dir)) == 1
     other = {**environment(), "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}  # no AMX
     monkeypatch.setattr(runner, "environment", lambda: other)
-    runner._record_environment(cfg.run_dir, 2)
+    runner._record_environment(cfg.run_dir, 2, cfg)
     first, second = read_environment(cfg.run_dir)
     assert (first["from_round"], second["from_round"]) == (1, 2)
     text = summary_markdown([], {"name": "x"}, cfg.run_dir)
@@ -74,3 +74,30 @@ def test_the_reuse_key_changes_with_the_kernels_not_only_the_cpu_capability():
     assert [p.returncode for p in procs] == [0, 0]
     assert plain.strip() and capped.strip() and plain != capped
     assert kernels()["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+def test_numerics_are_read_when_asked_and_a_run_records_its_clients_threads(make_config,
+                                                                            monkeypatch):
+    """fedkt.infra.environment.numerics: the threads now (not once per process) and the
+    variables that pick kernels; environment.json names the clients' threads."""
+    from fedkt.infra.environment import numerics
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = numerics()
+        torch.set_num_threads(2)
+        two = numerics()
+    finally:
+        torch.set_num_threads(before)
+    assert (one["intra_op_threads"], two["intra_op_threads"]) == (1, 2)
+    assert one["inter_op_threads"] == torch.get_num_interop_threads()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert numerics()["kernel_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert kernels()["kernel_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    cfg = make_config("rounds=1", "runtime.torch_threads=null", "runtime.local.client_threads=1")
+    run(cfg, quiet=True)
+    [entry] = read_environment(cfg.run_dir)
+    assert (entry["client_threads"], entry["client_workers"]) == (1, 1)
+    assert entry["client_threads_from"] == "runtime.local.client_threads=1"
