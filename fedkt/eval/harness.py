@@ -42,7 +42,8 @@ log = logging.getLogger("fedkt.harness")
 HARNESS_DIR = "harness"
 TASKS_DIR = Path(__file__).resolve().with_name("harness_tasks")
 # The tasks fedkt ships (one YAML each in TASKS_DIR).
-SHIPPED_TASKS = ("fedkt_intent_recognition", "fedkt_social_iqa")
+SHIPPED_TASKS = ("fedkt_intent_recognition", "fedkt_social_iqa", "fedkt_arc_easy",
+                 "fedkt_arc_challenge", "fedkt_commonsense_qa")
 INSTALL_HINT = 'pip install "fedkt[harness]"  (lm-eval==0.4.13 and accelerate)'
 
 
