@@ -31,7 +31,6 @@ from fedkt.eval.lm import evaluate_causal_lm, score_choices  # noqa: E402
 from fedkt.runner import run  # noqa: E402
 from fedkt.train.lm import evaluate_lm, get_lm
 
-
 # Shipped task -> the built-in dataset (and split) it reads, where not its own name.
 SHIPPED_DATASETS = {"fedkt_arc_easy": "arc_easy:test", "fedkt_arc_challenge": "arc_challenge:test",
                     "fedkt_commonsense_qa": "commonsense_qa:dev"}
