@@ -62,7 +62,7 @@ def test_fedkt_list_shows_them_with_their_licences(capsys) -> None:
 @pytest.mark.parametrize("name", ["arc_easy", "arc_challenge"])
 def test_arc_is_posed_as_lm_eval_poses_it(name: str) -> None:
     """Context ``Question: {stem}\\nAnswer:``, the choice texts after one space, the gold
-    choice the one whose label is ``answerKey``: labels A..E or 1..5, 3 to 5 choices."""
+    choice the one whose label is ``answerKey``: labels A..E or 1..4, 3 to 5 choices."""
     seen_labels, seen_sizes = Counter(), Counter()
     for split in COUNTS[name]:
         ds = load_dataset_records(DatasetConfig(name=f"{name}:{split}"))
