@@ -54,6 +54,47 @@ def _intent_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"text": text, "label": row.get("label")}
 
 
+def _choice_index(row: dict[str, Any], labels: list[Any]) -> int:
+    """Index of an ARC / CommonsenseQA row's ``answerKey`` among its choice labels."""
+    key = row.get("answerKey")
+    if key not in labels:
+        raise DataError(f"answerKey {key!r} is not one of the choice labels {labels}")
+    return labels.index(key)
+
+
+def _qa_parts(row: dict[str, Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """An ARC / CommonsenseQA row's ``question`` object, choice texts and choice labels."""
+    question = row.get("question")
+    choices = question.get("choices") if isinstance(question, dict) else None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise DataError("expected question.choices, a list of {label, text} objects")
+    return question, [c.get("text") for c in choices], [c.get("label") for c in choices]
+
+
+def _arc_row(row: dict[str, Any]) -> dict[str, Any]:
+    """ARC row -> multiple choice: the stem, the choice texts, the gold index (labels are
+    ``A``.. or ``1``..), as lm-evaluation-harness's ``arc_easy`` / ``arc_challenge`` pose it."""
+    question, texts, labels = _qa_parts(row)
+    return {"question": question.get("stem"), "choices": texts,
+            "label": _choice_index(row, labels), "source_id": row.get("id")}
+
+
+def _csqa_row(row: dict[str, Any]) -> dict[str, Any]:
+    """CommonsenseQA row -> multiple choice as lm-evaluation-harness's ``commonsense_qa``
+    poses it: the lettered answers in the prompt (``option_lines``), the letters as the
+    choices."""
+    question, texts, labels = _qa_parts(row)
+    if labels != list(_CSQA_LETTERS):
+        raise DataError(f"expected choice labels {list(_CSQA_LETTERS)}, got {labels}")
+    lines = "\n".join(f"{k}. {t}" for k, t in zip(_CSQA_LETTERS, texts, strict=True))
+    return {"question": question.get("stem"), "choices": list(_CSQA_LETTERS),
+            "label": _choice_index(row, labels), "option_lines": lines,
+            "concept": question.get("question_concept"), "source_id": row.get("id")}
+
+
+_CSQA_LETTERS = ("A", "B", "C", "D", "E")
+
+
 _BUILTINS: dict[str, Builtin] = {
     "dialogsum": Builtin(
         description="DialogSum dialogue summarisation (generation, Rouge-L); "
@@ -77,6 +118,36 @@ _BUILTINS: dict[str, Builtin] = {
         folder="bigbench/social_iqa",
         splits=("all",),
         fields={"prompt": "input", "choices": "choices", "label": "label"},
+    ),
+    "arc_easy": Builtin(
+        description="AI2 ARC-Easy science questions, lm-eval's arc_easy prompt; "
+        "2,251 train, 570 dev, 2,376 test (licence CC BY-SA 4.0, arc/LICENSE.md)",
+        task="multiple_choice",
+        folder="arc/ARC-Easy",
+        splits=("train", "dev", "test"),
+        fields={"prompt": "question", "choices": "choices", "label": "label"},
+        convert=_arc_row,
+        template="Question: {prompt}\nAnswer:",
+    ),
+    "arc_challenge": Builtin(
+        description="AI2 ARC-Challenge science questions, lm-eval's arc_challenge prompt; "
+        "1,119 train, 299 dev, 1,170 test (licence CC BY-SA 4.0, arc/LICENSE.md)",
+        task="multiple_choice",
+        folder="arc/ARC-Challenge",
+        splits=("train", "dev", "test"),
+        fields={"prompt": "question", "choices": "choices", "label": "label"},
+        convert=_arc_row,
+        template="Question: {prompt}\nAnswer:",
+    ),
+    "commonsense_qa": Builtin(
+        description="CommonsenseQA, lm-eval's commonsense_qa prompt (answer letters A-E); "
+        "9,741 train, 1,221 dev (licence MIT, commonsenseqa/LICENSE.md)",
+        task="multiple_choice",
+        folder="commonsenseqa",
+        splits=("train", "dev"),
+        fields={"prompt": "question", "choices": "choices", "label": "label"},
+        convert=_csqa_row,
+        template="Question: {prompt}\n{option_lines}\nAnswer:",
     ),
     "intent_recognition": Builtin(
         description="SNIPS utterance intent (BIG-bench), 7 classes, all 693 utterances",

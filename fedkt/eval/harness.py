@@ -14,7 +14,11 @@ applied): no second load, no model hub.
   (``fedkt/eval/harness_tasks/``: ``fedkt_intent_recognition``, ``fedkt_social_iqa``),
   scored with the prompts and choices fedkt's own scorer uses, so their ``acc`` /
   ``acc_norm`` equal fedkt's ``accuracy`` / ``accuracy_norm`` on the same items
-  (``tests/eval/test_harness.py``).  ``include`` folders add a user's own task YAMLs.
+  (``tests/eval/test_harness.py``); and the papers' tasks ``fedkt_arc_easy``,
+  ``fedkt_arc_challenge``, ``fedkt_commonsense_qa``: lm-eval's own ``arc_easy``,
+  ``arc_challenge`` and ``commonsense_qa`` on the vendored files, which fedkt's built-in
+  datasets of those names pose the same way (``tests/eval/test_harness_paper_tasks.py``).
+  ``include`` folders add a user's own task YAMLs.
 
 Used by ``fedkt eval RUN_DIR --harness TASK[,TASK]`` and, at the end of a run, by the
 ``eval.harness`` config key.
@@ -42,7 +46,8 @@ log = logging.getLogger("fedkt.harness")
 HARNESS_DIR = "harness"
 TASKS_DIR = Path(__file__).resolve().with_name("harness_tasks")
 # The tasks fedkt ships (one YAML each in TASKS_DIR).
-SHIPPED_TASKS = ("fedkt_intent_recognition", "fedkt_social_iqa")
+SHIPPED_TASKS = ("fedkt_intent_recognition", "fedkt_social_iqa", "fedkt_arc_easy",
+                 "fedkt_arc_challenge", "fedkt_commonsense_qa")
 INSTALL_HINT = 'pip install "fedkt[harness]"  (lm-eval==0.4.13 and accelerate)'
 
 
@@ -116,6 +121,7 @@ def evaluate_lm_harness(
     *,
     include: Sequence[str | Path] = (),
     limit: int | float | None = None,
+    samples: dict[str, list[int]] | None = None,
     batch_size: int = 8,
     max_length: int | None = None,
     log_samples: bool = False,
@@ -125,7 +131,8 @@ def evaluate_lm_harness(
 
     ``max_length``: lm-eval truncates context from the left to this many tokens, as
     fedkt's scorer does with ``data.max_length`` (None: the model's maximum).
-    ``limit``: the first N documents of each task (a fraction if < 1), for quick looks.
+    ``limit``: the first N documents of each task (a fraction if < 1), for quick looks;
+    ``samples``: instead, the documents to evaluate by index, per task.
     The model's train/eval flags are put back afterwards; no global RNG is reseeded.
     """
     require_lm_eval()
@@ -140,7 +147,8 @@ def evaluate_lm_harness(
             hflm = HFLM(pretrained=model, tokenizer=lm.tokenizer, batch_size=batch_size,
                         max_length=max_length)
             out = simple_evaluate(model=hflm, tasks=list(tasks), task_manager=manager,
-                                  limit=limit, log_samples=log_samples, random_seed=None,
+                                  limit=limit, samples=samples, log_samples=log_samples,
+                                  random_seed=None,
                                   numpy_random_seed=None, torch_random_seed=None)
     finally:
         for module, training in modes:

@@ -31,6 +31,10 @@ from fedkt.eval.lm import evaluate_causal_lm, score_choices  # noqa: E402
 from fedkt.runner import run  # noqa: E402
 from fedkt.train.lm import evaluate_lm, get_lm
 
+# Shipped task -> the built-in dataset (and split) it reads, where not its own name.
+SHIPPED_DATASETS = {"fedkt_arc_easy": "arc_easy:test", "fedkt_arc_challenge": "arc_challenge:test",
+                    "fedkt_commonsense_qa": "commonsense_qa:dev"}
+
 
 def _records(dataset: str, n: int | None = None):
     ds = load_dataset_records(DatasetConfig(name=dataset))
@@ -43,15 +47,18 @@ def test_shipped_tasks_pose_every_item_as_fedkt_does():
     from lm_eval.tasks import get_task_dict
 
     tasks = get_task_dict(list(SHIPPED_TASKS), task_manager(SHIPPED_TASKS))
+    assert sorted(tasks) == sorted(SHIPPED_TASKS)
     for name, task in tasks.items():
-        ds, records = _records(name.removeprefix("fedkt_"))
+        ds, records = _records(SHIPPED_DATASETS.get(name, name.removeprefix("fedkt_")))
         docs = list(task.test_docs())
         assert len(docs) == len(records) > 600
         assert task.config.target_delimiter == " "
         for doc, rec in zip(docs, records, strict=True):
             ours = mc_view(rec, ds.task, ds.label_names, ds.template)
-            theirs = (task.doc_to_text(doc), [" " + c for c in task.doc_to_choice(doc)],
-                      task.doc_to_target(doc))
+            choices, gold = task.doc_to_choice(doc), task.doc_to_target(doc)
+            if isinstance(gold, str):  # a choice itself (commonsense_qa's answerKey)
+                gold = choices.index(gold)
+            theirs = (task.doc_to_text(doc), [" " + c for c in choices], gold)
             assert theirs == ours, rec["id"]
 
 

@@ -5,10 +5,12 @@ Usage::
     python fedkt/data/vendored/make_subsets.py --src /path/to/data
 
 ``--src`` is a folder laid out like the project's shared data folder:
-``dialogsum/{train,test}.jsonl``, ``tweeteval/<task>/{split}_{text,labels}.txt`` and
-``bigbench/{social_iqa,intent_recognition}.jsonl``.  Samples are drawn with
-``random.Random(SEED).sample`` over row indices; the kept rows stay in their original
-order.  Tweets that are empty after stripping whitespace are dropped first.
+``dialogsum/{train,test}.jsonl``, ``tweeteval/<task>/{split}_{text,labels}.txt``,
+``bigbench/{social_iqa,intent_recognition}.jsonl``,
+``arc/ARC-{Easy,Challenge}/{train,dev,test}.jsonl`` and ``commonsenseqa/{train,dev}.jsonl``
+(the last two copied whole; their ``LICENSE.md`` notes are written by hand).  Samples are
+drawn with ``random.Random(SEED).sample`` over row indices; the kept rows stay in their
+original order.  Tweets that are empty after stripping whitespace are dropped first.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ TWEETEVAL = {
     "offensive": {"train": 3000, "val": None, "test": None},
 }
 BIGBENCH = ("social_iqa", "intent_recognition")
+# (folder, split) copied whole; the same folder under --src and here
+PAPER_TASKS = [*((f"arc/{s}", split) for s in ("ARC-Easy", "ARC-Challenge")
+                 for split in ("train", "dev", "test")),
+               ("commonsenseqa", "train"), ("commonsenseqa", "dev")]
 
 
 def _sample(rows: list, k: int | None, tag: str) -> list:
@@ -96,6 +102,13 @@ def make_bigbench(src: Path) -> None:
         _write_jsonl(OUT / "bigbench" / task / "all.jsonl", rows)
 
 
+def copy_paper_tasks(src: Path) -> None:
+    """ARC and CommonsenseQA: every split whole, byte-for-byte copies."""
+    for rel, split in PAPER_TASKS:
+        (OUT / rel).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel / f"{split}.jsonl", OUT / rel / f"{split}.jsonl")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--src", type=Path, default=Path("/work/shared/data"))
@@ -103,6 +116,7 @@ def main() -> None:
     make_dialogsum(args.src)
     make_tweeteval(args.src)
     make_bigbench(args.src)
+    copy_paper_tasks(args.src)
 
 
 if __name__ == "__main__":
