@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,17 @@ def _intent_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"text": text, "label": row.get("label")}
 
 
+def _banking77_names() -> tuple[str, ...]:
+    """Banking77's 77 intents in label order, readable: "card arrival" for ``card_arrival``
+    (lower case, without the source's stray "?" of ``reverted_card_payment?``)."""
+    path = VENDORED / "banking77" / "categories.json"
+    names = json.loads(path.read_text(encoding="utf-8"))
+    return tuple(str(c).replace("_", " ").lower().rstrip("?").strip() for c in names)
+
+
+_BANKING77 = _banking77_names()
+
+
 _BUILTINS: dict[str, Builtin] = {
     "dialogsum": Builtin(
         description="DialogSum dialogue summarisation (generation, Rouge-L); "
@@ -86,6 +98,15 @@ _BUILTINS: dict[str, Builtin] = {
         fields={"text": "text", "label": "label"},
         label_names=_INTENTS,
         convert=_intent_row,
+    ),
+    "banking77": Builtin(
+        description="Banking77 online-banking query intent, 77 classes; all 10,003 train "
+        "and 3,080 test queries (40 per intent)",
+        task="classification",
+        folder="banking77",
+        splits=("train", "test"),
+        fields={"text": "text", "label": "label"},
+        label_names=_BANKING77,
     ),
     "tweeteval_hate": Builtin(
         description="TweetEval hate speech (2 classes); 3,000 of 9,000 train, "

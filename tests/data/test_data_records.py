@@ -17,6 +17,8 @@ EXPECTED = {
     "dialogsum:test": ("generation", 200, None),
     "social_iqa": ("multiple_choice", 1954, None),
     "intent_recognition": ("classification", 693, 7),
+    "banking77": ("classification", 10003, 77),
+    "banking77:test": ("classification", 3080, 77),
     "tweeteval_hate": ("classification", 3000, 2),
     "tweeteval_hate:val": ("classification", 999, 2),
     "tweeteval_hate:test": ("classification", 1500, 2),
