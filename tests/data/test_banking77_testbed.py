@@ -163,3 +163,26 @@ def test_fedkt_data_names_the_failed_precondition(
     # A suite's data is its own: --set is refused, naming the option.
     assert main(["data", str(SUITE), "--set", "seed=1"]) == 2
     assert "--set" in capsys.readouterr().err
+
+
+def test_evaluation_reports_groups_over_the_drawn_classes(make_config) -> None:
+    """With data.classes.draw, eval.class_groups name slots: the scorer's groups (and the
+    predictions' meta the suites pair over) are the classes drawn for the fold."""
+    from fedkt.data.splits import run_data
+    from fedkt.eval import predictions
+    from fedkt.train.lm import client_lm, evaluate_lm
+
+    cfg = make_config("eval.class_groups={srv: '0-2', cli: '3-6'}",
+                      "data.classes={draw: true}", "seed=1")
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    order = fd.class_order
+    assert sorted(order) == list(range(7)) and order != list(range(7))
+    with predictions.capture() as tables:
+        metrics = evaluate_lm(cfg, client_lm(cfg, 0), fd.test)
+    table = tables[""]
+    assert table.meta["class_groups"] == {"srv": order[:3], "cli": order[3:]}
+    srv = set(order[:3])
+    rows = [(p, g) for p, g in zip(table.columns["pred"], table.columns["gold"], strict=True)
+            if g in srv]
+    assert rows and metrics["accuracy_srv"] == pytest.approx(
+        sum(p == g for p, g in rows) / len(rows))
