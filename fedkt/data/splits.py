@@ -317,10 +317,11 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
     With scheme ``fedmkt`` and an ``iid`` partition, client k gets the k-th of the equal
     parts; otherwise the private pool is partitioned by :func:`partition`.  Then, in
     order: ``data.public_dataset`` replaces the public set, the class filters
-    (``data.classes``) keep each part's records of their classes, the caps keep the
-    first records of each (seeded random) list (``data.max_per_class`` first), and
-    ``data.public_labels: false``
-    removes the public records' gold fields.
+    (``data.classes``, through the fold's drawn permutation with ``draw``) keep each
+    part's records of their classes, the caps keep the first records of each (seeded
+    random) list (``data.max_per_class`` first), ``data.require`` is checked
+    (:func:`check_split`) and ``data.public_labels: false`` removes the public records'
+    gold fields.
     """
     ds = load_dataset_records(cfg.dataset)
     splits = make_splits(ds, cfg.split, num_clients, seed)
