@@ -26,6 +26,7 @@ EPILOG = """examples:
   fedkt report runs/demo --baseline runs/demo@0    paired CIs against round 0 (zero-shot)
   fedkt suite run suites/quick --jobs 2            arms x seeds, claims decided by CIs
   fedkt list                                       methods, built-in datasets, model presets
+  fedkt data suites/banking77_fedmkt_transfer      each fold's classes per side and record counts
 """
 
 
@@ -292,6 +293,46 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from fedkt.data.summary import split_summary
+
+    for title, cfg in _data_configs(args.config, args.set, args.seed):
+        print(title)
+        print(split_summary(cfg, names=not args.no_names))
+    return 0
+
+
+def _data_configs(config: str, overrides: list[str], seeds: list[int] | None):
+    """``(title, run config)`` per seed of a suite (its first arm's data) or a run config."""
+    import yaml
+
+    from fedkt.configs.catalog import resolve_config
+
+    path = Path(config) if Path(config).is_file() else resolve_config(config)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if isinstance(raw, dict) and "arms" in raw and "base" in raw:
+        from fedkt.evidence.suite import load_suite
+
+        if overrides:
+            raise ValueError("--set: overrides a run config's keys; a suite's data is its own")
+        suite = load_suite(path)
+        arm = next(iter(suite.cfg.arms))
+        picked = seeds if seeds is not None else suite.cfg.seeds
+        missing = [s for s in picked if (arm, s) not in suite.runs]
+        if missing:
+            raise ValueError(f"--seed: suite {suite.cfg.name} has no seed {missing[0]} "
+                             f"(seeds {suite.cfg.seeds})")
+        for seed in picked:
+            cfg = suite.runs[(arm, seed)]
+            yield (f"suite {suite.cfg.name} ({path}), arm {arm}'s data, "
+                   f"{cfg.clients.num_clients} clients:", cfg)
+        return
+    base = _load(path, overrides, {})
+    for seed in seeds if seeds is not None else [base.seed]:
+        cfg = base.model_copy(update={"seed": seed})
+        yield f"config {path}, {cfg.clients.num_clients} clients:", cfg
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedkt", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -410,6 +451,22 @@ def build_parser() -> argparse.ArgumentParser:
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
     q.add_argument("suite")
     q.set_defaults(func=cmd_suite_status)
+
+    p = sub.add_parser("data", help="a config's data split: each side's classes and record "
+                       "counts, per seed (fold)",
+                       description="Build a run config's (or a suite's) data as its runs do "
+                                   "and print, per seed, the classes of the server's and the "
+                                   "clients' side and the record counts; data.require's "
+                                   "checks are applied.")
+    p.add_argument("config", help="a run config or suite: a shipped name (`fedkt configs "
+                   "list`) or a YAML path")
+    p.add_argument("--seed", type=int, action="append", metavar="N",
+                   help="only this seed (fold); repeatable (default: the suite's seeds, or "
+                        "the config's seed)")
+    p.add_argument("--no-names", action="store_true", help="class counts without the names")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key of a run config (dotted, YAML value)")
+    p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("list", help="list methods, built-in datasets and model presets")
     p.set_defaults(func=cmd_list, light=True, plugins=True)  # no torch; plugins' methods too

@@ -13,7 +13,7 @@ from fedkt.config.bounds import MAX_COUNT, MAX_TOKENS, Count, Seed
 from fedkt.infra.templates import HARD_MAX_WIDTH, check_template
 
 __all__ = ["ClassFilterConfig", "ClassSpec", "DataConfig", "DatasetConfig", "PartitionConfig",
-           "SplitConfig"]
+           "RequireConfig", "SplitConfig"]
 
 
 class DatasetConfig(_Strict):
@@ -167,7 +167,9 @@ class ClassFilterConfig(_Strict):
     """Text (and image) classification: the classes each part keeps (None: all).
 
     Applied after the split and partition, in order: every part keeps its records of
-    the listed classes (labels are not renumbered), then the caps apply.
+    the listed classes (labels are not renumbered), then the caps apply.  With ``draw``,
+    the indices name slots of a seeded permutation of the classes, drawn again for each
+    fold, so each fold puts other classes on each side.
     """
 
     server: ClassSpec | None = Field(None, description=(
@@ -176,12 +178,33 @@ class ClassFilterConfig(_Strict):
     public: ClassSpec | None = Field(None, description=(
         "The public set (before its labels are withheld; not with data.public_dataset)."))
     test: ClassSpec | None = Field(None, description="The test set.")
+    draw: bool = Field(False, description=(
+        "Text classification: the class indices above (and eval.class_groups') name slots of a "
+        "seeded permutation of the classes, not the classes: slot i is the i-th class of the "
+        "permutation drawn for the fold (split.fold_seed and the fold; without folds, the run's "
+        "seed), so every fold re-draws which classes go to which side. False: the indices are "
+        "the classes."))
 
     @model_validator(mode="after")
     def _specs(self) -> ClassFilterConfig:
         for key in ("server", "private", "public", "test"):
             _check_class_spec(getattr(self, key), key)
         return self
+
+
+class RequireConfig(_Strict):
+    """Preconditions of a split, checked when a run's data is built (and by ``fedkt data``):
+    one that fails raises a ``SplitCheckError`` naming its key, before any training."""
+
+    disjoint: bool = Field(False, description=(
+        "The server's and the clients' classes (data.classes.server, data.classes.private, both "
+        "required) share none, and no server record has a class of a client record."))
+    min_test: int = Field(0, ge=0, description="The fewest test records.")
+    min_public: int = Field(0, ge=0, description="The fewest public records.")
+    min_per_class: int = Field(0, ge=0, description=(
+        "The fewest labelled records of each of a side's classes: the server's records for each "
+        "class of data.classes.server, all clients' private records together for each class of "
+        "data.classes.private (each side's classes: every class when it has no filter)."))
 
 
 class DataConfig(_Strict):
@@ -196,6 +219,10 @@ class DataConfig(_Strict):
         "The most tokens of one example (prompt and answer); longer ones are cut."))
     max_private_per_client: Count | None = Field(None, description=(
         "Cap on each client's private records, for quick runs (None: all)."))
+    max_per_class: Count | None = Field(None, description=(
+        "Classification: cap on each class's records in the server's part and in each client's "
+        "private part (the first ones of the class in the part's seeded order), after the class "
+        "filters and before max_private_per_client (None: all)."))
     max_public: Count | None = Field(None, description=(
         "Cap on the public set's records (None: all)."))
     max_test: Count | None = Field(None, description=(
@@ -217,6 +244,9 @@ class DataConfig(_Strict):
     classes: ClassFilterConfig = Field(default_factory=ClassFilterConfig, description=(
         "Classification: the classes each part keeps (None: all), applied after the split and "
         "partition."))
+    require: RequireConfig = Field(default_factory=RequireConfig, description=(
+        "Preconditions of the split (disjoint classes, the fewest test, public and per-class "
+        "records); a failed one stops the run before any training, naming its key."))
     template_max_width: int = Field(1000, ge=1, le=HARD_MAX_WIDTH, description=(
         "The widest a template may pad a field, and its largest precision ({text:>80} is 80): a "
         "template cannot make one prompt of millions of characters."))
@@ -234,6 +264,11 @@ class DataConfig(_Strict):
         if self.public_dataset is not None and self.classes.public is not None:
             raise ValueError("classes.public: data.public_dataset has no labels to filter by; "
                              "remove classes.public")
+        if self.require.disjoint and (self.classes.server is None
+                                      or self.classes.private is None):
+            missing = "server" if self.classes.server is None else "private"
+            raise ValueError(f"require.disjoint: compares data.classes.server with "
+                             f"data.classes.private; give classes.{missing}")
         return self
 
     @model_validator(mode="after")

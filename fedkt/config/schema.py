@@ -211,9 +211,7 @@ class RunConfig(_Strict):
             raise ValueError(f"training.kd_micro_batch: splits the distillation of choice "
                              f"posteriors, and method.knowledge is {knowledge!r}; set "
                              "method.knowledge: choices or remove it")
-        if getattr(self.method, "teacher", None) == "none":
-            raise ValueError("training.kd_micro_batch: method.teacher: none skips the "
-                             "distillation step it splits; remove it")
+        # method.teacher: none keeps it: the no-exchange control shares its suite's settings
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,15 @@ def _csqa_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 _CSQA_LETTERS = ("A", "B", "C", "D", "E")
+def _banking77_names() -> tuple[str, ...]:
+    """Banking77's 77 intents in label order, readable: "card arrival" for ``card_arrival``
+    (lower case, without the source's stray "?" of ``reverted_card_payment?``)."""
+    path = VENDORED / "banking77" / "categories.json"
+    names = json.loads(path.read_text(encoding="utf-8"))
+    return tuple(str(c).replace("_", " ").lower().rstrip("?").strip() for c in names)
+
+
+_BANKING77 = _banking77_names()
 
 
 _BUILTINS: dict[str, Builtin] = {
@@ -157,6 +167,15 @@ _BUILTINS: dict[str, Builtin] = {
         fields={"text": "text", "label": "label"},
         label_names=_INTENTS,
         convert=_intent_row,
+    ),
+    "banking77": Builtin(
+        description="Banking77 online-banking query intent, 77 classes; all 10,003 train "
+        "and 3,080 test queries (40 per intent)",
+        task="classification",
+        folder="banking77",
+        splits=("train", "test"),
+        fields={"text": "text", "label": "label"},
+        label_names=_BANKING77,
     ),
     "tweeteval_hate": Builtin(
         description="TweetEval hate speech (2 classes); 3,000 of 9,000 train, "

@@ -19,6 +19,7 @@ from fedkt.data.records import load_dataset_records
 
 # Purposes, so that each random draw has its own stream.
 _SPLIT, _TEST_ORDER, _IID, _DIRICHLET, _PUBLIC_ORDER, _BY_FIELD, _FOLDS = 1, 2, 3, 4, 5, 6, 7
+_CLASS_DRAW = 8
 MAX_DIRICHLET_TRIES = 100
 
 
@@ -279,6 +280,9 @@ class FederatedData:
     # False: the public records carry no gold fields (data.public_labels: false, or
     # data.public_dataset); a method must not read a public label then.
     public_labels: bool = True
+    # data.classes.draw: the permutation of the classes drawn for this fold (slot i is
+    # class class_order[i]); None: the class indices are the classes.
+    class_order: list[int] | None = None
 
     def sizes(self) -> dict[str, Any]:
         """Record counts, for logs (``server`` only when the server has records)."""
@@ -315,9 +319,11 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
     With scheme ``fedmkt`` and an ``iid`` partition, client k gets the k-th of the equal
     parts; otherwise the private pool is partitioned by :func:`partition`.  Then, in
     order: ``data.public_dataset`` replaces the public set, the class filters
-    (``data.classes``) keep each part's records of their classes, the caps keep the
-    first records of each (seeded random) list, and ``data.public_labels: false``
-    removes the public records' gold fields.
+    (``data.classes``, through the fold's drawn permutation with ``draw``) keep each
+    part's records of their classes, the caps keep the first records of each (seeded
+    random) list (``data.max_per_class`` first), ``data.require`` is checked
+    (:func:`check_split`) and ``data.public_labels: false`` removes the public records'
+    gold fields.
     """
     ds = load_dataset_records(cfg.dataset)
     splits = make_splits(ds, cfg.split, num_clients, seed)
@@ -338,7 +344,15 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
         public = load_public_texts(cfg.public_dataset, ds.task, ds.label_names, ds.template)
         order = _rng(seed, _PUBLIC_ORDER).permutation(len(public))
         public = [public[i] for i in order]
-    server, private, public, test = _filter_classes(cfg, ds, server, private, public, test)
+    order = class_draw(cfg, ds, seed)
+    server, private, public, test = _filter_classes(cfg, ds, server, private, public, test,
+                                                    order)
+    if cfg.max_per_class is not None:
+        if ds.task not in _FILTERABLE:
+            raise DataError(f"data.max_per_class caps classes; {ds.name or 'the dataset'} is "
+                            f"a {ds.task} task")
+        server = _cap_per_class(server, cfg.max_per_class)
+        private = [_cap_per_class(p, cfg.max_per_class) for p in private]
     private = [p[: cfg.max_private_per_client] for p in private]
     if cfg.oversample:
         if ds.task != "classification":
@@ -347,6 +361,7 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
         private = [oversample(p, seed + k) for k, p in enumerate(private)]
     public = public[: cfg.max_public]
     public_labels = cfg.public_labels and cfg.public_dataset is None
+    check_split(cfg, ds, server, private, public, test[: cfg.max_test], order)
     if not public_labels:
         public = without_labels(public)
     return FederatedData(
@@ -359,7 +374,108 @@ def client_splits(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData
         name=ds.name,
         server=server,
         public_labels=public_labels,
+        class_order=order,
     )
+
+
+def _cap_per_class(records: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
+    """The first ``cap`` records of each class, in order."""
+    seen: dict[Any, int] = {}
+    out = []
+    for r in records:
+        k = seen.get(r.get("label"), 0)
+        if k < cap:
+            out.append(r)
+        seen[r.get("label")] = k + 1
+    return out
+
+
+class SplitCheckError(DataError):
+    """A precondition of ``data.require`` does not hold; the message names its key."""
+
+
+def class_draw(cfg: DataConfig, ds: Dataset, seed: int) -> list[int] | None:
+    """``data.classes.draw``: the permutation of the classes for this run's fold
+    (``split.fold``, or with ``split.folds`` and no ``fold`` the seed; so every training
+    seed of one fold draws the same), seeded by ``split.fold_seed``; None without ``draw``."""
+    if not cfg.classes.draw:
+        return None
+    if ds.task != "classification" or not ds.label_names:
+        raise DataError(f"data.classes.draw: draws text classes; {ds.name or 'the dataset'} "
+                        f"is a {ds.task} task")
+    fold = int(seed if cfg.split.fold is None else cfg.split.fold)
+    rng = np.random.default_rng([int(cfg.split.fold_seed) & 0xFFFFFFFF, _CLASS_DRAW,
+                                 fold & 0xFFFFFFFF])
+    return rng.permutation(len(ds.label_names)).tolist()
+
+
+def side_classes(spec: Any, num_classes: int | None, key: str,
+                 order: list[int] | None) -> list[int]:
+    """The classes a class spec names: its indices, or with ``order`` (a drawn
+    permutation) the classes in those slots."""
+    slots = parse_class_spec(spec, num_classes, key)
+    return [order[i] for i in slots] if order is not None else slots
+
+
+def drawn_groups(groups: dict[str, Any] | None, order: list[int] | None
+                 ) -> dict[str, Any] | None:
+    """``eval.class_groups`` as class lists under a drawn permutation (``order``); the
+    groups unchanged without one."""
+    if not groups or order is None:
+        return groups
+    return {name: side_classes(spec, len(order), f"eval.class_groups.{name}", order)
+            for name, spec in groups.items()}
+
+
+def _per_class(records: list[dict[str, Any]]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for r in records:
+        if "label" in r:
+            counts[r["label"]] = counts.get(r["label"], 0) + 1
+    return counts
+
+
+def check_split(cfg: DataConfig, ds: Dataset, server: list[dict[str, Any]],
+                private: list[list[dict[str, Any]]], public: list[dict[str, Any]],
+                test: list[dict[str, Any]], order: list[int] | None) -> None:
+    """``data.require``: a :class:`SplitCheckError` naming the first precondition that
+    fails (disjoint classes, then the test, public and per-class counts)."""
+    req = cfg.require
+    n = len(ds.label_names) if ds.label_names is not None else None
+    every = list(range(n)) if n is not None else sorted(_per_class(
+        server + public + test + [r for p in private for r in p]))
+    srv = (side_classes(cfg.classes.server, n, "data.classes.server", order)
+           if cfg.classes.server is not None else every)
+    cli = (side_classes(cfg.classes.private, n, "data.classes.private", order)
+           if cfg.classes.private is not None else every)
+    pooled = [r for p in private for r in p]
+    if req.disjoint:
+        both = sorted(set(srv) & set(cli))
+        if both:
+            raise SplitCheckError(f"data.require.disjoint: the server's and the clients' "
+                                  f"classes share {both}")
+        seen = sorted(set(_per_class(server)) & set(_per_class(pooled)))
+        if seen:
+            raise SplitCheckError(f"data.require.disjoint: server and client records share "
+                                  f"classes {seen}")
+    for key, part, what in (("min_test", test, "the test set"),
+                            ("min_public", public, "the public set")):
+        need = getattr(req, key)
+        if len(part) < need:
+            raise SplitCheckError(f"data.require.{key}: {what} has {len(part)} records, "
+                                  f"fewer than {need}")
+    if req.min_per_class:
+        for side, classes, records in (("server", srv, server), ("private", cli, pooled)):
+            counts = _per_class(records)
+            short = {c: counts.get(c, 0) for c in classes
+                     if counts.get(c, 0) < req.min_per_class}
+            if short:
+                worst = sorted(short.items(), key=lambda kv: (kv[1], kv[0]))[:5]
+                raise SplitCheckError(
+                    f"data.require.min_per_class: {len(short)} of the {side} side's "
+                    f"{len(classes)} classes have fewer than {req.min_per_class} records "
+                    f"(class: records, fewest first: "
+                    f"{', '.join(f'{c}: {k}' for c, k in worst)})")
 
 
 _FILTERABLE = ("classification", "image_classification")
@@ -367,9 +483,12 @@ _FILTERABLE = ("classification", "image_classification")
 
 def _filter_classes(cfg: DataConfig, ds: Dataset, server: list[dict[str, Any]],
                     private: list[list[dict[str, Any]]], public: list[dict[str, Any]],
-                    test: list[dict[str, Any]]) -> tuple[Any, ...]:
-    """``data.classes``: each part keeps its records of the listed classes, in order."""
-    given = {k: v for k, v in cfg.classes.model_dump().items() if v is not None}
+                    test: list[dict[str, Any]], order: list[int] | None = None
+                    ) -> tuple[Any, ...]:
+    """``data.classes``: each part keeps its records of the listed classes (the classes in
+    those slots of ``order``, a drawn permutation), in order."""
+    given = {k: v for k, v in cfg.classes.model_dump().items()
+             if v is not None and k != "draw"}
     if not given:
         return server, private, public, test
     first = f"data.classes.{next(iter(given))}"
@@ -382,7 +501,7 @@ def _filter_classes(cfg: DataConfig, ds: Dataset, server: list[dict[str, Any]],
         if part not in given:
             return records
         key = f"data.classes.{part}"
-        return filter_classes(records, parse_class_spec(given[part], n, key), key, what)
+        return filter_classes(records, side_classes(given[part], n, key, order), key, what)
 
     if "server" in given and not server:
         raise DataError("data.classes.server: the server has no records of its own "

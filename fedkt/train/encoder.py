@@ -215,11 +215,15 @@ def train_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: lis
 def evaluate_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: list[dict]
                      ) -> dict[str, float]:
     """Accuracy, P/R/F1 of ``eval.positive_label``, macro-F1 and loss on ``records``."""
+    from fedkt.data.splits import drawn_groups, run_data
     from fedkt.eval import reuse
     from fedkt.eval.evaluate import evaluate_text_classifier
 
+    order = (run_data(cfg.data, cfg.clients.num_clients, cfg.seed).class_order
+             if cfg.data.classes.draw and cfg.eval.class_groups else None)
     settings = {"batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
-                "positive_label": cfg.eval.positive_label, "class_groups": cfg.eval.class_groups}
+                "positive_label": cfg.eval.positive_label,
+                "class_groups": drawn_groups(cfg.eval.class_groups, order)}
     with autocast(cfg, model):
         return reuse.evaluation(
             cfg.eval.reuse, model, tokenizer, {"records": records, **settings},

@@ -278,6 +278,7 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
     ``eval.reuse``, a stored evaluation of the same model, records and settings is reused
     (:mod:`fedkt.eval.reuse`)."""
     from fedkt.data.formatting import chat_format
+    from fedkt.data.splits import drawn_groups
     from fedkt.eval import reuse
     from fedkt.eval.evaluate import evaluate_causal_lm
 
@@ -287,7 +288,7 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
                 "batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
                 "max_new_tokens": cfg.eval.max_new_tokens,
                 "positive_label": cfg.eval.positive_label, "template": fd.template,
-                "class_groups": cfg.eval.class_groups}
+                "class_groups": drawn_groups(cfg.eval.class_groups, fd.class_order)}
     key = {"records": records, **settings, "chat_template": cfg.data.chat_template}
     with autocast(cfg, lm.model):
         return reuse.evaluation(

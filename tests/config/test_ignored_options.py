@@ -15,8 +15,6 @@ FEDAVG = ROOT / "configs" / "fedavg" / "tiny.yaml"
 @pytest.mark.parametrize("path, overrides, named", [
     # micro-batches split the choice-posterior distillation only
     (FEDMKT, ["training.kd_micro_batch=2"], ["training.kd_micro_batch", "method.knowledge"]),
-    (FEDMKT, ["method.knowledge=choices", "method.teacher=none", "training.kd_micro_batch=2"],
-     ["training.kd_micro_batch", "method.teacher"]),
     (FEDAVG, ["training.kd_micro_batch=2"], ["training.kd_micro_batch", "method"]),
     # the confidences of selective taking need take: confident
     (FEDMKT, ["method.knowledge=choices", "method.receiving.teacher_confidence=0.8"],
@@ -49,3 +47,10 @@ def test_an_idle_option_is_refused_naming_both_fields(path, overrides, named):
 ])
 def test_the_same_options_where_they_act_still_load(overrides):
     load_config(FEDMKT, overrides)
+
+
+def test_the_no_exchange_control_keeps_the_suites_micro_batches():
+    """teacher: none is a control arm: it shares the treatment's settings, kd_micro_batch too."""
+    cfg = load_config(FEDMKT, ["method.knowledge=choices", "method.teacher=none",
+                               "training.kd_micro_batch=2"])
+    assert cfg.training.kd_micro_batch == 2

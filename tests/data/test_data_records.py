@@ -26,6 +26,8 @@ EXPECTED = {
     "commonsense_qa": ("multiple_choice", 9741, None),
     "commonsense_qa:dev": ("multiple_choice", 1221, None),
     "intent_recognition": ("classification", 693, 7),
+    "banking77": ("classification", 10003, 77),
+    "banking77:test": ("classification", 3080, 77),
     "tweeteval_hate": ("classification", 3000, 2),
     "tweeteval_hate:val": ("classification", 999, 2),
     "tweeteval_hate:test": ("classification", 1500, 2),

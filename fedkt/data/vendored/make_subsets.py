@@ -6,16 +6,18 @@ Usage::
 
 ``--src`` is a folder laid out like the project's shared data folder:
 ``dialogsum/{train,test}.jsonl``, ``tweeteval/<task>/{split}_{text,labels}.txt``,
-``bigbench/{social_iqa,intent_recognition}.jsonl``,
-``arc/ARC-{Easy,Challenge}/{train,dev,test}.jsonl`` and ``commonsenseqa/{train,dev}.jsonl``
-(the last two copied whole; their ``LICENSE.md`` notes are written by hand).  Samples are
-drawn with ``random.Random(SEED).sample`` over row indices; the kept rows stay in their
-original order.  Tweets that are empty after stripping whitespace are dropped first.
+``bigbench/{social_iqa,intent_recognition}.jsonl``, ``banking77/{train,test}.csv`` with
+``categories.json``, ``arc/ARC-{Easy,Challenge}/{train,dev,test}.jsonl`` and
+``commonsenseqa/{train,dev}.jsonl`` (the last three whole; ARC's and CommonsenseQA's
+``LICENSE.md`` notes are written by hand).  Samples are drawn with
+``random.Random(SEED).sample`` over row indices; the kept rows stay in their original
+order.  Tweets that are empty after stripping whitespace are dropped first.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import random
 import shutil
@@ -109,6 +111,21 @@ def copy_paper_tasks(src: Path) -> None:
         shutil.copyfile(src / rel / f"{split}.jsonl", OUT / rel / f"{split}.jsonl")
 
 
+def make_banking77(src: Path) -> None:
+    """All of Banking77: each CSV row ``text,category`` -> ``{"text", "label"}``, the label
+    the category's index in ``categories.json`` (copied unchanged)."""
+    folder = src / "banking77"
+    categories = json.loads((folder / "categories.json").read_text(encoding="utf-8"))
+    index = {name: i for i, name in enumerate(categories)}
+    for split in ("train", "test"):
+        with (folder / f"{split}.csv").open(encoding="utf-8", newline="") as fh:
+            rows = [{"text": row["text"], "label": index[row["category"]]}
+                    for row in csv.DictReader(fh)]
+        _write_jsonl(OUT / "banking77" / f"{split}.jsonl", rows)
+    for name in ("categories.json", "LICENSE"):
+        shutil.copyfile(folder / name, OUT / "banking77" / name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--src", type=Path, default=Path("/work/shared/data"))
@@ -117,6 +134,7 @@ def main() -> None:
     make_tweeteval(args.src)
     make_bigbench(args.src)
     copy_paper_tasks(args.src)
+    make_banking77(args.src)
 
 
 if __name__ == "__main__":
