@@ -147,3 +147,38 @@ def test_77_labels_of_uneven_length_share_their_context():
     padded = sum(len(g) * max(widths[r % 77] for r in g)
                  for groups in plan.groups for g in groups)
     assert padded < 4 * 77 * max(widths)
+
+
+def test_the_scoring_setting_is_checked_and_reaches_the_scorer_and_the_key(make_config,
+                                                                          monkeypatch):
+    from fedkt.errors import ConfigError
+    from fedkt.eval import evaluate, reuse
+    from fedkt.train.lm import client_lm, evaluate_lm
+
+    with pytest.raises(ConfigError, match="eval.scoring: .*'auto', 'shared' or 'pairs'"):
+        make_config("eval.scoring=fast")
+    assert make_config().eval.scoring == "auto"
+    seen: dict[str, list] = {"layouts": [], "keys": []}
+    real_score, real_store = evaluate._score_grouped, reuse.evaluation
+
+    def score(*args, layout="auto", **kwargs):
+        seen["layouts"].append(layout)
+        return real_score(*args, layout=layout, **kwargs)
+
+    def store(enabled, model, tokenizer, parts, compute):
+        seen["keys"].append(dict(parts))
+        return real_store(enabled, model, tokenizer, parts, compute)
+
+    monkeypatch.setattr(evaluate, "_score_grouped", score)
+    monkeypatch.setattr(reuse, "evaluation", store)
+    records = [{"text": "play jazz", "label": 3, "id": "0"},
+               {"text": "weather in Paris", "label": 2, "id": "1"}]
+    results = []
+    for layout in ("pairs", "shared", "pairs"):
+        cfg = make_config(f"eval.scoring={layout}", name=layout)
+        results.append(evaluate_lm(cfg, client_lm(cfg, 0), records))
+    # The second "pairs" is served from the store (not scored again); "shared" is not.
+    assert seen["layouts"] == ["pairs", "shared"]
+    assert [k["layout"] for k in seen["keys"]] == ["pairs", "shared", "pairs"]
+    assert results[1]["accuracy"] == results[0]["accuracy"]
+    assert results[1]["loss"] == pytest.approx(results[0]["loss"], abs=1e-3)  # bf16 here
