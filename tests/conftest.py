@@ -104,8 +104,8 @@ def make_config(tmp_path):
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_reuse_store(tmp_path_factory):
-    """Stored evaluations and knowledge (fedkt.eval.reuse) of this session only: never those of
-    an earlier session (other code, or a scorer a test patched) from the shared cache."""
+    """Stored evaluations and knowledge (fedkt.eval.reuse) of this pytest run only: never those
+    of an earlier run (other code, or a scorer a test patched) from the shared cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FEDKT_REUSE_CACHE", str(tmp_path_factory.mktemp("reuse")))
         yield

@@ -165,7 +165,7 @@ def _shared_cheaper(model: torch.nn.Module, encoded: Encoded,
     body, the output layer's positions weighted by its share, each forward call's fixed
     cost, attention per attended position)."""
     from fedkt.eval.inputs import takes_logits_to_keep
-    from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share
+    from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share, choice_groups
 
     head = _head_share(model)
     keeps = takes_logits_to_keep(model)
@@ -178,12 +178,15 @@ def _shared_cheaper(model: torch.nn.Module, encoded: Encoded,
     got = [s for s in splits if s is not None]
     ctx = max(len(s[0]) for s in got)
     conts = [cont for s in got for cont, _ in s[1]]
-    later = max(len(cont) for cont in conts) - 1
     left = [b for b, s in enumerate(splits) if s is None]
-    shared = (len(got) * ctx + head * len(got) * (1 if keeps else ctx)
-              + len(conts) * later * (1 + head) + CALL_COST * (2 if later > 0 else 1)
-              + ATTENTION_COST * (len(got) * ctx * (ctx + 1) / 2
-                                  + len(conts) * later * (ctx + (later + 1) / 2)))
+    # The choices' forwards as _shared_scores cuts them: a group after the first also
+    # runs the contexts again.
+    again = 2 * CALL_COST + len(got) * ctx
+    groups, later = choice_groups([len(cont) - 1 for cont in conts], ctx, head=head,
+                                  call=again, attention=ATTENTION_COST)
+    shared = (len(got) * ctx + head * len(got) * (1 if keeps else ctx) + CALL_COST
+              + ATTENTION_COST * len(got) * ctx * (ctx + 1) / 2
+              + (later - again + CALL_COST if groups else 0.0))
     if left:  # the samples without a shared context, as whole sequences in a third call
         rest = [pair for b in left for pair in encoded[b]]
         w = max(len(seq) for seq, _ in rest) - 1
@@ -230,10 +233,12 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
 
     One forward of the contexts (right-padded, so each keeps positions 0..L-1 and no
     query sees only padding), its key/value cache indexed to one row per choice (a
-    differentiable copy), then one forward of every choice's tokens but the last, at
-    positions L.. after its own context, the context's padding masked out.  A choice's
-    first token is scored from its context's last logits, the others from the second
-    forward's.  None when the model returned no cache.
+    differentiable copy), then a forward of the choices' tokens but the last, at
+    positions L.. after their own context, the context's padding masked out.  Choices of
+    very different lengths (many labels) run in groups of similar lengths
+    (:func:`_groups`), each after its own forward of the contexts.  A choice's first
+    token is scored from its context's last logits, the others from the later forwards'.
+    None when the model returned no cache.
     """
     from fedkt.eval.inputs import _pad, takes_logits_to_keep
     from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
@@ -263,27 +268,48 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
         scores = scores.index_add(0, torch.tensor(heads, device=device), picked)
     if later_width <= 0:
         return scores
-    cache = returned_cache(first)
-    if cache is None:
-        return None
-    cache.batch_select_indices(owner.to(device))
-    cont_ids, cont_mask = _pad([cont[:-1] or [pad_id] for _, cont, _ in rows], pad_id, "right")
-    cont_mask[[len(cont) <= 1 for _, cont, _ in rows]] = 0
-    full_mask = torch.cat([mask[owner], cont_mask], 1)
-    cont_pos = lengths[owner][:, None] + torch.arange(later_width)
-    logits = upcast(model(input_ids=cont_ids.to(device), attention_mask=full_mask.to(device),
-                          position_ids=cont_pos.to(device), **{CACHE_KWARG: cache},
-                          use_cache=True).logits)  # [rows, later_width, V]
-    # Token j (>= 1) of a choice's tokens is predicted at position j - 1 of this forward.
-    targets = torch.zeros(len(rows), later_width, dtype=torch.long)
-    scored = torch.zeros(len(rows), later_width, dtype=torch.bool)
-    for r, (_, cont, n) in enumerate(rows):
-        if len(cont) > 1:
-            targets[r, : len(cont) - 1] = torch.tensor(cont[1:])
-            scored[r, max(starts[r], 1) - 1 : len(cont) - 1] = n > 0
-    targets, scored = targets.to(device), scored.to(device)
-    picked = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
-    return scores + torch.where(scored, picked, torch.zeros_like(picked)).sum(-1)
+    for g, group in enumerate(_groups(model, rows, len(samples), ids.shape[1])):
+        if g:  # a fresh cache of the contexts (selecting rows changes a cache in place)
+            first = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                          position_ids=positions.to(device), use_cache=True,
+                          **({"logits_to_keep": 1} if keeps else {}))
+        cache = returned_cache(first)
+        if cache is None:
+            return None
+        sub = owner[group]
+        cache.batch_select_indices(sub.to(device))
+        width = max(len(rows[r][1]) for r in group) - 1
+        cont_ids, cont_mask = _pad([rows[r][1][:-1] for r in group], pad_id, "right")
+        full_mask = torch.cat([mask[sub], cont_mask], 1)
+        cont_pos = lengths[sub][:, None] + torch.arange(width)
+        logits = upcast(model(input_ids=cont_ids.to(device),
+                              attention_mask=full_mask.to(device),
+                              position_ids=cont_pos.to(device), **{CACHE_KWARG: cache},
+                              use_cache=True).logits)  # [group rows, width, V]
+        # Token j (>= 1) of a choice's tokens is predicted at position j - 1 of this forward.
+        targets = torch.zeros(len(group), width, dtype=torch.long)
+        scored = torch.zeros(len(group), width, dtype=torch.bool)
+        for k, r in enumerate(group):
+            _, cont, n = rows[r]
+            targets[k, : len(cont) - 1] = torch.tensor(cont[1:])
+            scored[k, max(starts[r], 1) - 1 : len(cont) - 1] = n > 0
+        targets, scored = targets.to(device), scored.to(device)
+        picked = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+        scores = scores.index_add(0, torch.tensor(group, device=device),
+                                  torch.where(scored, picked, torch.zeros_like(picked)).sum(-1))
+    return scores
+
+
+def _groups(model: torch.nn.Module, rows: Sequence[tuple[int, list[int], int]], samples: int,
+            context: int) -> list[list[int]]:
+    """The rows with tokens after their first, cut into forwards of similar lengths
+    (:func:`fedkt.eval.layout.choice_groups`; a further group also runs the ``samples``
+    contexts of ``context`` positions again)."""
+    from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share, choice_groups
+
+    return choice_groups([len(cont) - 1 for _, cont, _ in rows], context,
+                         head=_head_share(model), call=2 * CALL_COST + samples * context,
+                         attention=ATTENTION_COST)[0]
 
 
 @timed("knowledge")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -22,6 +23,14 @@ class EvalConfig(_Strict):
     batch_size: BatchSize = Field(8, description=(
         "Rows per forward pass: (context, choice) pairs when choices are scored by "
         "log-likelihood (about batch_size / choices examples a pass), else test examples."))
+    scoring: Literal["auto", "shared", "pairs"] = Field("auto", description=(
+        "How choice log-likelihoods are computed (multiple choice, classification): shared "
+        "runs an item's context once and its choices after the context's key/value cache, "
+        "the choices cut into forwards of similar lengths; pairs runs every (context, choice) "
+        "as one whole sequence; auto takes, per batch, whichever the scorer's cost model "
+        "prices lower. The answers are the same; log-likelihoods differ by float rounding "
+        "(stored evaluations are kept apart by this setting). Soft-prompt models, and items "
+        "cut to fit data.max_length, always take pairs. docs/evaluation.md."))
     max_new_tokens: Tokens = Field(48, description=(
         "Generation tasks: tokens generated per example."))
     positive_label: int = Field(1, ge=0, le=MAX_COUNT, description=(

@@ -118,11 +118,13 @@ def evaluate_causal_lm(
     template: str | None = None,
     class_groups: Mapping[str, Any] | None = None,
     chat: Any = None,
+    layout: str = "auto",
 ) -> dict[str, float]:
     """Evaluate a causal LM on normalised records of ``task``.
 
     ``chat`` (a :class:`fedkt.data.formatting.ChatFormat`) wraps each prompt in the
-    model's chat template; the target and choices are the assistant's reply.
+    model's chat template; the target and choices are the assistant's reply.  ``layout``:
+    how choices are scored (``eval.scoring``; :data:`fedkt.eval.layout.LAYOUTS`).
 
     multiple_choice / classification: ``accuracy`` and ``accuracy_norm`` by
     choice log-likelihood, and ``accuracy_<name>`` of each of ``class_groups``
@@ -163,7 +165,7 @@ def evaluate_causal_lm(
     choices = [list(v[1]) for v in views]
     golds = [int(v[2]) for v in views]
     scored = _score_grouped(model, tokenizer, contexts, choices, batch_size=batch_size,
-                            max_length=max_length)
+                            max_length=max_length, layout=layout)
     if all(pair == (ctx, conts[g]) for pair, ctx, conts, g
            in zip(pairs, contexts, choices, golds, strict=True)):
         # The (prompt, target) pairs are the gold choices already scored: reuse them.

@@ -7,14 +7,17 @@ length) and keeps the cheaper; :func:`model_plan` prices it for one model.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from fedkt.eval.inputs import _pair_batches, _scored_seq, takes_logits_to_keep
+from fedkt.models.kv_cache import CACHE_KWARG
 
-__all__ = ["ATTENTION_COST", "CALL_COST", "LAYOUTS", "LayoutPlan", "model_plan", "plan_layout"]
+__all__ = ["ATTENTION_COST", "CALL_COST", "LAYOUTS", "LayoutPlan", "choice_groups", "model_plan",
+           "plan_layout"]
 
 
 # How the scorer lays out an example's (context, choice) pairs:
@@ -42,12 +45,47 @@ class LayoutPlan:
     ``(example, choice)`` rows scored as whole sequences; ``cost``: the estimated cost
     (token positions through the model, the output layer's positions weighted by its
     share of the work) of the examples that could take either layout, all ``shared``,
-    all ``pairs``, and as ``chosen``.
+    all ``pairs``, and as ``chosen``; ``groups``: per shared chunk, its choice rows
+    (numbered example by example, choice by choice) in the forwards that run them after
+    the context (:func:`choice_groups`; rows of a single token need none).
     """
 
     shared: list[list[int]]
     pairs: list[tuple[int, int]]
     cost: dict[str, float]
+    groups: list[list[list[int]]] = field(default_factory=list)
+
+
+def choice_groups(widths: Sequence[int], context: int, *, head: float = 0.0,
+                  call: float = 0.0, attention: float = 0.0) -> tuple[list[list[int]], float]:
+    """The choice rows of a shared chunk split into forwards after the context's cache, and
+    their cost.
+
+    ``widths``: each row's tokens after the context's last (its length but one; 0 needs
+    no forward).  Each forward pads its rows to its widest, so one forward of 77 labels of
+    3 to 17 tokens computes 77 x 16 positions where 390 are real; more forwards pad less
+    but each costs ``call``.  The rows, sorted by width, are cut into the consecutive
+    groups of least total cost (positions x (1 + ``head``), ``call`` a forward,
+    ``attention`` per attended position over ``context`` and the row's own tokens):
+    exact, by dynamic programming over the cut points.  Returns ``(groups of row indices,
+    narrowest first; cost)``.
+    """
+    order = sorted((i for i, w in enumerate(widths) if w > 0), key=lambda i: (widths[i], i))
+    best = [0.0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        width = widths[order[end - 1]]
+        per_row = width * (1 + head) + attention * width * (context + (width + 1) / 2)
+        for start in range(end):
+            cost = best[start] + (end - start) * per_row + call
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups: list[list[int]] = []
+    end = len(order)
+    while end:
+        groups.append(order[cut[end] : end])
+        end = cut[end]
+    return groups[::-1], best[-1]
 
 
 def _head_share(model: torch.nn.Module) -> float:
@@ -84,13 +122,13 @@ def plan_layout(
     ``encoded``: each example's ``(context ids, choice ids)`` pairs.  Examples whose
     pairs fit ``max_length`` are chunked for the shared layout (equal context lengths,
     about ``batch_size`` choice rows a chunk, choices of similar lengths together).  A
-    chunk's cost is the positions it computes: its contexts, then every choice row
-    padded to the chunk's longest choice.  The same rows as whole sequences cost each
+    chunk's cost is the positions it computes: its contexts, then its choice rows in the
+    forwards :func:`choice_groups` cuts them into, each padded to its longest choice.  The same rows as whole sequences cost each
     row's batch width (the rows batched by length as
     :func:`fedkt.eval.scorer._score_sequences` batches them: padding included).  ``head``
     weights the positions that also run the output layer (:func:`_head_share`); ``call``
-    is each forward call's fixed cost (a chunk makes two, a batch of whole sequences one,
-    shared by its rows) and ``attention`` the cost of each (row, token, attended
+    is each forward call's fixed cost (a chunk makes one for its contexts and one per group
+    of choice rows, a batch of whole sequences one, shared by its rows) and ``attention`` the cost of each (row, token, attended
     position) (:data:`CALL_COST`, :data:`ATTENTION_COST`).  ``auto`` keeps a chunk shared
     when it costs less.
     """
@@ -117,6 +155,7 @@ def plan_layout(
     for i in eligible:
         by_length.setdefault(len(encoded[i][0][0]), []).append(i)
     shared: list[list[int]] = []
+    row_groups: list[list[list[int]]] = []
     cost = {"shared": 0.0, "pairs": 0.0, "chosen": 0.0}
     for length, group in by_length.items():
         group.sort(key=lambda i: -max(len(cont) for _, cont in encoded[i]))
@@ -126,22 +165,21 @@ def plan_layout(
             size = sum(len(encoded[e]) for e in chunk)
             if n + 1 < len(group) and size + len(encoded[group[n + 1]]) <= batch_size:
                 continue
-            width = max(len(cont) for e in chunk for _, cont in encoded[e]) - 1
-            positions = len(chunk) * length + size * max(0, width)
-            own = positions + head * (len(chunk) * (1 if logits_to_keep else length)
-                                      + size * max(0, width))
-            own += call * (2 if width > 0 else 1) + attention * (
-                len(chunk) * length * (length + 1) / 2
-                + size * max(0, width) * (length + (max(0, width) + 1) / 2))
+            groups, later = choice_groups(
+                [len(cont) - 1 for e in chunk for _, cont in encoded[e]], length,
+                head=head, call=call, attention=attention)
+            own = (len(chunk) * length + head * len(chunk) * (1 if logits_to_keep else length)
+                   + call + attention * len(chunk) * length * (length + 1) / 2 + later)
             whole = sum(pair_cost[(e, c)] for e in chunk for c in range(len(encoded[e])))
             cost["shared"] += own
             cost["pairs"] += whole
             if layout == "shared" or (layout == "auto" and own <= whole):
                 shared.append(chunk)
+                row_groups.append(groups)
             cost["chosen"] += own if shared and shared[-1] is chunk else whole
             chunk = []
     taken = {i for chunk in shared for i in chunk}
-    return LayoutPlan(shared, [r for r in rows if r[0] not in taken], cost)
+    return LayoutPlan(shared, [r for r in rows if r[0] not in taken], cost, row_groups)
 
 
 def model_plan(model: torch.nn.Module,
@@ -157,7 +195,14 @@ def model_plan(model: torch.nn.Module,
 
 
 def _shares_context(model: torch.nn.Module) -> bool:
-    """Whether choices may reuse their context's key/value cache (not for soft prompts,
-    which peft re-inserts on every forward)."""
+    """Whether choices may reuse their context's key/value cache: not for soft prompts
+    (peft re-inserts them on every forward), nor for a model whose forward takes no cache
+    (:data:`fedkt.models.kv_cache.CACHE_KWARG`)."""
     peft_config = getattr(model, "active_peft_config", None)
-    return not getattr(peft_config, "is_prompt_learning", False)
+    if getattr(peft_config, "is_prompt_learning", False):
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return CACHE_KWARG in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False

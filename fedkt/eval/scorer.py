@@ -11,6 +11,7 @@ batched is :mod:`fedkt.eval.layout`'s choice; the encoding and padding are
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from fedkt.eval.inputs import (
 from fedkt.eval.layout import LAYOUTS, model_plan
 from fedkt.eval.metrics import accuracy
 from fedkt.infra import progress
-from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
+from fedkt.models.kv_cache import CACHE_KWARG
 
 __all__ = ["mc_accuracy", "mc_predictions", "score_choices", "target_loss"]
 
@@ -152,67 +153,72 @@ def _score_grouped(
     pad_id = _pad_id(tokenizer)
     with progress.bar(len(contexts), "eval") as shown:
         shown.update(sum(1 for pairs in encoded if not pairs))
+        rows = list(plan.pairs)
         if plan.shared:
             keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
             with _inference(model):
-                for chunk in plan.shared:
-                    _score_chunk(model, [(i, encoded[i][0][0], [c for _, c in encoded[i]])
-                                         for i in chunk], out, device, pad_id, keep)
-                    shown.update(len(chunk))
+                for chunk, groups in zip(plan.shared, plan.groups, strict=True):
+                    if _score_chunk(model, [(i, encoded[i][0][0], [c for _, c in encoded[i]])
+                                            for i in chunk], groups, out, device, pad_id, keep):
+                        shown.update(len(chunk))
+                    else:  # the forward returned no cache: whole sequences
+                        rows += [(i, c) for i in chunk for c in range(len(encoded[i]))]
         left: dict[int, int] = {}
-        for i, _ in plan.pairs:
+        for i, _ in rows:
             left[i] = left.get(i, 0) + 1
 
         def scored(batch: Sequence[int]) -> None:  # an example is done with its last choice
             finished = 0
             for p in batch:
-                owner = plan.pairs[p][0]
+                owner = rows[p][0]
                 left[owner] -= 1
                 finished += left[owner] == 0
             shown.update(finished)
 
         flat = _score_sequences(model, [_scored_seq(*encoded[i][c], max_length)
-                                        for i, c in plan.pairs],
+                                        for i, c in rows],
                                 batch_size=batch_size, pad_id=pad_id, done=scored)
-    for (i, c), value in zip(plan.pairs, flat, strict=True):
+    for (i, c), value in zip(rows, flat, strict=True):
         out[i][c] = value
     return out
 
 
 def _score_chunk(model: torch.nn.Module, chunk: list[tuple[int, list[int], list[list[int]]]],
-                 out: list[list[tuple[float, int]]], device: torch.device, pad_id: int,
-                 keep: dict[str, int]) -> None:
-    """One context forward (equal lengths, no padding), then every choice's tokens after
-    the copied cache; the context's last logits score each choice's first token."""
+                 groups: Sequence[Sequence[int]], out: list[list[tuple[float, int]]],
+                 device: torch.device, pad_id: int, keep: dict[str, int]) -> bool:
+    """One context forward (equal lengths, no padding), then each group of choice rows
+    (``groups``: row indices, example by example and choice by choice; see
+    :func:`fedkt.eval.layout.choice_groups`) after its own copy of the cache; the context's
+    last logits score each choice's first token.  False (nothing scored) when choices
+    need the cache and the forward returned none."""
     ctx = torch.tensor([c for _, c, _ in chunk], dtype=torch.long, device=device)
     first = model(input_ids=ctx, attention_mask=torch.ones_like(ctx), use_cache=True, **keep)
     last = first.logits[:, -1].float().log_softmax(-1)  # [E, V]
     rows = [(e, cont) for e, (_, _, conts) in enumerate(chunk) for cont in conts]
-    width = max(len(cont) for _, cont in rows) - 1
-    later = None
-    if width > 0:
-        cache = returned_cache(first)
-        cache.batch_select_indices(torch.tensor([e for e, _ in rows], device=device))
-        ids, mask = _pad([cont[:-1] or [pad_id] for _, cont in rows], pad_id, "right")
-        mask[[len(cont) <= 1 for _, cont in rows]] = 0
-        mask = torch.cat([torch.ones(len(rows), ctx.shape[1], dtype=mask.dtype), mask], 1)
+    scores: list[tuple[float, int]] = [
+        (last[e, cont[0]].item(), len(cont)) if cont else (0.0, 0) for e, cont in rows]
+    cache = getattr(first, CACHE_KWARG, None) if groups else None
+    if groups and cache is None:
+        return False
+    for g, group in enumerate(groups):
+        # Selecting rows changes a cache in place: every group but the last takes a copy.
+        own = cache if g == len(groups) - 1 else copy.deepcopy(cache)
+        own.batch_select_indices(torch.tensor([rows[r][0] for r in group], device=device))
+        ids, mask = _pad([rows[r][1][:-1] for r in group], pad_id, "right")
+        mask = torch.cat([torch.ones(len(group), ctx.shape[1], dtype=mask.dtype), mask], 1)
         later = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                      **{CACHE_KWARG: cache}, use_cache=True).logits
-    scores: list[tuple[float, int]] = []
-    for r, (e, cont) in enumerate(rows):
-        if not cont:
-            scores.append((0.0, 0))
-            continue
-        total = last[e, cont[0]].item()
-        if len(cont) > 1 and later is not None:
-            logprobs = later[r, : len(cont) - 1].float().log_softmax(-1)
+                      **{CACHE_KWARG: own}, use_cache=True).logits
+        for pos, r in enumerate(group):
+            cont = rows[r][1]
+            logprobs = later[pos, : len(cont) - 1].float().log_softmax(-1)
             targets = torch.tensor(cont[1:], device=logprobs.device)
-            total += logprobs.gather(-1, targets[:, None]).sum().item()
-        scores.append((total, len(cont)))
+            total = scores[r][0] + logprobs.gather(-1, targets[:, None]).sum().item()
+            scores[r] = (total, len(cont))
     pos = 0
     for i, _, conts in chunk:
         out[i] = scores[pos : pos + len(conts)]
         pos += len(conts)
+    return True
 
 
 def _argmax(values: Sequence[float]) -> int:

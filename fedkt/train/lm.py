@@ -288,7 +288,8 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
                 "batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
                 "max_new_tokens": cfg.eval.max_new_tokens,
                 "positive_label": cfg.eval.positive_label, "template": fd.template,
-                "class_groups": drawn_groups(cfg.eval.class_groups, fd.class_order)}
+                "class_groups": drawn_groups(cfg.eval.class_groups, fd.class_order),
+                "layout": cfg.eval.scoring}
     key = {"records": records, **settings, "chat_template": cfg.data.chat_template}
     with autocast(cfg, lm.model):
         return reuse.evaluation(

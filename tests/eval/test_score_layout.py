@@ -104,15 +104,20 @@ def _piqa(n: int, start: int = 0):
 
 
 def test_long_uneven_choices_after_short_contexts_are_scored_whole():
-    plan = plan_layout(_piqa(32), batch_size=32, max_length=256, head=0.27)
+    # Priced as one padded forward of choices (calls dear), sharing loses to whole
+    # sequences; with free calls each choice length gets its own forward and nothing is
+    # padded, so sharing saves the contexts' positions.
+    plan = plan_layout(_piqa(32), batch_size=32, max_length=256, head=0.27, call=1e4)
     assert plan.cost["pairs"] < plan.cost["shared"]
     assert len(plan.pairs) >= 0.8 * 64  # most rows; a chunk of equal-length choices may share
     assert plan.cost["chosen"] <= plan.cost["pairs"]
+    free = plan_layout(_piqa(32), batch_size=32, max_length=256, head=0.27)
+    assert free.cost["shared"] < free.cost["pairs"] and not free.pairs
 
 
 def test_the_choice_is_made_per_batch():
     examples = _examples(8, 40, [4] * 7) + _piqa(32, 100)  # intents, then PIQA
-    plan = plan_layout(examples, batch_size=32, max_length=256, head=0.27)
+    plan = plan_layout(examples, batch_size=32, max_length=256, head=0.27, call=1e3)
     shared = {i for chunk in plan.shared for i in chunk}
     assert set(range(8)) <= shared
     assert len({i for i, _ in plan.pairs}) >= 0.8 * 32
