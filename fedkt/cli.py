@@ -296,14 +296,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from fedkt.data.summary import split_summary
 
-    for title, cfg in _data_configs(args.config, args.set, args.seed):
+    for title, cfg in _data_configs(args.config, args.set, args.seed, args.fold):
         print(title)
         print(split_summary(cfg, names=not args.no_names))
     return 0
 
 
-def _data_configs(config: str, overrides: list[str], seeds: list[int] | None):
-    """``(title, run config)`` per seed of a suite (its first arm's data) or a run config."""
+def _data_configs(config: str, overrides: list[str], seeds: list[int] | None,
+                  folds: list[int] | None = None):
+    """``(title, run config)`` per seed of a suite (its first arm's data; with seeds inside
+    folds, per fold: its first seed's, since a fold's seeds share its test part and sides)
+    or a run config."""
     import yaml
 
     from fedkt.configs.catalog import resolve_config
@@ -317,6 +320,24 @@ def _data_configs(config: str, overrides: list[str], seeds: list[int] | None):
             raise ValueError("--set: overrides a run config's keys; a suite's data is its own")
         suite = load_suite(path)
         arm = next(iter(suite.cfg.arms))
+        if suite.fold_of:
+            if seeds is not None:
+                raise ValueError(f"--seed: suite {suite.cfg.name} runs seeds inside folds; "
+                                 f"pick folds with --fold (folds {suite.cfg.folds})")
+            first: dict[int, int] = {}
+            for seed, fold in suite.fold_of.items():
+                first.setdefault(fold, seed)
+            for fold in folds if folds is not None else list(first):
+                if fold not in first:
+                    raise ValueError(f"--fold: suite {suite.cfg.name} has no fold {fold} "
+                                     f"(folds {suite.cfg.folds})")
+                cfg = suite.runs[(arm, first[fold])]
+                yield (f"suite {suite.cfg.name} ({path}), arm {arm}'s data, fold {fold}, "
+                       f"{cfg.clients.num_clients} clients:", cfg)
+            return
+        if folds is not None:
+            raise ValueError(f"--fold: suite {suite.cfg.name} has no folds (its seeds are "
+                             f"{suite.cfg.seeds}: use --seed)")
         picked = seeds if seeds is not None else suite.cfg.seeds
         missing = [s for s in picked if (arm, s) not in suite.runs]
         if missing:
@@ -328,6 +349,13 @@ def _data_configs(config: str, overrides: list[str], seeds: list[int] | None):
                    f"{cfg.clients.num_clients} clients:", cfg)
         return
     base = _load(path, overrides, {})
+    if folds is not None:
+        if not base.data.split.folds:
+            raise ValueError("--fold: the config has no data.split.folds")
+        for fold in folds:
+            cfg = _load(path, [*overrides, f"data.split.fold={fold}"], {})
+            yield f"config {path}, fold {fold}, {cfg.clients.num_clients} clients:", cfg
+        return
     for seed in seeds if seeds is not None else [base.seed]:
         cfg = base.model_copy(update={"seed": seed})
         yield f"config {path}, {cfg.clients.num_clients} clients:", cfg
@@ -463,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, action="append", metavar="N",
                    help="only this seed (fold); repeatable (default: the suite's seeds, or "
                         "the config's seed)")
+    p.add_argument("--fold", type=int, action="append", metavar="K",
+                   help="only this test fold; repeatable (a suite with seeds inside folds: "
+                        "default every fold; a config: sets data.split.fold)")
     p.add_argument("--no-names", action="store_true", help="class counts without the names")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key of a run config (dotted, YAML value)")

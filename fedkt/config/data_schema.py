@@ -199,9 +199,9 @@ class RequireConfig(_Strict):
     disjoint: bool = Field(False, description=(
         "The server's and the clients' classes (data.classes.server, data.classes.private, both "
         "required) share none, and no server record has a class of a client record."))
-    min_test: int = Field(0, ge=0, description="The fewest test records.")
-    min_public: int = Field(0, ge=0, description="The fewest public records.")
-    min_per_class: int = Field(0, ge=0, description=(
+    min_test: int = Field(0, ge=0, le=MAX_COUNT, description="The fewest test records.")
+    min_public: int = Field(0, ge=0, le=MAX_COUNT, description="The fewest public records.")
+    min_per_class: int = Field(0, ge=0, le=MAX_COUNT, description=(
         "The fewest labelled records of each of a side's classes: the server's records for each "
         "class of data.classes.server, all clients' private records together for each class of "
         "data.classes.private (each side's classes: every class when it has no filter)."))

@@ -21,9 +21,11 @@ Training is deterministic and done once: the result is saved under
 ``<cache>/tokenizers/`` with a key hashed from the preset, its vocabulary size, the
 training corpus and :data:`TOKENIZER_FORMAT`.
 
-The corpus is the text of the vendored datasets (``fedkt/data/vendored/**/*.jsonl``,
-train files only, a bounded amount per file) when present, else the small DialogSum
-extract shipped as ``fedkt/models/corpus.txt`` (MIT, see its header).
+The corpus is the text of the vendored datasets named in :data:`CORPUS_FOLDERS`
+(``fedkt/data/vendored/<folder>/**/*.jsonl``, train files only, a bounded amount per file)
+when present, else the small DialogSum extract shipped as ``fedkt/models/corpus.txt`` (MIT,
+see its header).  A dataset vendored later does not join it: every tiny tokenizer, and so
+every tiny model's numbers, stays what it was.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ FALLBACK_CORPUS = _MODELS_DIR / "corpus.txt"
 _CHARS_PER_FILE = 300_000
 _MIN_VENDORED_CHARS = 50_000
 _HELD_OUT = ("test", "dev", "val")
+# The vendored folders whose text trains the tiny tokenizers, fixed: a new vendored dataset
+# (Banking77, ARC, ...) must not retrain them.
+CORPUS_FOLDERS = ("bigbench", "dialogsum", "tweeteval")
 
 
 # --------------------------------------------------------------------------- corpus
@@ -82,11 +87,17 @@ def _strings(value: object) -> Iterator[str]:
             yield from _strings(v)
 
 
+def _corpus_files(root: Path) -> list[Path]:
+    """The train files of :data:`CORPUS_FOLDERS` under ``root``, in a stable order."""
+    if not root.is_dir():
+        return []
+    return sorted(p for folder in CORPUS_FOLDERS for p in (root / folder).rglob("*.jsonl")
+                  if p.is_file())
+
+
 def _vendored_texts(root: Path) -> list[str]:
     texts: list[str] = []
-    if not root.is_dir():
-        return texts
-    files = sorted(p for p in root.rglob("*.jsonl") if p.is_file())
+    files = _corpus_files(root)
     for path in files:
         if any(tag in path.stem.lower() for tag in _HELD_OUT):
             continue
@@ -117,11 +128,7 @@ def _fallback_texts() -> list[str]:
 
 
 def _dir_signature(root: Path) -> tuple[tuple[str, int, int], ...]:
-    if not root.is_dir():
-        return ()
-    return tuple(
-        (str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*.jsonl"))
-    )
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _corpus_files(root))
 
 
 @functools.lru_cache(maxsize=4)

@@ -117,7 +117,8 @@ def test_shipped_banking77_suites_validate_with_their_claims() -> None:
     for name in SUITES:
         suite = load_suite(ROOT / "fedkt" / "configs" / "suites" / f"{name}.yaml",
                            output_dir="unused")
-        assert suite.cfg.seeds == [0, 1, 2, 3] and suite.primary is not None, name
+        assert suite.cfg.folds == [0, 1, 2, 3] and suite.cfg.seeds_per_fold == 2, name
+        assert suite.primary is not None and suite.cfg.target_floor == 0.10, name
         assert any("@0." in c.text for c in suite.claims), name  # round 0 beside it
         arms = set(suite.cfg.arms)
         assert {a.rsplit("_", 1)[-1] for a in arms} >= {"shuffled", "marginal", "none"}, name
@@ -127,10 +128,18 @@ def test_shipped_banking77_suites_validate_with_their_claims() -> None:
 
 
 def test_fedkt_data_prints_each_folds_sides(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["data", "suites/banking77_fedmkt_transfer", "--seed", "1"]) == 0
+    from fedkt.evidence.suite import load_suite
+
+    assert main(["data", "suites/banking77_fedmkt_transfer", "--fold", "1"]) == 0
     out = capsys.readouterr().out
-    fd = client_splits(_suite_data(), 2, 1)
-    assert "seed 1 (fold 1 of 4)" in out and "seed 0" not in out
+    suite = load_suite(SUITE, output_dir="unused")
+    seed = min(s for s, f in suite.fold_of.items() if f == 1)  # the fold's first seed
+    cfg = suite.runs[(next(iter(suite.cfg.arms)), seed)]
+    fd = client_splits(cfg.data, 2, cfg.seed)
+    assert f"seed {seed} (fold 1 of 4)" in out and "fold 0" not in out
+    # every training seed of a fold draws the same sides
+    other = max(s for s, f in suite.fold_of.items() if f == 1)
+    assert other != seed and client_splits(cfg.data, 2, other).class_order == fd.class_order
     listed = {}
     for side in ("server side", "clients side"):
         m = re.search(rf"  {side}: (\d+) classes\n    (.+)\n", out)

@@ -152,9 +152,16 @@ def test_corpus_prefers_vendored_and_falls_back(tmp_path, monkeypatch):
     (vend / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (vend / "test.jsonl").write_text(json.dumps({"text": "HELD OUT"}) + "\n")
     monkeypatch.setattr(tk, "VENDORED_DIR", tmp_path / "vendored")
+    monkeypatch.setattr(tk, "CORPUS_FOLDERS", ("ds",))
     vendored = tk.corpus_texts()
     assert vendored[0] == rows[0]["text"] and "HELD OUT" not in vendored
-    assert tk.corpus_digest() != digest_fallback
+    digest = tk.corpus_digest()
+    assert digest != digest_fallback
+    # A dataset vendored later, outside CORPUS_FOLDERS, leaves the corpus as it was.
+    late = tmp_path / "vendored" / "later"
+    late.mkdir()
+    (late / "train.jsonl").write_text(json.dumps({"text": "A LATER DATASET " * 50}) + "\n")
+    assert tk.corpus_texts() == vendored and tk.corpus_digest() == digest
 
 
 def test_ensure_pad_token():
