@@ -198,12 +198,12 @@ def test_one_and_two_workers_give_the_same_rows_with_client_threads_set(tmp_path
 @pytest.mark.slow
 def test_the_demo_gives_the_same_rows_with_one_and_two_workers(tmp_path):
     """configs/demo.yaml as configured (real SmolLM2-135M, bf16 where the CPU has it,
-    client_threads 1), shrunk to one short round: the same rows with 1 and 2 workers."""
+    client_threads 2), shrunk to one short round: the same rows with 1 and 2 workers."""
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"output_dir={tmp_path}", "rounds=1", "data.split.test_size=6",
         "data.max_private_per_client=8", "data.max_public=8", "training.local_epochs=1",
         "eval.every=1", "eval.compare_round0=false", "eval.plots=false"])
-    assert cfg.runtime.local.client_threads == 1
+    assert cfg.runtime.local.client_threads == 2
     one, two = _final_rows(cfg, 1), _final_rows(cfg, 2)
     assert one == two and {"client_0", "client_1"} <= set(one)
 
