@@ -46,6 +46,8 @@ T = TypeVar("T")
 CACHE_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError)
 
 _log = logging.getLogger(__name__)
+# seconds a wait for another process's entry goes on before it is reported at WARNING
+WARN_AFTER = 10.0
 
 
 def cache_dir(*parts: str) -> Path:
@@ -105,12 +107,21 @@ def _take(fd: int, path: Path, wait: float | None) -> None:
         _log.info("waiting for %s: %s is building it", path, who)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
-    _log.warning("waiting for %s: %s is building it (at most %.0f s; then it is computed "
-                 "here)", path, who, wait)
-    deadline = time.monotonic() + wait
+    # INFO at first: within one run a client often waits seconds for a sibling's identical
+    # entry; a WARNING once the wait is long enough to look like a stall
+    _log.info("waiting for %s: %s is building it (at most %.0f s; then it is computed here)",
+              path, who, wait)
+    start = time.monotonic()
+    deadline = start + wait
+    warned = False
     seen: tuple[int | None, str] | None = None
     while True:
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if not warned and time.monotonic() - start >= WARN_AFTER:
+            warned = True
+            _log.warning("still waiting for %s: %s is building it (%.0f s so far; at most "
+                         "%.0f s, then it is computed here)", path, who,
+                         time.monotonic() - start, wait)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return

@@ -155,6 +155,9 @@ def test_a_run_waiting_for_a_stalled_entry_says_so_and_computes_it(
     The waiting run says at WARNING what it waits for (the entry, the pid), then computes
     the result itself, at once for a dead or stopped holder."""
     monkeypatch.setenv(reuse.WAIT_ENV, "2")
+    from fedkt.infra import cache
+
+    monkeypatch.setattr(cache, "WARN_AFTER", 0.5)  # a wait this long is reported as a stall
     key = reuse._key("topk", None, None, {"set": "x"})
     entry = reuse.store("knowledge") / f"topk-{key}.safetensors"
     lock = entry.with_name(entry.name + ".lock")
@@ -176,5 +179,7 @@ def test_a_run_waiting_for_a_stalled_entry_says_so_and_computes_it(
     assert calls == [1] and torch.equal(got["logits"], torch.arange(6.0).reshape(2, 3))
     said = _warnings(caplog)
     assert any(str(entry) in m and f"process {pid}" in m for m in said), said
+    # a short wait stays below WARNING; one past WARN_AFTER says it still waits
+    assert any(m.startswith("still waiting for") for m in said) == (holder == "running"), said
     assert (took < 1.5) if holder != "running" else (1.9 < took < 5), took
     assert not entry.exists()  # computed here, not stored under the other's lock
