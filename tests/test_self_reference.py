@@ -19,7 +19,7 @@ PATTERNS: dict[str, str] = {
     r"\b(?:this|that|a\s+later|an\s+earlier|the\s+next|the\s+previous|the\s+last|one)\s+"
     r"session(?:'s|s)?\b(?!\s+(?:scope|fixture|cookie|resumption|state|id)\b)":
         "a stretch of work, named as such",
-    r"\bhelpers?(?:'s|s')?\s(?:jobs?|sessions?)\b": "work done by a helper",
+    r"\bhelpers?(?:'s|s')?\s(?:jobs?|sessions?|tests?|runs?)\b": "work done by a helper",
     r"\bsub-?agents?\b": "work done by a helper",
     r"\bother\s(?:people's|sessions)\b": "work done beside, by others",
     r"\bthe\s+lead(?:'s|’s)": "whose work it was",
@@ -69,7 +69,7 @@ def test_the_patterns_catch_self_references_and_pass_ordinary_words():
         f"another helper's{' '}jobs", f"two other{' '}sessions' jobs",
         f"the {lead}'s two suites", f"before{' '}session\n  {n} the key", f"(this{' '}session's "
         "processes)", f"measured in this{' '}session", f"in a later{' '}session",
-        f"a sub{''}agent ran it", f"beside other{' '}people's test files",
+        f"a sub{''}agent ran it", f"beside other{' '}people's test files", f"beside three helpers'{' '}tests",
     ]
     for text in caught:
         assert hits(text), text
