@@ -89,6 +89,7 @@ from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.infra.environment import describe
 from fedkt.infra.precision import physical_cores
 from fedkt.tracking.folder import CONFIG_FILE, LATEST_FILE
+from fedkt.tracking.resume import changed_keys
 from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
 from fedkt.tracking.summary import read_environment
 from fedkt.tracking.tables import breakdown_table, format_table
@@ -332,15 +333,6 @@ def run_state(run_dir: Path, rounds: int) -> str:
     return "started" if (run_dir / "metrics.jsonl").is_file() else "new"
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: data}
-
-
 def config_changes(run_dir: Path, cfg: RunConfig) -> list[str]:
     """The keys in which a run's kept ``config.yaml`` differs from ``cfg`` (what the suite
     file resolves that run to now).  Not compared: where the run is (``output_dir``,
@@ -353,17 +345,11 @@ def config_changes(run_dir: Path, cfg: RunConfig) -> list[str]:
         saved_raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         return [f"{CONFIG_FILE} (unreadable)"]
-    saved = _flat(saved_raw if isinstance(saved_raw, dict) else {})
-    now = _flat(cfg.model_dump(mode="json"))
-    changed = []
-    for key, value in saved.items():
-        if key in ("output_dir", "name") or key.startswith("tracking."):
-            continue
-        if key == "runtime.torch_threads" and not now.get(key):
-            continue  # the suite gave the run cores / jobs threads
-        if value != now.get(key):
-            changed.append(key)
-    return changed
+    changes = changed_keys(saved_raw if isinstance(saved_raw, dict) else {}, cfg)
+    return [key for key, (_, now) in changes.items()
+            if key not in ("output_dir", "name") and not key.startswith("tracking.")
+            # runtime.torch_threads left to the cores: the suite gave the run its jobs' share
+            and not (key == "runtime.torch_threads" and not now)]
 
 
 class SuiteChangedError(ConfigError):

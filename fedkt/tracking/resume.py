@@ -110,14 +110,20 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: data}
 
 
+def changed_keys(saved: dict[str, Any], cfg: RunConfig) -> dict[str, list[Any]]:
+    """Each dotted key of a kept ``config.yaml`` (``saved``) whose value ``cfg`` changes:
+    ``[before, after]``, in ``saved``'s order.  Keys of ``saved`` only: a key added to
+    fedkt since the run began is no change."""
+    before = _flat(saved)
+    after = _flat(cfg.model_dump(mode="json"))
+    return {k: [v, after.get(k)] for k, v in before.items() if v != after.get(k)}
+
+
 def record_changes(cfg: RunConfig, recorder: RunRecorder, done: int) -> None:
     """A resumed run whose config differs from ``config.yaml`` (an edit, or ``resume
     --set``): the changed keys go to ``resumes.jsonl`` and the new config to config.yaml."""
-    before = _flat(recorder.config())
-    after = _flat(cfg.model_dump(mode="json"))
-    # Keys of config.yaml only: a key added to fedkt since the run began is no change.
-    changed = {k: [v, after.get(k)] for k, v in sorted(before.items())
-               if k != "output_dir" and v != after.get(k)}
+    changed = {k: v for k, v in sorted(changed_keys(recorder.config(), cfg).items())
+               if k != "output_dir"}
     if not changed:
         return
     log.warning("resuming with a changed config: %s", ", ".join(changed))
