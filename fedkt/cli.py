@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 EPILOG = """examples:
@@ -200,34 +201,32 @@ def cmd_suite_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_suite_across(args: argparse.Namespace) -> int:
-    from fedkt.evidence.across import across_report
-
+def _table(make: Callable[[], str], output: str | None) -> int:
+    """A suite table command's body: the table ``make`` builds, printed and written to
+    ``output``; an input it cannot read is a named error (exit 2), even with ``-v``."""
     try:
-        table = across_report(args.suite_dirs)
+        table = make()
     except (FileNotFoundError, ValueError) as exc:
         print(f"fedkt: error: {exc}", file=sys.stderr)
         return 2
     print(table, end="")
-    if args.output:
-        Path(args.output).write_text(table)
+    if output:
+        Path(output).write_text(table)
     return 0
+
+
+def cmd_suite_across(args: argparse.Namespace) -> int:
+    from fedkt.evidence.across import across_report
+
+    return _table(lambda: across_report(args.suite_dirs), args.output)
 
 
 def cmd_suite_power(args: argparse.Namespace) -> int:
     from fedkt.evidence.power import power_report, suite_targets
 
     floor, half = suite_targets(args.pilot)
-    try:
-        table = power_report(args.pilot, args.target_floor or floor or 0.10,
-                             args.half_width or half or 0.06)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"fedkt: error: {exc}", file=sys.stderr)
-        return 2
-    print(table, end="")
-    if args.output:
-        Path(args.output).write_text(table)
-    return 0
+    return _table(lambda: power_report(args.pilot, args.target_floor or floor or 0.10,
+                                       args.half_width or half or 0.06), args.output)
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
