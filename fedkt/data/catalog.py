@@ -94,6 +94,22 @@ def _csqa_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 _CSQA_LETTERS = ("A", "B", "C", "D", "E")
+
+
+def _arc(level: str, counts: str) -> Builtin:
+    """ARC-``level`` (Easy, Challenge) as lm-evaluation-harness's ``arc_<level>`` poses it."""
+    return Builtin(
+        description=f"AI2 ARC-{level} science questions, lm-eval's arc_{level.lower()} prompt; "
+        f"{counts} (licence CC BY-SA 4.0, arc/LICENSE.md)",
+        task="multiple_choice",
+        folder=f"arc/ARC-{level}",
+        splits=("train", "dev", "test"),
+        fields={"prompt": "question", "choices": "choices", "label": "label"},
+        convert=_arc_row,
+        template="Question: {prompt}\nAnswer:",
+    )
+
+
 def _banking77_names() -> tuple[str, ...]:
     """Banking77's 77 intents in label order, readable: "card arrival" for ``card_arrival``
     (lower case, without the source's stray "?" of ``reverted_card_payment?``)."""
@@ -129,26 +145,8 @@ _BUILTINS: dict[str, Builtin] = {
         splits=("all",),
         fields={"prompt": "input", "choices": "choices", "label": "label"},
     ),
-    "arc_easy": Builtin(
-        description="AI2 ARC-Easy science questions, lm-eval's arc_easy prompt; "
-        "2,251 train, 570 dev, 2,376 test (licence CC BY-SA 4.0, arc/LICENSE.md)",
-        task="multiple_choice",
-        folder="arc/ARC-Easy",
-        splits=("train", "dev", "test"),
-        fields={"prompt": "question", "choices": "choices", "label": "label"},
-        convert=_arc_row,
-        template="Question: {prompt}\nAnswer:",
-    ),
-    "arc_challenge": Builtin(
-        description="AI2 ARC-Challenge science questions, lm-eval's arc_challenge prompt; "
-        "1,119 train, 299 dev, 1,170 test (licence CC BY-SA 4.0, arc/LICENSE.md)",
-        task="multiple_choice",
-        folder="arc/ARC-Challenge",
-        splits=("train", "dev", "test"),
-        fields={"prompt": "question", "choices": "choices", "label": "label"},
-        convert=_arc_row,
-        template="Question: {prompt}\nAnswer:",
-    ),
+    "arc_easy": _arc("Easy", "2,251 train, 570 dev, 2,376 test"),
+    "arc_challenge": _arc("Challenge", "1,119 train, 299 dev, 1,170 test"),
     "commonsense_qa": Builtin(
         description="CommonsenseQA, lm-eval's commonsense_qa prompt (answer letters A-E); "
         "9,741 train, 1,221 dev (licence MIT, commonsenseqa/LICENSE.md)",
