@@ -70,7 +70,7 @@ def make_splits(
         test = [test_ds.records[i] for i in order]
         train_idx = perm
     elif split.folds is not None:
-        fold = seed if split.fold is None else split.fold
+        fold = run_fold(split, seed)
         test_idx, train_idx = fold_indices(n, split.folds, fold, split.fold_seed)
         test = [records[i] for i in test_idx]
         train_idx = train_idx[_rng(seed, _SPLIT).permutation(len(train_idx))]
@@ -105,6 +105,11 @@ def make_splits(
         "private_pool": [records[i] for i in pool_idx],
         "test": test,
     }
+
+
+def run_fold(split: SplitConfig, seed: int) -> int:
+    """The fold a run tests on under ``split.folds``: ``split.fold``, else the seed."""
+    return int(seed if split.fold is None else split.fold)
 
 
 def fold_indices(n: int, folds: int, fold: int, fold_seed: int = 0
@@ -403,7 +408,7 @@ def class_draw(cfg: DataConfig, ds: Dataset, seed: int) -> list[int] | None:
     if ds.task != "classification" or not ds.label_names:
         raise DataError(f"data.classes.draw: draws text classes; {ds.name or 'the dataset'} "
                         f"is a {ds.task} task")
-    fold = int(seed if cfg.split.fold is None else cfg.split.fold)
+    fold = run_fold(cfg.split, seed)
     rng = np.random.default_rng([int(cfg.split.fold_seed) & 0xFFFFFFFF, _CLASS_DRAW,
                                  fold & 0xFFFFFFFF])
     return rng.permutation(len(ds.label_names)).tolist()

@@ -14,7 +14,7 @@ from typing import Any
 
 from fedkt.config import RunConfig
 from fedkt.data.dataset import DataError
-from fedkt.data.splits import FederatedData, client_splits, side_classes
+from fedkt.data.splits import FederatedData, client_splits, run_fold, side_classes
 
 __all__ = ["split_summary"]
 
@@ -49,8 +49,7 @@ def split_summary(cfg: RunConfig, *, names: bool = True) -> str:
         raise DataError(f"fedkt data: describes classification splits; {fd.name!r} is a "
                         f"{fd.task} task")
     split = data.split
-    fold_index = cfg.seed if split.fold is None else split.fold
-    fold = f" (fold {fold_index} of {split.folds})" if split.folds else ""
+    fold = f" (fold {run_fold(split, cfg.seed)} of {split.folds})" if split.folds else ""
     lines = [f"seed {cfg.seed}{fold}: {fd.name}, {len(fd.label_names or [])} classes"
              + (", classes drawn for this fold (data.classes.draw)" if fd.class_order else "")]
     srv = _classes(data.classes.server, fd, "data.classes.server")
