@@ -10,7 +10,8 @@ in one process, in turn:
   labels' tokens after it;
 * ``auto``: per chunk, whichever the scorer's cost model prices lower (the default).
 
-Label sets: Banking77's 77 intents (``/work/shared/data/banking77``: ``categories.json``,
+Label sets: CLINC150's 30 intents of two domains (``clinc150``: banking and credit
+cards, items from ``data_full.json``'s test split), Banking77's 77 intents (``/work/shared/data/banking77``: ``categories.json``,
 items from ``test.csv``, evenly spread over it) and SNIPS' 7
 (``/work/shared/data/bigbench/intent_recognition.jsonl``).  For each it prints wall and
 CPU seconds per item, how many items' answers (``acc`` and ``acc_norm`` argmax) differ
@@ -59,7 +60,20 @@ def snips(n: int) -> tuple[list[dict[str, Any]], list[str]]:
             for r in rows[::step][:n]], names
 
 
-SETS = {"banking77": banking77, "snips": snips}
+def clinc150(n: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """``n`` CLINC150 test utterances of two of its domains (banking, credit cards: 30
+    intents), evenly spaced, and those 30 intents (``_`` read as a space)."""
+    base = DATA / "clinc150"
+    domains = json.loads((base / "domains.json").read_text())
+    intents = domains["banking"] + domains["credit_cards"]
+    rows = [r for r in json.loads((base / "data_full.json").read_text())["test"]
+            if r[1] in intents]
+    step = max(1, len(rows) // n)
+    return ([{"text": t, "label": intents.index(i)} for t, i in rows[::step][:n]],
+            [i.replace("_", " ") for i in intents])
+
+
+SETS = {"banking77": banking77, "snips": snips, "clinc150": clinc150}
 
 
 def run_set(model: Any, tokenizer: Any, records: list[dict[str, Any]], names: list[str],

@@ -16,6 +16,9 @@ __all__ = ["ClassFilterConfig", "ClassSpec", "DataConfig", "DatasetConfig", "Par
            "RequireConfig", "SplitConfig"]
 
 
+ClassSpec = int | str | list[int]
+
+
 class DatasetConfig(_Strict):
     """Where records come from and how their fields map onto fedkt's."""
 
@@ -44,6 +47,10 @@ class DatasetConfig(_Strict):
         "Optional prompt template, with {field} placeholders."))
     max_records: Count | None = Field(None, description=(
         "Read at most this many records (None: all)."))
+    classes: ClassSpec | None = Field(None, description=(
+        "Classification: keep only the records of these classes, which become the task's "
+        "classes, renumbered 0..k-1 in the order given (only their names are choices); e.g. "
+        "CLINC150's banking and credit-card domains, \"0-29\". None: every class."))
 
     @field_validator("template")
     @classmethod
@@ -60,6 +67,7 @@ class DatasetConfig(_Strict):
                 "give exactly one of 'name' (built-in dataset), 'path' (local file) or "
                 f"'hf_name' (Hugging Face dataset); got {given or 'none'}"
             )
+        _check_class_spec(self.classes, "dataset.classes")
         return self
 
 
@@ -145,7 +153,6 @@ class PartitionConfig(_Strict):
 
 
 # A class filter: "0-2", "3,4,5,6", "0-2,7", a list of class indices, or one index.
-ClassSpec = int | str | list[int]
 _CLASS_SPEC = re.compile(r"\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*")
 
 

@@ -121,6 +121,23 @@ def _banking77_names() -> tuple[str, ...]:
 _BANKING77 = _banking77_names()
 
 
+def _clinc150_names() -> tuple[str, ...]:
+    """CLINC150's 150 intents in label order (its 10 domains in order, 15 each), readable:
+    "pin change" for ``pin_change``."""
+    domains = json.loads((VENDORED / "clinc150" / "domains.json").read_text(encoding="utf-8"))
+    return tuple(n.replace("_", " ") for names in domains.values() for n in names)
+
+
+def clinc150_domains() -> dict[str, str]:
+    """CLINC150's domains -> their labels as a class spec (``"banking"`` -> ``"0-14"``), for
+    ``data.dataset.classes``."""
+    domains = json.loads((VENDORED / "clinc150" / "domains.json").read_text(encoding="utf-8"))
+    return {d: f"{15 * i}-{15 * i + 14}" for i, d in enumerate(domains)}
+
+
+_CLINC150 = _clinc150_names()
+
+
 _BUILTINS: dict[str, Builtin] = {
     "dialogsum": Builtin(
         description="DialogSum dialogue summarisation (generation, Rouge-L); "
@@ -174,6 +191,15 @@ _BUILTINS: dict[str, Builtin] = {
         splits=("train", "test"),
         fields={"text": "text", "label": "label"},
         label_names=_BANKING77,
+    ),
+    "clinc150": Builtin(
+        description="CLINC150 task-oriented query intent, 150 classes in 10 domains of 15 "
+        "(domain d: labels 15d-15d+14); all 22,500 in-scope train, val and test queries",
+        task="classification",
+        folder="clinc150",
+        splits=("all",),
+        fields={"text": "text", "label": "label"},
+        label_names=_CLINC150,
     ),
     "tweeteval_hate": Builtin(
         description="TweetEval hate speech (2 classes); 3,000 of 9,000 train, "

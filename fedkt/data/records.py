@@ -160,11 +160,34 @@ def _load(cfg: DatasetConfig) -> Dataset:
                 f"label_names would make {records[top]['label'] + 1} classes; give label_names "
                 f"(labels are class indices 0..N-1)")
         label_names = [str(i) for i in range(max(r["label"] for r in records) + 1)]
+    if cfg.classes is not None:
+        records, label_names = _keep_classes(records, task, label_names, cfg.classes,
+                                             cfg.path or ds_name)
     if template:
         check_template(template, records, task, label_names, cfg.path or ds_name)
     return Dataset(
         name=ds_name, task=task, records=records, label_names=label_names, template=template
     )
+
+
+def _keep_classes(records: list[dict[str, Any]], task: str, label_names: list[str] | None,
+                  spec: Any, where: str) -> tuple[list[dict[str, Any]], list[str] | None]:
+    """``dataset.classes``: the records of those classes, relabelled 0..k-1 in the spec's
+    order, and their names; a :class:`DataError` naming the key otherwise."""
+    from fedkt.data.classes import parse_class_spec
+
+    if task != "classification":
+        raise DataError(f"dataset.classes: keeps classes of a classification task; {where} is "
+                        f"a {task} task")
+    n = len(label_names) if label_names is not None else None
+    keep = parse_class_spec(spec, n, "dataset.classes")
+    new = {c: i for i, c in enumerate(keep)}
+    out = [{**r, "label": new[r["label"]]} for r in records if r["label"] in new]
+    missing = sorted(set(keep) - {r["label"] for r in records})
+    if missing:
+        raise DataError(f"dataset.classes: {where} has no record of classes {missing}")
+    names = [label_names[c] for c in keep] if label_names is not None else None
+    return out, names
 
 
 def _class_label_names(features: Any, label_field: str) -> list[str] | None:

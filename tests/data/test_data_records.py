@@ -28,6 +28,7 @@ EXPECTED = {
     "intent_recognition": ("classification", 693, 7),
     "banking77": ("classification", 10003, 77),
     "banking77:test": ("classification", 3080, 77),
+    "clinc150": ("classification", 22500, 150),
     "tweeteval_hate": ("classification", 3000, 2),
     "tweeteval_hate:val": ("classification", 999, 2),
     "tweeteval_hate:test": ("classification", 1500, 2),

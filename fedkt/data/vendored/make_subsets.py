@@ -7,7 +7,7 @@ Usage::
 ``--src`` is a folder laid out like the project's shared data folder:
 ``dialogsum/{train,test}.jsonl``, ``tweeteval/<task>/{split}_{text,labels}.txt``,
 ``bigbench/{social_iqa,intent_recognition}.jsonl``, ``banking77/{train,test}.csv`` with
-``categories.json``, ``arc/ARC-{Easy,Challenge}/{train,dev,test}.jsonl`` and
+``categories.json``, ``clinc150/{data_full,domains}.json``, ``arc/ARC-{Easy,Challenge}/{train,dev,test}.jsonl`` and
 ``commonsenseqa/{train,dev}.jsonl`` (the last three whole; ARC's and CommonsenseQA's
 ``LICENSE.md`` notes are written by hand).  Samples are drawn with
 ``random.Random(SEED).sample`` over row indices; the kept rows stay in their original
@@ -126,6 +126,22 @@ def make_banking77(src: Path) -> None:
         shutil.copyfile(folder / name, OUT / "banking77" / name)
 
 
+def make_clinc150(src: Path) -> None:
+    """CLINC150's in-scope queries, all three splits: each row ``[text, intent]`` ->
+    ``{"text", "label", "split"}``, the label the intent's index when the 10 domains of
+    ``domains.json`` (copied unchanged) are read in order, 15 intents each; the
+    out-of-scope rows are left out."""
+    folder = src / "clinc150"
+    domains = json.loads((folder / "domains.json").read_text(encoding="utf-8"))
+    index = {name: i for i, name in enumerate(n for names in domains.values() for n in names)}
+    full = json.loads((folder / "data_full.json").read_text(encoding="utf-8"))
+    rows = [{"text": text, "label": index[intent], "split": split}
+            for split in ("train", "val", "test") for text, intent in full[split]]
+    _write_jsonl(OUT / "clinc150" / "all.jsonl", rows)
+    for name in ("domains.json", "LICENSE"):
+        shutil.copyfile(folder / name, OUT / "clinc150" / name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--src", type=Path, default=Path("/work/shared/data"))
@@ -135,6 +151,7 @@ def main() -> None:
     make_bigbench(args.src)
     copy_paper_tasks(args.src)
     make_banking77(args.src)
+    make_clinc150(args.src)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""The affordable many-class testbed: vendored CLINC150, ``data.dataset.classes`` (a class
+subset that becomes the task), and the split of suites/clinc150_fedmkt_transfer."""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedkt.config import DataConfig, DatasetConfig
+from fedkt.data import load_dataset_records
+from fedkt.data.catalog import VENDORED, clinc150_domains
+from fedkt.data.dataset import DataError
+from fedkt.data.splits import client_splits
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES = ROOT / "fedkt" / "configs" / "suites"
+
+
+def test_clinc150_counts_domains_and_licence() -> None:
+    ds = load_dataset_records(DatasetConfig(name="clinc150"))
+    assert len(ds.records) == 22500 and len(ds.label_names) == 150
+    assert Counter(r["label"] for r in ds.records) == {c: 150 for c in range(150)}
+    assert Counter(r["extra"]["split"] for r in ds.records) == {
+        "train": 15000, "val": 3000, "test": 4500}
+    assert ds.label_names[:3] == ["freeze account", "routing", "pin change"]
+    domains = clinc150_domains()
+    assert len(domains) == 10 and domains["banking"] == "0-14"
+    assert domains["credit_cards"] == "15-29" and domains["meta"] == "135-149"
+    folder = VENDORED / "clinc150"
+    assert "Attribution 3.0 Unported" in (folder / "LICENSE").read_text(encoding="utf-8")
+    assert "CC BY 3.0" in (folder / "NOTICE.md").read_text(encoding="utf-8")
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["fedkt"]
+    for name in ("LICENSE", "NOTICE.md", "domains.json", "all.jsonl"):
+        rel = (folder / name).relative_to(ROOT / "fedkt").as_posix()
+        assert any(fnmatch.fnmatch(rel, g) for g in globs), rel
+
+
+def test_dataset_classes_keeps_and_renumbers_in_the_order_given() -> None:
+    full = load_dataset_records(DatasetConfig(name="clinc150"))
+    sub = load_dataset_records(DatasetConfig(name="clinc150", classes="15-29,0-14"))
+    assert len(sub.records) == 4500
+    assert sub.label_names == full.label_names[15:30] + full.label_names[:15]
+    by_id = {r["id"]: r for r in full.records}
+    for r in sub.records[:200]:
+        old = by_id[r["id"]]["label"]
+        assert r["label"] == (old - 15 if old >= 15 else old + 15) and r["text"] == by_id[
+            r["id"]]["text"]
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ("0-150", r"dataset\.classes: '0-150' must name distinct classes in 0\.\.149"),
+    ("3,3", r"dataset\.classes"),
+])
+def test_dataset_classes_names_bad_specs(spec: str, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        load_dataset_records(DatasetConfig(name="clinc150", classes=spec))
+
+
+def test_dataset_classes_is_for_classification_and_checks_its_syntax() -> None:
+    with pytest.raises(DataError, match=r"dataset\.classes: keeps classes of a "
+                                        r"classification task"):
+        load_dataset_records(DatasetConfig(name="dialogsum", classes="0"))
+    with pytest.raises(ValueError, match=r"dataset\.classes: expected class indices"):
+        DatasetConfig(name="clinc150", classes="banking")
+
+
+def test_suite_split_has_disjoint_sides_and_its_counts() -> None:
+    raw = yaml.safe_load((SUITES / "clinc150_fedmkt_transfer.yaml").read_text())["base"]
+    for fold in (0, 3):
+        cfg = DataConfig.model_validate({**raw["data"],
+                                         "split": {**raw["data"]["split"], "fold": fold}})
+        fd = client_splits(cfg, 2, 1000 * (fold + 1))
+        assert len(fd.label_names) == 30 and sorted(fd.class_order) == list(range(30))
+        srv, cli = set(fd.class_order[:15]), set(fd.class_order[15:])
+        assert {r["label"] for r in fd.server} == srv
+        assert {r["label"] for p in fd.private for r in p} == cli
+        assert len(fd.test) == 1000 and {r["label"] for r in fd.test} == set(range(30))
+        assert len(fd.public) == 500 and not any("label" in r for r in fd.public)
+        assert min(Counter(r["label"] for r in fd.server).values()) >= 10
+    pilot = yaml.safe_load((SUITES / "clinc150_fedmkt_pilot.yaml").read_text())
+    assert pilot["base"] == raw  # the pilot runs the suite's own runs
