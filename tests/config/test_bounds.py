@@ -22,7 +22,7 @@ FEDMKT = ROOT / "configs" / "fedmkt" / "tiny.yaml"
 UNBOUNDED = {
     # class indices: checked against the task's classes when the data loads
     "ClassFilterConfig.server", "ClassFilterConfig.private", "ClassFilterConfig.public",
-    "ClassFilterConfig.test", "EvalConfig.class_groups",
+    "ClassFilterConfig.test", "EvalConfig.class_groups", "DatasetConfig.classes",
     # client ids: the validator keeps them in 0..num_clients-1
     "ClientsConfig.participants",
     # teacher layer indices: checked against the teacher's depth (fedkd.models.layer_pairs)
