@@ -144,7 +144,10 @@ def test_gradient_checkpointing_falls_back_to_whole_sequences(make_config):
     from fedkt.models.adapters import enable_gradient_checkpointing
 
     enable_gradient_checkpointing(lm.model)
-    q, _, rows = _logq_and_grads(lm, encoded, target, "shared")
+    try:
+        q, _, rows = _logq_and_grads(lm, encoded, target, "shared")
+    finally:  # the base model is cached: leave it as the other tests expect it
+        lm.model.get_base_model().gradient_checkpointing_disable()
     assert rows == [len(encoded) * len(CHOICES)]
     assert torch.allclose(q, flat_q, atol=1e-5, rtol=0)
 
@@ -159,6 +162,7 @@ def test_distillation_trains_the_same_adapter_in_either_layout(make_config, monk
     """distill_choices' steps with every batch's log-posteriors in the shared layout give
     the adapter they give with whole sequences (within float rounding)."""
     cfg, lm = _lm(make_config, "tiny-llama")
+    lm.model.get_base_model().gradient_checkpointing_disable()  # else no cache: no sharing
     public = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).public
     start = {k: v.clone() for k, v in lm.trainable().items()}
     target = torch.softmax(torch.randn(len(public), 7,
@@ -171,16 +175,25 @@ def test_distillation_trains_the_same_adapter_in_either_layout(make_config, monk
         lm.reset(start)
         monkeypatch.setattr(choices, "choice_logprobs",
                             functools.partial(plain, layout=layout))
-        stats = choices.distill_choices(cfg, lm, public, target, taken, epochs=2, lr=5e-3,
-                                        seed=0, kd_weight=1.0)
+        rows, handle = _forward_rows(lm.model)
+        try:
+            stats = choices.distill_choices(cfg, lm, public, target, taken, epochs=2,
+                                            lr=5e-3, seed=0, kd_weight=1.0)
+        finally:
+            handle.remove()
         assert stats["steps"] == 4
+        # pairs: every forward holds a batch's 7 choices a sample; shared: the contexts'
+        # forwards hold one row a sample (the layout really was taken)
+        assert (min(rows) < 7) == (layout == "shared"), (layout, rows)
         trained[layout] = (stats, lm.trainable())
     (flat_stats, flat), (shared_stats, shared) = trained["pairs"], trained["shared"]
     assert abs(flat_stats["kd_loss"] - shared_stats["kd_loss"]) < 1e-5
     moved = max(float((flat[k] - start[k]).abs().max()) for k in flat)
     assert moved > 1e-3  # the steps changed the adapter
     for k, v in flat.items():
-        assert torch.allclose(shared[k], v, atol=1e-5 * moved, rtol=0), k
+        # Adam's first steps divide by the gradients' own size, so float rounding in a
+        # near-zero gradient moves a few entries by about 1e-5 of the step
+        assert torch.allclose(shared[k], v, atol=1e-4 * moved, rtol=0), k
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
