@@ -36,8 +36,9 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.config import RunConfig, apply_overrides, parse_config
-from fedkt.runner import SERVER_STATE, client_state_root, run_job
+from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
+from fedkt.runtime.base import default_state_root as client_state_root
 from fedkt.runtime.faults import (
     CRASH,
     KINDS,
@@ -48,6 +49,7 @@ from fedkt.runtime.faults import (
 )
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, format_table, without_timings
+from fedkt.tracking.folder import SERVER_STATE
 
 # Which injected fault an exclusion reason points to.
 REASONS = {

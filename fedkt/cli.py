@@ -101,7 +101,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from fedkt.methods import get_method
-    from fedkt.runner import server_participants
+    from fedkt.runtime.report import server_participants
     from fedkt.tracking.checkpoint import read_checkpoint
     from fedkt.tracking.folder import RunRecorder
 

@@ -28,11 +28,9 @@ from fedkt.infra.timing import Clock, clocks, eval_clock, now, phase_seconds
 from fedkt.methods import get_method
 from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
 from fedkt.runtime.base import RuntimeClients, Transport
-from fedkt.runtime.base import default_state_root as client_state_root  # noqa: F401 - tests, tools
 from fedkt.runtime.registry import get_runtime
-from fedkt.runtime.report import round_report, split_metrics
+from fedkt.runtime.report import round_report, server_participants, split_metrics
 from fedkt.tracking import checkpoint
-from fedkt.tracking.checkpoint import read_checkpoint, record_sums, sha256_of  # noqa: F401
 from fedkt.tracking.folder import (
     HOLDINGS,
     SERVER_STATE,
@@ -40,7 +38,7 @@ from fedkt.tracking.folder import (
     atomic_write,
     run_lock,
 )
-from fedkt.tracking.resume import RESUMES_FILE, record_changes, resume_point  # noqa: F401 (tools)
+from fedkt.tracking.resume import record_changes, resume_point
 from fedkt.tracking.summary import read_environment
 from fedkt.tracking.trackers import Tracking, open_tracking
 
@@ -135,7 +133,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
                   **_server_phases(phases, traffic.wait_phases)}
         report = round_report(rnd, server_metrics, server_eval, clients.ids, traffic, timing)
         recorder.log_rows(report.rows())
-        _write_client_predictions(cfg, server, recorder, rnd, traffic)
+        _client_predictions(cfg, server, recorder, rnd, traffic)
         checkpoint.mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
@@ -185,38 +183,14 @@ def _server_evaluate(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: in
     return metrics
 
 
-def server_participants(metrics: dict[str, Any] | None) -> dict[str, dict[str, float]]:
-    """:meth:`Server.evaluate`'s result as ``{participant: metrics}``: a flat dict is the
-    ``server`` participant's; a dict of dicts names several (FedCoLLM's LLM and global SLM)."""
-    if not metrics:
-        return {}
-    if all(isinstance(v, dict) for v in metrics.values()):
-        return metrics
-    return {"server": metrics}
-
-
-def _write_client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int,
-                              traffic: Any) -> None:
-    """Write each client's per-example predictions of round ``rnd``.  A client's tables
-    whose ids are not all test ids of the run (forged, or another split's) are not
-    written, with a warning naming the client: paired comparisons pair on those ids, and
-    one reply must not make the whole run unpairable."""
-    if not cfg.eval.predictions:
-        return
-    test_ids: set[str] | None = None
-    for cid, tables in sorted(traffic.predictions.items()):
-        if not tables:
-            continue
-        if test_ids is None:
-            test_ids = {str(r["id"]) for r in server.data().test}
-        foreign = sorted({i for t in tables.values() for i in t.ids} - test_ids)
-        if foreign:
-            total = len({i for t in tables.values() for i in t.ids})
-            log.warning("round %d: not writing client %d's predictions: %d of %d ids are not "
-                        "test ids of this run (e.g. %r)", rnd, cid, len(foreign), total,
-                        foreign[0][:40])
-            continue
-        predictions.write_predictions(recorder.run_dir, rnd, f"client_{cid}", tables)
+def _client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int,
+                        traffic: Any) -> None:
+    """The clients' per-example tables of round ``rnd`` into the run folder
+    (:func:`fedkt.eval.predictions.write_client_predictions`), with ``eval.predictions``."""
+    if cfg.eval.predictions:
+        predictions.write_client_predictions(
+            recorder.run_dir, rnd, traffic.predictions,
+            lambda: {str(r["id"]) for r in server.data().test})
 
 
 def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
@@ -239,7 +213,7 @@ def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
     wall = {"wall_time": time.perf_counter() - t0, **_server_phases(phases, traffic.wait_phases)}
     report = round_report(0, {}, server_eval, clients.ids, traffic, wall)
     recorder.log_rows(report.evaluation_rows())
-    _write_client_predictions(cfg, server, recorder, 0, traffic)
+    _client_predictions(cfg, server, recorder, 0, traffic)
     if not quiet:
         print(recorder.round_table(0), flush=True)
 

@@ -44,7 +44,6 @@ DEFERRED: dict[tuple[str, str], str] = {
     ("fedkt.eval.harness", "fedkt.methods"): "the harness loads a run's model by its method",
     ("fedkt.eval.harness", "fedkt.methods.base"): "... and scores it as the run did",
     ("fedkt.eval.harness", "fedkt.runtime.base"): "... with the runtime's state root",
-    ("fedkt.runtime.faults", "fedkt.runner"): "run_attacks writes predictions as the runner does",
 }
 
 

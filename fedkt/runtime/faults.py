@@ -431,9 +431,13 @@ def _attack_loop(cfg: Any, good: bytes, n: int, seed: int, warnings: list[str],
     from types import SimpleNamespace
 
     from fedkt.data.splits import run_data
-    from fedkt.eval.predictions import Predictions, prediction_files, read_predictions
+    from fedkt.eval.predictions import (
+        Predictions,
+        prediction_files,
+        read_predictions,
+        write_client_predictions,
+    )
     from fedkt.federated.aggregation import is_finite, state_norm
-    from fedkt.runner import _write_client_predictions
     from fedkt.runtime.base import RuntimeClients
     from fedkt.runtime.replies import SERVER_ROW_KEYS, printable
 
@@ -474,8 +478,8 @@ def _attack_loop(cfg: Any, good: bytes, n: int, seed: int, warnings: list[str],
         try:
             replies, mean = clients.aggregate("train", {0: Payload(), 1: Payload()},
                                               field="adapter", like=like)
-            _write_client_predictions(cfg, server, SimpleNamespace(run_dir=run_dir), 1,
-                                      clients.traffic)
+            write_client_predictions(run_dir, 1, clients.traffic.predictions,
+                                     lambda: {str(r["id"]) for r in server.data().test})
         except Exception as exc:  # noqa: BLE001 - counted: the goal is none
             report.crashes.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
             continue

@@ -16,7 +16,7 @@ from typing import Any
 
 from fedkt.runtime.replies import SERVER_ROW_KEYS
 
-__all__ = ["ClientReport", "RoundReport", "round_report", "split_metrics"]
+__all__ = ["ClientReport", "RoundReport", "round_report", "server_participants", "split_metrics"]
 
 
 def split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -143,3 +143,13 @@ def round_report(rnd: int, server: dict[str, dict[str, float]],
         for cid in cids if cid in traffic.sent]
     return RoundReport(round=rnd, server=server, evaluated=evaluated, clients=clients,
                        clients_replied=len(cids) - len(traffic.excluded), timing=timing)
+
+
+def server_participants(metrics: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """:meth:`Server.evaluate`'s result as ``{participant: metrics}``: a flat dict is the
+    ``server`` participant's; a dict of dicts names several (FedCoLLM's LLM and global SLM)."""
+    if not metrics:
+        return {}
+    if all(isinstance(v, dict) for v in metrics.values()):
+        return metrics
+    return {"server": metrics}

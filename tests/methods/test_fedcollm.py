@@ -17,10 +17,11 @@ from fedkt.methods.fedcollm import (
     kd_mask,
     mutual_kl,
 )
-from fedkt.runner import SERVER_STATE, run_job
+from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
+from fedkt.tracking.folder import SERVER_STATE
 from fedkt.train.lm import evaluate_lm, lm_batches, server_lm
 from fedkt.train.losses import kl_div
 

@@ -9,11 +9,13 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
-from fedkt.runner import SERVER_STATE, client_state_root, run_job
+from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
+from fedkt.runtime.base import default_state_root as client_state_root
 from fedkt.runtime.faults import FaultyTransport, persistent_plan
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
+from fedkt.tracking.folder import SERVER_STATE
 from tests.conftest import final_test_rows
 
 

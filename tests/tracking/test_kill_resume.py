@@ -20,9 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedkt.runner import SERVER_STATE, client_state_root, run_job
+from fedkt.runner import run_job
+from fedkt.runtime.base import default_state_root as client_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, read_rows, without_timings
+from fedkt.tracking.folder import SERVER_STATE
 from tests.conftest import ROOT
 from tests.support.paused_run import PAUSE_LINE
 
