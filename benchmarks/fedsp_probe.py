@@ -408,6 +408,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default=None,
                     help="a FedSP run config (path or shipped name) instead of the suite's, "
                          "e.g. fedkt/configs/fedsp/arc_easy_qwen.yaml")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the --config (dotted, YAML value; repeatable), "
+                         "e.g. method.kd_steps=50")
     ap.add_argument("--server", default=None, help="another LLM (e.g. qwen2.5-0.5b)")
     ap.add_argument("--init", choices=("text", "random"), default=None,
                     help="the prompts' initialisation (default: the config's)")
@@ -468,10 +471,12 @@ def dtype_name(precision: str) -> str:
 
 def base_config(args: argparse.Namespace) -> RunConfig:
     """The FedSP run config both modes probe: ``--config`` (a path or a shipped name), else
-    the suite's fedsp arm; with ``--server`` another LLM and ``--init`` other initial
-    prompts."""
+    the suite's fedsp arm; with ``--set KEY=VALUE`` overrides of the config's keys,
+    ``--server`` another LLM and ``--init`` other initial prompts."""
     if args.config:
-        base = load_config(resolve_config(args.config))
+        base = load_config(resolve_config(args.config), args.set)
+    elif args.set:
+        raise SystemExit("--set overrides a run config's keys; give the config with --config")
     else:
         base = load_suite(args.suite).runs[("fedsp", 0)]
     if base.method.name != "fedsp":
