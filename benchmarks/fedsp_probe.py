@@ -2,11 +2,14 @@
 
 A FedSP client trains the prompts on its auxiliary model; they help the LLM only if the
 auxiliary model's prompt gradient points where the LLM's does. Both modes take the
-suite's FedSP config (``fedkt/configs/suites/fedsp.yaml``), the LLM's initial prompts P0
-and one client's data, and run no federated round.
+suite's FedSP config (``fedkt/configs/suites/fedsp.yaml``) or, with ``--config``, a FedSP
+run config, the LLM's initial prompts P0 and one client's data, and run no federated
+round. Gradients and losses are computed in fp32 unless ``--precision`` names another
+(``auto``: the hardware's, as ``training.precision``); distillation runs at the config's.
 
 **Cuts** (default; the first probe): for the auxiliary model distilled for each number of
-KD steps (Eq. 2, cumulative) and each cut position, from text-initialised prompts:
+KD steps (Eq. 2, cumulative) and each cut position, from the config's initial prompts
+(the suite's: text-initialised; ``--init`` sets them):
 
 * the cosine between the auxiliary model's and the LLM's gradient of the task loss with
   respect to P (and the share of coordinates whose signs agree);
@@ -16,6 +19,8 @@ KD steps (Eq. 2, cumulative) and each cut position, from text-initialised prompt
 
     python benchmarks/fedsp_probe.py                      # the suite's config, client 0
     python benchmarks/fedsp_probe.py --cuts bot:0,150,600 --cuts mid:0,150
+    python benchmarks/fedsp_probe.py --config fedkt/configs/fedsp/arc_easy_qwen.yaml \
+        --cuts bot:0,50 --examples 8 --precision auto
 
 **Grid** (``--grid``): for each prompt initialisation (``text``, ``random``: the
 paper's) and each auxiliary model (:func:`grid_cells`: N = 1 with the suite's short
@@ -53,9 +58,11 @@ import torch
 from torch import Tensor, nn
 
 from fedkt.config import RunConfig, load_config
+from fedkt.configs.catalog import resolve_config
 from fedkt.data.splits import run_data
 from fedkt.eval import predictions
 from fedkt.evidence.suite import load_suite
+from fedkt.infra.precision import autocast, resolve_precision
 from fedkt.methods import get_method
 from fedkt.methods.fedsp import PROMPT_KEY
 from fedkt.methods.fedsp.training import (
@@ -398,6 +405,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--client", type=int, default=0)
     ap.add_argument("--examples", type=int, default=16, help="the client's first N examples")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--config", default=None,
+                    help="a FedSP run config (path or shipped name) instead of the suite's, "
+                         "e.g. fedkt/configs/fedsp/arc_easy_qwen.yaml")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the --config (dotted, YAML value; repeatable), "
+                         "e.g. method.kd_steps=50")
+    ap.add_argument("--server", default=None, help="another LLM (e.g. qwen2.5-0.5b)")
+    ap.add_argument("--init", choices=("text", "random"), default=None,
+                    help="the prompts' initialisation (default: the config's)")
+    ap.add_argument("--precision", default="fp32",
+                    help="the probe's gradients and losses: fp32 (default), auto, bf16")
     cuts = ap.add_argument_group("cuts (default mode)")
     cuts.add_argument("--cuts", action="append", default=None,
                       help="POSITION:KD_STEPS,... (default: bot:0,150,600 mid:0,150 top:0,150)")
@@ -406,8 +424,6 @@ def main(argv: list[str] | None = None) -> None:
     cuts.add_argument("--kd-batch", type=int, default=2, help="KD batch (small: cheap)")
     grid = ap.add_argument_group("grid (--grid)")
     grid.add_argument("--grid", action="store_true", help="run the init x auxiliary-model grid")
-    grid.add_argument("--config", default=None,
-                      help="a FedSP run config (path or shipped name) instead of the suite's")
     grid.add_argument("--inits", default="text,random", help="prompt initialisations")
     grid.add_argument("--cells", default=None,
                       help="grid cells, comma-separated (default: all): n1 (N=1, the suite's "
@@ -415,7 +431,6 @@ def main(argv: list[str] | None = None) -> None:
     grid.add_argument("--paths", default=None,
                       help="cells whose optimiser paths run (default: all; the others: "
                            "gradient agreement only)")
-    grid.add_argument("--server", default=None, help="another LLM (e.g. qwen2.5-0.5b)")
     grid.add_argument("--steps", type=int, default=10, help="optimiser steps per path")
     grid.add_argument("--adam-lr", type=float, default=1e-2, help="the paths' learning rate")
     grid.add_argument("--seeds", type=int, default=3, help="random draws per random control")
@@ -439,25 +454,49 @@ def main(argv: list[str] | None = None) -> None:
                           args.evaluate)
         print(f"\n{time.time() - start:.0f} s wall")
         return
-    if args.grid:
-        start = time.time()
-        base = (load_config(args.config) if args.config
-                else load_suite(args.suite).runs[("fedsp", 0)])
-        if args.server:
-            base = base.model_copy(update={"server": base.server.model_copy(
-                update={"name": args.server})})
-        run_grid(base, args)
-        print(f"\n{time.time() - start:.0f} s wall")
-        return
-    cut_mode(args)
+    with autocast(args.precision, "cpu"):
+        if args.grid:
+            start, cpu = time.time(), time.process_time()
+            run_grid(base_config(args), args)
+            print(f"\n{time.time() - start:.0f} s wall, {time.process_time() - cpu:.0f} s CPU")
+            return
+        cut_mode(args)
+
+
+def dtype_name(precision: str) -> str:
+    """What ``precision`` (a ``training.precision`` name) computes in on this CPU."""
+    dtype = resolve_precision(precision, "cpu")
+    return f"{precision} = {str(dtype or torch.float32).removeprefix('torch.')}"
+
+
+def base_config(args: argparse.Namespace) -> RunConfig:
+    """The FedSP run config both modes probe: ``--config`` (a path or a shipped name), else
+    the suite's fedsp arm; with ``--set KEY=VALUE`` overrides of the config's keys,
+    ``--server`` another LLM and ``--init`` other initial prompts."""
+    if args.config:
+        base = load_config(resolve_config(args.config), args.set)
+    elif args.set:
+        raise SystemExit("--set overrides a run config's keys; give the config with --config")
+    else:
+        base = load_suite(args.suite).runs[("fedsp", 0)]
+    if base.method.name != "fedsp":
+        raise SystemExit(f"--config {args.config}: method.name is {base.method.name!r}; the "
+                         "probe takes a FedSP config (method.name: fedsp)")
+    if args.server:
+        base = base.model_copy(update={"server": base.server.model_copy(
+            update={"name": args.server})})
+    if args.init:
+        base = base.model_copy(update={"method": base.method.model_copy(
+            update={"prompt_init": args.init})})
+    return base
 
 
 def cut_mode(args: argparse.Namespace) -> None:
     """The first probe: KD steps x cut positions, one sign step per direction."""
     grid = parse_cuts(args.cuts or ["bot:0,150,600", "mid:0,150", "top:0,150"])
     lrs = [float(x) for x in args.lr.split(",")]
-    start = time.time()
-    base = load_suite(args.suite).runs[("fedsp", 0)]
+    start, cpu = time.time(), time.process_time()
+    base = base_config(args)
     fd = run_data(base.data, base.clients.num_clients, base.seed)
     records = fd.private[args.client][:args.examples]
     public = fd.public
@@ -474,8 +513,9 @@ def cut_mode(args: argparse.Namespace) -> None:
     rand = torch.randn(p0.shape, generator=torch.Generator().manual_seed(0))
     step = {name: "/".join(f"{loss_at(llm, p0 - lr * torch.sign(d), batch):.3f}" for lr in lrs)
             for name, d in (("llm", g_llm), ("random", rand))}
-    print(f"SmolLM2 ({base.server.name}), {base.data.dataset.name}, client {args.client}'s "
-          f"first {len(records)} examples, text-initialised prompts {tuple(p0.shape)}; "
+    print(f"{base.server.name} ({srv.spec.llm_depth} layers), {base.data.dataset.name}, client "
+          f"{args.client}'s first {len(records)} examples, {base.method.prompt_init} prompts "
+          f"{tuple(p0.shape)}, {dtype_name(args.precision)} gradients; "
           f"sign steps lr {'/'.join(f'{lr:g}' for lr in lrs)}; KD lr {kd_lr:g}, batch "
           f"{args.kd_batch}, "
           f"on the server's {len(public)} examples")
@@ -501,7 +541,7 @@ def cut_mode(args: argparse.Namespace) -> None:
             print(f"| {position.upper()} ({srv.spec.source_layers[0]}) | {kd} | "
                   f"{kd_loss} | {aux_loss:.3f} | {cosine(g_aux, g_llm):+.3f} | "
                   f"{sign_agreement(g_aux, g_llm):.1%} | {after} |", flush=True)
-    print(f"\n{time.time() - start:.0f} s wall")
+    print(f"\n{time.time() - start:.0f} s wall, {time.process_time() - cpu:.0f} s CPU")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedkt.config import load_config
+from fedkt.errors import ConfigError
 from tests.conftest import load_benchmark
 
 torch.set_num_threads(1)
@@ -81,3 +82,65 @@ def test_server_only_control_moves_its_prompts_further_at_a_larger_budget(capsys
     assert large["heldout_pt"] != large["heldout_p0"]
     assert 0 <= small["changed"] <= 6 and small["accuracy_p0"] == large["accuracy_p0"]
     assert "| 2 × 3 | 0.01 |" in capsys.readouterr().out
+
+
+def probe_args(*argv: str) -> argparse.Namespace:
+    """The probe's arguments as its command line parses them (parsed, not run)."""
+    fp = probe()
+    seen: dict[str, argparse.Namespace] = {}
+
+    def keep(args: argparse.Namespace) -> None:
+        seen["args"] = args
+
+    fp.cut_mode, saved = keep, fp.cut_mode
+    try:
+        fp.main(list(argv))
+    finally:
+        fp.cut_mode = saved
+    return seen["args"]
+
+
+def test_config_option_takes_a_fedsp_run_config_by_path_or_name():
+    fp = probe()
+    default = fp.base_config(probe_args())
+    assert default.server.name == "smollm2-135m"  # the suite's fedsp arm, as before
+    assert default.method.prompt_init == "text"
+    for ref in ("fedsp/arc_easy_qwen", str(ROOT / "fedkt/configs/fedsp/arc_easy_qwen.yaml")):
+        cfg = fp.base_config(probe_args("--config", ref))
+        assert (cfg.server.name, cfg.data.dataset.name) == ("qwen2.5-0.5b", "arc_easy")
+        assert cfg.method.prompt_init == "random"  # the config's (the paper's)
+    cfg = fp.base_config(probe_args("--config", "fedsp/arc_easy_qwen", "--init", "text",
+                                    "--server", "tiny-qwen2"))
+    assert (cfg.method.prompt_init, cfg.server.name) == ("text", "tiny-qwen2")
+    with pytest.raises(SystemExit, match="method.name is 'fedavg'"):
+        fp.base_config(probe_args("--config", "quickstart"))
+
+
+def test_cut_mode_runs_on_a_config_at_the_precision_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FEDKT_CACHE", str(tmp_path / "cache"))
+    fp = probe()
+    tiny = str(ROOT / "fedkt" / "configs" / "fedsp" / "tiny.yaml")
+    fp.main(["--config", tiny, "--cuts", "bot:0,2", "--cuts", "top:0", "--examples", "4",
+             "--lr", "1e-2", "--precision", "bf16"])
+    out = capsys.readouterr().out
+    assert "tiny-llama (4 layers), intent_recognition, client 0's first 4 examples, text " \
+           "prompts (4, 256), bf16 = bfloat16 gradients" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| BOT", "| TOP"))]
+    assert [r.split("|")[1:3] for r in rows] == [[" BOT (0) ", " 0 "], [" BOT (0) ", " 2 "],
+                                                 [" TOP (3) ", " 0 "]]
+    cosines = [float(r.split("|")[5]) for r in rows]
+    assert all(-1.0 <= c <= 1.0 for c in cosines) and cosines[0] != cosines[1]  # KD turned it
+    assert " s CPU" in out
+
+
+def test_set_overrides_the_configs_keys_and_needs_a_config():
+    fp = probe()
+    cfg = fp.base_config(probe_args("--config", "fedsp/arc_easy_qwen", "--set",
+                                    "method.kd_steps=50", "--set", "method.kd_lr=1e-3"))
+    assert (cfg.method.kd_steps, cfg.method.kd_lr) == (50, 1e-3)
+    assert cfg.method.aux_layers == 1  # the rest is the config's
+    with pytest.raises(SystemExit, match="--set .* --config"):
+        fp.base_config(probe_args("--set", "method.kd_steps=50"))
+    with pytest.raises(ConfigError, match="kd_steps"):
+        fp.base_config(probe_args("--config", "fedsp/arc_easy_qwen", "--set",
+                                  "method.kd_steps=-1"))
