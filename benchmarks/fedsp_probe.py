@@ -57,7 +57,7 @@ from fedkt.data.splits import run_data
 from fedkt.eval import predictions
 from fedkt.evidence.suite import load_suite
 from fedkt.methods import get_method
-from fedkt.methods.fedsp import PROMPT_KEY
+from fedkt.methods.fedsp.algorithm import PROMPT_KEY
 from fedkt.methods.fedsp.training import (
     align_auxiliary,
     align_params,

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from fedkt.evidence.paired_table import baseline_report
 from fedkt.federated.payload import Payload, nbytes
 from fedkt.methods import get_method
-from fedkt.methods.fedavg import average_client_adapters
-from fedkt.methods.fedcollm import (
+from fedkt.methods.fedavg.algorithm import average_client_adapters
+from fedkt.methods.fedcollm.cotune import (
     CrossTokenizerKL,
     cotune_losses,
     kd_gradient_ratios,

@@ -23,7 +23,8 @@ from fedkt.config import ConfigError
 from fedkt.federated.payload import Payload, PayloadError, dumps, loads
 from fedkt.infra.precision import autocast
 from fedkt.methods import get_method
-from fedkt.methods.fedmkt import FedMKTConfig, distill, dual_min_ce
+from fedkt.methods.fedmkt.config import FedMKTConfig
+from fedkt.methods.fedmkt.distill import distill, dual_min_ce
 from fedkt.methods.fedmkt.knowledge import other_losses
 from fedkt.methods.settings import ReceivingOptions
 from fedkt.runner import run_job

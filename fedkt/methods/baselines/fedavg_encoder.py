@@ -13,7 +13,7 @@ from __future__ import annotations
 from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext
 from fedkt.methods.exchange import GLOBAL, upload_update
-from fedkt.methods.fedkd import FedKDServer
+from fedkt.methods.fedkd.algorithm import FedKDServer
 
 from .families import ENCODER, train_metrics
 

@@ -58,7 +58,7 @@ from fedkt.errors import ConfigError
 from fedkt.eval import predictions
 from fedkt.federated.privacy import update_norm
 from fedkt.methods.base import Clients, Server
-from fedkt.methods.fedavg import average_client_adapters
+from fedkt.methods.fedavg.algorithm import average_client_adapters
 from fedkt.train.lm import LM, client_lm, evaluate_lm, server_lm, train_lm
 
 from .config import FedCoLLMConfig
