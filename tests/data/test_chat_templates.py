@@ -116,7 +116,7 @@ def test_bad_messages_name_the_record_and_field(tmp_path):
 
 def test_evaluation_and_training_use_the_template(tmp_path):
     from fedkt.eval import predictions
-    from fedkt.eval.lm import score_choices
+    from fedkt.eval.scorer import score_choices
     from fedkt.train.lm import client_lm, evaluate_lm, lm_batches
 
     cfg = small_config(tmp_path, f"data.chat_template={json.dumps(JINJA)}")

@@ -10,8 +10,8 @@ from fedkt.config import ConfigError
 from fedkt.data import DataError
 from fedkt.data.splits import run_data
 from fedkt.eval import predictions
+from fedkt.eval.evaluate import eval_classifier
 from fedkt.eval.groups import group_accuracies, resolve_groups
-from fedkt.eval.lm import eval_classifier
 from fedkt.evidence.stats import components, metric_names
 from fedkt.train.lm import client_lm, evaluate_lm
 

@@ -17,6 +17,7 @@ from fedkt.cli import main  # noqa: E402
 from fedkt.config import DatasetConfig, ModelConfig, TrainingConfig  # noqa: E402
 from fedkt.data.formatting import mc_view  # noqa: E402
 from fedkt.data.records import load_dataset_records  # noqa: E402
+from fedkt.eval.evaluate import evaluate_causal_lm  # noqa: E402
 from fedkt.eval.harness import (  # noqa: E402
     SHIPPED_TASKS,
     TASKS_DIR,
@@ -27,7 +28,7 @@ from fedkt.eval.harness import (  # noqa: E402
     run_harness,
     task_manager,
 )
-from fedkt.eval.lm import evaluate_causal_lm, score_choices  # noqa: E402
+from fedkt.eval.scorer import score_choices  # noqa: E402
 from fedkt.runner import run  # noqa: E402
 from fedkt.train.lm import evaluate_lm, get_lm
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedkt.eval import predictions, reuse
-from fedkt.eval.lm import evaluate_causal_lm
+from fedkt.eval.evaluate import evaluate_causal_lm
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport

@@ -8,7 +8,7 @@ from torch import nn
 
 from fedkt.data.splits import run_data
 from fedkt.eval import predictions
-from fedkt.eval.lm import eval_classifier, evaluate_causal_lm
+from fedkt.eval.evaluate import eval_classifier, evaluate_causal_lm
 from fedkt.eval.predictions import Predictions, pack, unpack
 from fedkt.evidence.stats import components, metric_names
 from fedkt.train.lm import client_lm, evaluate_lm
