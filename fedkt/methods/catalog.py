@@ -148,6 +148,7 @@ def register(method: Method, *, module: str | None = None) -> Method:
     by default the module that called ``register`` (not the server's, which may be one
     of fedkt's: a plugin variant of ``FedMKTServer``).
     """
+    _PLUGINS.pop(method.name, None)  # registering a name again replaces it
     _REGISTRY[method.name] = method
     _REGISTERED_BY[method.name] = module or _caller(1)
     return method
@@ -177,6 +178,7 @@ def register_method(name: str, *, config: str, method: str, summary: str,
         raise ValueError(f"register_method({name!r}): summary must be a non-empty line")
     declared = MethodEntry(config=config, method=method, summary=summary, check=check,
                            aggregates=bool(aggregates), model_lr=bool(model_lr))
+    _REGISTRY.pop(name, None)  # registering a name again replaces it
     _PLUGINS[name] = declared
     _REGISTERED_BY[name] = module or _caller(1)
     return declared

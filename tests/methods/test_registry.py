@@ -107,6 +107,14 @@ def test_register_method_refuses_what_it_cannot_use(monkeypatch):
     catalog.register_method("toy", **strings, aggregates=True)
     assert "toy" in catalog.available() and catalog.method_flag("toy", "aggregates")
     assert catalog.plugin_module("toy") == __name__ and catalog.summaries()["toy"] == "a method"
+    # Registering the name again, the other way, replaces it (and back).
+    monkeypatch.setattr(catalog, "_REGISTRY", {})
+    ready = replace(get_method("fedavg"), name="toy")
+    catalog.register(ready, module="elsewhere")
+    assert get_method("toy") is ready and catalog.entry("toy") is None
+    assert catalog.method_flag("toy", "model_lr") and catalog.plugin_module("toy") == "elsewhere"
+    catalog.register_method("toy", **strings)
+    assert catalog.entry("toy") is not None and not catalog.method_flag("toy", "model_lr")
 
 
 def test_validating_a_fedmkt_config_imports_its_config_module_only():
