@@ -44,13 +44,13 @@ PAIRS = ("qwen-smol", "smol-qwen", "qwen-gemma", "gemma-qwen")
 class Side:
     """One model's tokenization of the texts and its top-K log-probabilities."""
 
-    def __init__(self, name: str, cfg: Any, records: list[dict], k: int) -> None:
+    def __init__(self, name: str, cfg: Any, records: list[dict], k: int, data: Any) -> None:
         from fedkt.alignment.knowledge import PublicSet, vocab_size
         from fedkt.config import ModelConfig
         from fedkt.models import load_causal_lm
 
         model, self.tok = load_causal_lm(ModelConfig(name=name))
-        self.public = PublicSet.build(cfg, self.tok, records)
+        self.public = PublicSet.build(cfg, self.tok, records, data=data)
         vocab = vocab_size(self.tok)
         self.vocab = vocab
         self.ids, self.top_v, self.top_i = [], [], []
@@ -160,7 +160,8 @@ def main() -> None:
             {"name": "smollm2-135m"}]},
         "data": {"dataset": {"name": "intent_recognition"}, "max_length": 64,
                  "split": {"scheme": "fedmkt", "test_size": 70}}})
-    records = run_data(cfg.data, 2, args.seed).public[: args.records]
+    fd = run_data(cfg.data, 2, args.seed)
+    records = fd.public[: args.records]
     print(f"cpu: {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores visible, "
           f"{torch.get_num_threads()} torch thread(s); load average "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; {len(records)} intent texts "
@@ -168,7 +169,7 @@ def main() -> None:
     sides: dict[str, Side] = {}
     for key in sorted({p for pair in args.pairs for p in pair.split("-")}):
         t0 = time.perf_counter()
-        sides[key] = Side(MODELS[key], cfg, records, args.top_k)
+        sides[key] = Side(MODELS[key], cfg, records, args.top_k, fd)
         print(f"{MODELS[key]}: loaded and ran in {time.perf_counter() - t0:.1f}s")
     rows = []
     for pair in args.pairs:

@@ -18,7 +18,8 @@ import torch
 
 from fedkt.config import load_config
 from fedkt.data.splits import run_data
-from fedkt.methods.fedkd import FedKDModels, loss_magnitudes
+from fedkt.methods.fedkd.losses import loss_magnitudes
+from fedkt.methods.fedkd.models import FedKDModels
 from fedkt.train.encoder import check_text_classification, model_inputs, text_batches
 from fedkt.train.losses import hidden_mse
 

@@ -64,7 +64,7 @@ from fedkt.eval import predictions
 from fedkt.evidence.suite import load_suite
 from fedkt.infra.precision import autocast, resolve_precision
 from fedkt.methods import get_method
-from fedkt.methods.fedsp import PROMPT_KEY
+from fedkt.methods.fedsp.algorithm import PROMPT_KEY
 from fedkt.methods.fedsp.training import (
     align_auxiliary,
     align_params,
@@ -265,9 +265,9 @@ def run_grid(base: RunConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
             p0 = srv.prompts.clone()
             llm = srv.llm.reset({PROMPT_KEY: p0})
             (train,) = lm_batches(base, llm.tokenizer, own[:args.examples], seed=None,
-                                  batch_size=args.examples)
+                                  batch_size=args.examples, data=fd)
             (heldout,) = lm_batches(base, llm.tokenizer, other[:args.heldout], seed=None,
-                                    batch_size=args.heldout)
+                                    batch_size=args.heldout, data=fd)
             paths = args.paths is None or cell.key in args.paths.split(",")
             if not llm_ref:
                 g_llm, loss0 = prompt_grad(llm, p0, train)
@@ -333,7 +333,7 @@ def format_row(row: dict[str, Any]) -> str:
 def predict(cfg: RunConfig, lm: LM, records: list[dict]) -> tuple[float, list[Any]]:
     """fedkt's evaluation of ``lm`` on ``records``: accuracy and the per-item predictions."""
     with predictions.capture() as sink:
-        metrics = evaluate_lm(cfg, lm, records)
+        metrics = evaluate_lm(cfg, lm, records, data=run_data(cfg.data, cfg.clients.num_clients, cfg.seed))
     return metrics["accuracy"], sink[""].columns["pred"]
 
 
@@ -360,7 +360,7 @@ def server_only_moves(base: RunConfig, budgets: list[tuple[int, int, float]], he
         p0 = srv.prompts.clone()
         llm = srv.llm.reset({PROMPT_KEY: p0})
         (batch,) = lm_batches(base, llm.tokenizer, fd.private[0][:heldout], seed=None,
-                              batch_size=heldout)
+                              batch_size=heldout, data=fd)
         before = loss_at(llm, p0, batch)
         metrics: dict[str, float] = {}
         for rnd in range(1, rounds + 1):
@@ -508,7 +508,7 @@ def cut_mode(args: argparse.Namespace) -> None:
     srv = server(grid[0][0])
     llm = srv.llm.reset({PROMPT_KEY: srv.prompts})
     p0 = srv.prompts.clone()
-    (batch,) = lm_batches(base, llm.tokenizer, records, seed=None, batch_size=len(records))
+    (batch,) = lm_batches(base, llm.tokenizer, records, seed=None, batch_size=len(records), data=fd)
     g_llm, loss0 = prompt_grad(llm, p0, batch)
     rand = torch.randn(p0.shape, generator=torch.Generator().manual_seed(0))
     step = {name: "/".join(f"{loss_at(llm, p0 - lr * torch.sign(d), batch):.3f}" for lr in lrs)
@@ -532,7 +532,7 @@ def cut_mode(args: argparse.Namespace) -> None:
             if kd > done:
                 stats = distill_auxiliary(
                     srv.cfg, srv.llm.model, srv.aux.model, srv.w_s, srv.llm.tokenizer, public,
-                    steps=kd - done, lr=kd_lr, seed=srv.seed(1, "kd") + done, params=params,
+                    data=srv.data(), steps=kd - done, lr=kd_lr, seed=srv.seed(1, "kd") + done, params=params,
                     batch_size=args.kd_batch, learn_map=srv.method.kd_map == "learned")
                 kd_loss, done = f"{stats['kd_loss']:.3f}", kd
             g_aux, aux_loss = prompt_grad(srv.aux, prompts_for_aux(p0, srv.spec), batch)

@@ -42,7 +42,8 @@ MODEL = "smollm2-135m"
 def build(args: argparse.Namespace) -> tuple[Any, Any, list[dict], list[dict]]:
     """(run config, fedkt's LM, the records, the batches train_lm builds from them)."""
     from fedkt.config import parse_config
-    from fedkt.train.lm import _federated_data, client_lm, lm_batches
+    from fedkt.data.splits import run_data
+    from fedkt.train.lm import client_lm, lm_batches
 
     cfg = parse_config({
         "name": "loop-bench", "seed": 0, "method": "standalone",
@@ -53,12 +54,13 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[dict], list[dict]]:
         "runtime": {"torch_threads": 1, "device": "cpu"},
     }, "benchmarks/loop_vs_plain_peft.py")
     lm = client_lm(cfg, 0)
-    records = _federated_data(cfg).private[0]
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    records = fd.private[0]
     need = args.batch_size * args.steps
     if len(records) < need:
         raise SystemExit(f"client 0 has {len(records)} records, fewer than {need}")
     records = records[:need]
-    batches = lm_batches(cfg, lm.tokenizer, records, seed=args.seed)  # train_lm's, epoch 0
+    batches = lm_batches(cfg, lm.tokenizer, records, seed=args.seed, data=fd)  # train_lm's, epoch 0
     return cfg, lm, records, batches
 
 
@@ -114,6 +116,7 @@ def plain_loop(model: torch.nn.Module, params: list[torch.nn.Parameter], batches
 def fedkt_call(cfg: Any, lm: Any, records: list[dict], seed: int) -> tuple[list[float], float]:
     """train_lm as a client calls it; (its per-step losses, its loop's own seconds)."""
     import fedkt.train.lm as train_lm_module
+    from fedkt.data.splits import run_data
 
     kept: dict[str, Any] = {}
     run_steps = train_lm_module.run_steps
@@ -125,7 +128,7 @@ def fedkt_call(cfg: Any, lm: Any, records: list[dict], seed: int) -> tuple[list[
     train_lm_module.run_steps = keep
     try:
         lm.reset()
-        train_lm_module.train_lm(cfg, lm, records, seed=seed)
+        train_lm_module.train_lm(cfg, lm, records, seed=seed, data=run_data(cfg.data, cfg.clients.num_clients, cfg.seed))
     finally:
         train_lm_module.run_steps = run_steps
     return kept["stats"].losses, kept["stats"].seconds

@@ -184,7 +184,7 @@ def measure_one(config: str, participant: str, setting: str, steps: int) -> dict
 
     start = time.perf_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = train_lm(cfg, lm, records[: steps * training.batch_size], seed=1)
+        out = train_lm(cfg, lm, records[: steps * training.batch_size], seed=1, data=fd)
     step_s = (time.perf_counter() - start) / max(1, out["steps"])
     return {"config": config, "participant": participant, "model": model_cfg.name,
             "setting": setting, "loaded_mb": loaded / MB, "peak_mb": (_peak() - base) / MB,

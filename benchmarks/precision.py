@@ -26,9 +26,9 @@ import time
 import torch
 
 from fedkt.config import parse_config
+from fedkt.data.splits import run_data
 from fedkt.infra.precision import cpu_supports_bf16, resolve_precision, set_threads
 from fedkt.train.lm import (
-    _federated_data,
     clear_cache,
     client_lm,
     evaluate_lm,
@@ -55,16 +55,17 @@ def train_speed(cfg, records: list[dict]) -> tuple[float, float, float, float]:
     """(tokens/s, tokens per CPU-second, seconds per step, mean loss) of
     ``cfg.training.max_steps`` steps after one warm-up step; every batch is full."""
     lm = client_lm(cfg, 0)
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)  # what the records are of
     steps = cfg.training.max_steps
     need = cfg.training.batch_size * (steps + 1)
     records = (records * (need // max(1, len(records)) + 1))[:need]
     warm, timed = records[:cfg.training.batch_size], records[cfg.training.batch_size:]
     one = cfg.model_copy(update={"training": cfg.training.model_copy(update={"max_steps": 1})})
-    train_lm(one, lm, warm, seed=0)
+    train_lm(one, lm, warm, seed=0, data=fd)
     tokens = sum(int(b["attention_mask"].sum())
-                 for b in lm_batches(cfg, lm.tokenizer, timed, seed=1)[:steps])
+                 for b in lm_batches(cfg, lm.tokenizer, timed, seed=1, data=fd)[:steps])
     t0, c0 = time.perf_counter(), time.process_time()
-    stats = train_lm(cfg, lm, timed, seed=1)
+    stats = train_lm(cfg, lm, timed, seed=1, data=fd)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return tokens / seconds, tokens / cpu, seconds / stats["steps"], stats["loss"]
 
@@ -72,9 +73,10 @@ def train_speed(cfg, records: list[dict]) -> tuple[float, float, float, float]:
 def score(cfg, records: list[dict]) -> tuple[float, float, dict[str, float]]:
     """(items/s, items per CPU-second, metrics) of zero-shot multiple-choice scoring."""
     lm = client_lm(cfg, 0)
-    evaluate_lm(cfg, lm, records[: cfg.eval.batch_size])  # warm-up
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)  # what the records are of
+    evaluate_lm(cfg, lm, records[: cfg.eval.batch_size], data=fd)  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
-    metrics = evaluate_lm(cfg, lm, records)
+    metrics = evaluate_lm(cfg, lm, records, data=fd)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return len(records) / seconds, len(records) / cpu, metrics
 
@@ -101,7 +103,7 @@ def main() -> None:
     for precision in ("fp32", "bf16"):
         clear_cache()
         cfg = run_config(args, precision)
-        fd = _federated_data(cfg)
+        fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
         tok_s, tok_cpu, step_s, loss = train_speed(cfg, fd.private[0])
         items_s, items_cpu, metrics = score(cfg, fd.test)
         results[precision] = dict(metrics, tok_s=tok_s, tok_cpu=tok_cpu, step_s=step_s,

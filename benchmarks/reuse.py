@@ -48,7 +48,8 @@ def main() -> None:
                  "split": {"scheme": "holdout", "test_size": args.items}, "max_length": 128},
         "eval": {"batch_size": args.batch, "plots": False}}, "benchmark")
     off = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"reuse": False})})
-    test = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    test = fd.test
     lm = client_lm(cfg, 0)
     params = sum(p.numel() for p in lm.model.parameters())
     trainable = sum(p.numel() for p in lm.model.parameters() if p.requires_grad)
@@ -71,11 +72,11 @@ def main() -> None:
     lm.reset()
     rows.append(("tokenizer digest, first", timed(lambda: reuse.tokenizer_digest(lm.tokenizer))))
     rows.append(("tokenizer digest, again", timed(lambda: reuse.tokenizer_digest(lm.tokenizer))))
-    plain = timed(lambda: evaluate_lm(off, lm, test))
+    plain = timed(lambda: evaluate_lm(off, lm, test, data=fd))
     rows.append(("evaluation, eval.reuse: false", plain))
     rows.append(("evaluation, reuse on, computed and stored",
-                 timed(lambda: evaluate_lm(cfg, lm, test))))
-    rows.append(("evaluation, reuse on, reused", timed(lambda: evaluate_lm(cfg, lm, test))))
+                 timed(lambda: evaluate_lm(cfg, lm, test, data=fd))))
+    rows.append(("evaluation, reuse on, reused", timed(lambda: evaluate_lm(cfg, lm, test, data=fd))))
     assert reuse.stats() == {"computed": 1, "reused": 1}, reuse.stats()
 
     print(f"{args.model}: {params / 1e6:.1f}M parameters ({trainable / 1e6:.2f}M trainable), "

@@ -78,7 +78,7 @@ def intent_items(n: int) -> list[dict[str, Any]]:
     """The shipped intent_recognition's test items, as ``evaluate_causal_lm`` poses them."""
     from fedkt.config import parse_config
     from fedkt.data.formatting import mc_view
-    from fedkt.train.lm import _federated_data
+    from fedkt.data.splits import run_data
 
     cfg = parse_config({
         "name": "scorer-bench", "seed": 0, "method": "zero_shot",
@@ -86,7 +86,7 @@ def intent_items(n: int) -> list[dict[str, Any]]:
         "data": {"dataset": {"name": "intent_recognition"},
                  "split": {"scheme": "holdout", "test_size": n}},
     }, "benchmarks/scorer_vs_lm_eval.py")
-    fd = _federated_data(cfg)
+    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
     items = []
     for k, rec in enumerate(fd.test[:n]):
         context, choices, gold = mc_view(rec, fd.task, fd.label_names, fd.template)

@@ -9,10 +9,14 @@ import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
 from fedkt.config import RunConfig, apply_overrides, parse_config
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -64,6 +68,13 @@ def small_config(run_dir: Path, *overrides: str, method: str = "fedavg") -> RunC
         "eval": {"batch_size": 32, "plots": False},  # curves only where a test reads them
     }
     return parse_config(apply_overrides(data, list(overrides)), "test config")
+
+
+def run_data_of(cfg: RunConfig) -> FederatedData:
+    """The run's data (its splits and task), as a method's server and clients hold it."""
+    from fedkt.data.splits import run_data
+
+    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
 
 
 def final_test_rows(rows: list[dict]) -> dict[str, dict]:

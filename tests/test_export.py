@@ -19,7 +19,8 @@ from fedkt.data.formatting import mc_view
 from fedkt.eval import predictions
 from fedkt.export import ExportError, _participant_lm, export_model
 from fedkt.runner import run
-from fedkt.train.lm import _federated_data, evaluate_lm
+from fedkt.train.lm import evaluate_lm
+from tests.conftest import run_data_of
 
 RELOAD = Path(__file__).parent / "support" / "export_reload.py"
 TOL = 1e-5  # fp32 on both sides
@@ -39,10 +40,10 @@ def _fedkt_scores(run_dir: Path, participant: str) -> tuple[list[list[float]], d
     model after the last round, and the items as the reload script reads them."""
     cfg = load_config(run_dir / "config.yaml", [f"output_dir={run_dir}"])
     lm, _ = _participant_lm(cfg, run_dir, participant, 1)
-    test = _federated_data(cfg).test
+    test = run_data_of(cfg).test
     with predictions.capture() as sink:
-        evaluate_lm(cfg, lm, test)
-    fd = _federated_data(cfg)
+        evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
+    fd = run_data_of(cfg)
     views = [mc_view(r, fd.task, fd.label_names, fd.template) for r in test]
     items = {"max_length": cfg.data.max_length, "items": [[v[0], list(v[1])] for v in views]}
     return sink[""].columns["scores"], items

@@ -71,8 +71,7 @@ def import_graph(nodes: Callable[[ast.AST], list[ast.AST]] | None = None
 
 # Edges of cycles that are known and not yet removed, each with why it is there. None:
 # a config reads methods and runtimes through their catalogs (fedkt.methods.catalog,
-# fedkt.runtime.catalog), which import no method package and no runtime, and a method's
-# package registers itself with the catalog, not with the registry that imports it.
+# fedkt.runtime.catalog), which import no method's algorithm and no runtime.
 KNOWN: dict[tuple[str, str], str] = {}
 
 
@@ -80,21 +79,23 @@ _BY_NAME = re.compile(r"fedkt(\.\w+)+(:\w+)?")
 
 
 def dynamic_imports() -> set[tuple[str, str]]:
-    """(importer, module) for every import by name: the method registry's (each built-in
-    method's registering module, and the modules its config and check come from: what
-    validating a config imports, from its source scan), and in every module that calls
-    ``importlib.import_module`` each literal ``"fedkt.module"`` or ``"fedkt.module:function"``
-    (the runtime registry's built-in runtimes)."""
-    from fedkt.methods.catalog import _declared
+    """(importer, module) for every import by name: the method table's (the catalog loads
+    each method's config module and the module of its check, the registry its ``method``
+    module), and in every other module that calls ``importlib.import_module`` each literal
+    ``"fedkt.module"`` or ``"fedkt.module:function"`` (the runtime registry's built-in
+    runtimes)."""
+    from fedkt.methods.catalog import BUILT_IN
 
     modules = _modules()
     edges = set()
-    for found in _declared().values():  # the registry loads a method's package; the
-        edges.add(("fedkt.methods.registry", _resolve(found["module"], modules)))
-        for ref in (found["config"], found["check"]):  # catalog only its config module
+    for entry in BUILT_IN.values():
+        edges.add(("fedkt.methods.registry", _resolve(entry.method.split(":")[0], modules)))
+        for ref in (entry.config, entry.check):  # the catalog: only the config module
             if ref:
                 edges.add(("fedkt.methods.catalog", _resolve(ref.split(":")[0], modules)))
     for name, path in modules.items():
+        if name == "fedkt.methods.catalog":  # its table's strings: above, by who loads them
+            continue
         nodes = _runtime_nodes(ast.parse(path.read_text(encoding="utf-8")))
         if not any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("import_module")
                    for n in nodes):
@@ -164,7 +165,8 @@ def test_the_detector_finds_a_cycle_hidden_in_a_function():
 def test_the_registries_imports_by_name_are_counted():
     dynamic = dynamic_imports()
     assert ("fedkt.methods.catalog", "fedkt.methods.fedmkt.config") in dynamic
-    assert ("fedkt.methods.registry", "fedkt.methods.fedmkt") in dynamic
+    assert ("fedkt.methods.registry", "fedkt.methods.fedmkt.method") in dynamic
+    assert ("fedkt.methods.catalog", "fedkt.methods.fedmkt.method") not in dynamic
     assert ("fedkt.runtime.registry", "fedkt.runtime.local") in dynamic
     assert not [edge for edge in dynamic if edge[0].startswith("fedkt.config")]
     graph = import_graph()
@@ -178,16 +180,17 @@ def test_the_registries_imports_by_name_are_counted():
     closed["fedkt.methods.fedmkt.config"].add("fedkt.runner")
     assert [c for c in cycles(closed) if {"fedkt.methods.catalog", "fedkt.config.schema",
                                           "fedkt.methods.fedmkt.config"} <= set(c)]
-    # ... and a method's package that registered through the registry would close one
-    # through the registry's (fedmkt -> registry -> fedmkt): they import the catalog.
+    # ... and a method's config module that looked a method up in the registry would close
+    # one through the registry's (registry -> fedmkt.method -> fedmkt.config -> registry).
     closed = {k: set(v) for k, v in graph.items()}
-    closed["fedkt.methods.fedmkt"].add("fedkt.methods.registry")
-    assert [c for c in cycles(closed) if {"fedkt.methods.registry", "fedkt.methods.fedmkt"} <= set(c)]
+    closed["fedkt.methods.fedmkt.config"].add("fedkt.methods.registry")
+    assert [c for c in cycles(closed) if {"fedkt.methods.registry", "fedkt.methods.fedmkt.method",
+                                          "fedkt.methods.fedmkt.config"} <= set(c)]
 
 
 def test_fedkt_has_no_import_cycles():
     graph = full_graph()
-    assert "fedkt.runner" in graph and "fedkt.methods.fedmkt" in graph
+    assert "fedkt.runner" in graph and "fedkt.methods.fedmkt.method" in graph
     found = cycles(graph)
     detail = "\n".join(" <-> ".join(c) + "\n    " + "; ".join(
         f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found)

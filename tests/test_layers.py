@@ -28,9 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("methods", ("fedkt.methods",)),
     ("runtime, evidence", ("fedkt.runtime", "fedkt.evidence")),
     ("runner", ("fedkt.runner",)),
-    # What users run, and the old import paths kept for them (deprecation shims).
-    ("entry points", ("fedkt.cli", "fedkt.apps", "fedkt.export", "fedkt.bounded_yaml", "fedkt.aggregation",
-                      "fedkt.faults", "fedkt.losses", "fedkt.payload")),
+    # What users run.
+    ("entry points", ("fedkt.cli", "fedkt.apps", "fedkt.export")),
 ]
 
 # Module-level imports of a higher layer that are known and not yet removed, each with

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from fedkt.federated.payload import PayloadError, check_tensor
 from fedkt.infra import progress
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, lm_pairs
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 __all__ = ["PublicSet", "knowledge_set", "pack_topk", "packed_entries", "unpack_topk",
            "vocab_size"]
@@ -47,8 +50,11 @@ class PublicSet:
     pad_id: int
 
     @classmethod
-    def build(cls, cfg: RunConfig, tokenizer: Any, records: list[dict]) -> PublicSet:
-        seqs = tokenize_pairs(tokenizer, lm_pairs(cfg, records, tokenizer), cfg.data.max_length)
+    def build(cls, cfg: RunConfig, tokenizer: Any, records: list[dict], *,
+              data: FederatedData) -> PublicSet:
+        """``records`` (of ``data``, the run's data) as ``tokenizer``'s training pairs."""
+        pairs = lm_pairs(cfg, records, tokenizer, data=data)
+        seqs = tokenize_pairs(tokenizer, pairs, cfg.data.max_length)
         return cls(seqs, pad_token_id(tokenizer))
 
     def __len__(self) -> int:

@@ -1,5 +1,5 @@
 """Evaluation: metrics (pure functions) and model scoring (``fedkt.eval.scorer``,
-``fedkt.eval.generation``, ``fedkt.eval.evaluate``; all importable from ``fedkt.eval.lm``);
+``fedkt.eval.generation``, ``fedkt.eval.evaluate``, each name imported from its module);
 per-example predictions (``fedkt.eval.predictions``) and the reuse of evaluations and
 knowledge sets already computed (``fedkt.eval.reuse``, ``eval.reuse``)."""
 

@@ -9,7 +9,8 @@ A method module defines
 * client handlers: plain functions ``handler(ctx: ClientContext, msg: Payload)
   -> Payload`` that run on the client, wherever the runtime puts it,
 
-and registers them with :func:`fedkt.methods.register`.  Methods never import
+and gathers them in a :class:`Method` that the method catalog names
+(:mod:`fedkt.methods.catalog`).  Methods never import
 Flower: the runtime moves the payloads.
 """
 
@@ -402,11 +403,13 @@ class Method:
     procedure and client ``handlers``), then what it does (``behaviour``), how it is
     described (``docs``) and what the conformance test holds it to (``conformance``).
 
-    Registered once, at module level, in its package's ``__init__.py``, keywords only::
+    Made once, at module level, in its package's ``method.py``, keywords only, and named
+    by its entry in :data:`fedkt.methods.catalog.BUILT_IN` (a plugin's:
+    :func:`fedkt.methods.register_method`)::
 
-        METHOD = register(Method(name="fedavg", config=FedAvgConfig, server=FedAvgServer,
-                                 handlers={"train": client_train}, behaviour=Behaviour(...),
-                                 docs=Docs(...), conformance=Conformance(...)))
+        METHOD = Method(name="fedavg", config=FedAvgConfig, server=FedAvgServer,
+                        handlers={"train": client_train}, behaviour=Behaviour(...),
+                        docs=Docs(...), conformance=Conformance(...))
     """
 
     name: str

@@ -1,238 +1,202 @@
-"""The method catalog: which methods exist, by name, and what validating a config needs
-of each (its config class, its ``check``, its behaviour's flags, its summary), without
-importing any method.
+"""The method catalog: which methods exist, by name, and what validating a config needs of
+each (its config class, its ``check``, the flags config checks read, its summary), without
+importing any method's algorithm.
 
-fedkt's own methods are read from their sources: each ``Method(name="...", config=...,
-...)`` call under ``fedkt/methods/`` names its config class and check as names imported
-from its ``config.py``, and only that module is imported (not the method's package,
-whose ``__init__`` imports its algorithm). A method registered from elsewhere (a plugin,
-a test) is here once its module has called :func:`register`.
+fedkt's own methods are declared once, in :data:`BUILT_IN`, by ``"module:attribute"``
+strings, as :mod:`fedkt.runtime.registry` declares its runtimes: ``config`` (the method's
+config class, in its package's ``config.py``, which imports no torch), ``method`` (the
+:class:`~fedkt.methods.base.Method`, in its package's ``method.py``, which imports the
+algorithm), and ``check``. A method from elsewhere (a plugin) is declared the same way with
+:func:`register_method`, or registers a ready :class:`Method` with :func:`register` (which
+its module has already imported).
 
-This module imports no method by its package: :mod:`fedkt.methods.registry` does, and
-the config layer reads only this catalog, so validating a config never reaches an
-algorithm (and no import runs back up from a method to what loads it).
+The config layer reads only this catalog, which imports a method's config module and never
+its ``method`` module: :func:`fedkt.methods.registry.get_method` does that, when a run
+names it.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
 import importlib
-import importlib.util
+import re
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedkt.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fedkt.config import MethodConfig
     from fedkt.methods.base import Method
 
-__all__ = ["FLAGS", "available", "method_check", "method_config_class", "method_flag",
-           "plugin_module", "register", "summaries", "unknown_method"]
-
-_REGISTRY: dict[str, Method] = {}
-_REGISTERED_BY: dict[str, str] = {}  # name -> the module whose import registered it
-_PACKAGE = Path(__file__).resolve().parent
-
-
-def register(method: Method, *, module: str | None = None) -> Method:
-    """Make a method available under ``method.name``.
-
-    ``module``: what a fresh process (a Flower client) imports to have it registered too;
-    by default the module that called ``register`` (not the server's, which may be one
-    of fedkt's: a plugin variant of ``FedMKTServer``).
-    """
-    if module is None:
-        module = sys._getframe(1).f_globals.get("__name__", "__main__")
-    _REGISTRY[method.name] = method
-    _REGISTERED_BY[method.name] = module
-    return method
-
-
-def _literal_name(call: ast.Call) -> str | None:
-    args = [*call.args[:1], *(k.value for k in call.keywords if k.arg == "name")]
-    return next((a.value for a in args if isinstance(a, ast.Constant)
-                 and isinstance(a.value, str)), None)
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(_PACKAGE).with_suffix("").parts
-    return ".".join(("fedkt", "methods", *parts)).removesuffix(".__init__")
-
-
-def _imported_names(tree: ast.Module, module: str, is_package: bool) -> dict[str, str]:
-    """Local name -> ``module:attribute`` (or ``module`` for a module) of the module-level
-    ``from ... import`` / ``import`` statements of ``module``."""
-    package = module if is_package else module.rpartition(".")[0]
-    names: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, *([node.module] if node.module else [])])
-            for alias in node.names:
-                names[alias.asname or alias.name] = f"{base}:{alias.name}"
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    names[alias.asname] = alias.name
-    return names
-
-
-def _reference(node: ast.expr | None, names: dict[str, str]) -> str | None:
-    """``module:attribute`` of a name (``FedMKTConfig``) or a module's attribute
-    (``config.FedMKTConfig``) that the module imported; None when it is defined there."""
-    if isinstance(node, ast.Name):
-        return names.get(node.id)
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        base = names.get(node.value.id, "")
-        module = base.replace(":", ".")  # `from . import config`: fedkt.methods.x.config
-        return f"{module}:{node.attr}" if module else None
-    return None
-
-
-def _keyword(call: ast.Call, name: str) -> ast.expr | None:
-    """The value of keyword ``name`` anywhere in the call (also in a nested call that
-    groups arguments)."""
-    return next((k.value for node in ast.walk(call) if isinstance(node, ast.Call)
-                 for k in node.keywords if k.arg == name), None)
-
-
-def _behaviour_call(call: ast.Call, tree: ast.Module) -> ast.Call | None | bool:
-    """The ``Behaviour(...)`` call a ``Method(...)`` call passes as ``behaviour=``, directly
-    or through a module-level name bound to one; False when it passes none (the defaults);
-    None when the sources do not tell."""
-    behaviour = _keyword(call, "behaviour")
-    if behaviour is None:
-        return False
-    if isinstance(behaviour, ast.Name):  # _BEHAVIOUR = Behaviour(...) at module level
-        bound = [n.value for n in tree.body if isinstance(n, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == behaviour.id for t in n.targets)]
-        behaviour = bound[0] if len(bound) == 1 else None
-    return behaviour if isinstance(behaviour, ast.Call) else None
-
+__all__ = ["BUILT_IN", "FLAGS", "MethodEntry", "available", "entry", "load", "method_check",
+           "method_config_class", "method_flag", "plugin_module", "register",
+           "register_method", "summaries", "unknown_method"]
 
 # The flags of :class:`fedkt.methods.base.Behaviour` that config checks read.
 FLAGS = ("aggregates", "model_lr")
 
 
-def _flags(call: ast.Call, tree: ast.Module) -> dict[str, bool] | None:
-    """``aggregates`` and ``model_lr`` of a ``Method(...)`` call's behaviour, where the
-    sources give them as literals (an unset flag is False, its default); else None."""
-    behaviour = _behaviour_call(call, tree)
-    if behaviour is None:
-        return None
-    flags = dict.fromkeys(FLAGS, False)
-    for keyword in behaviour.keywords if behaviour is not False else ():
-        if keyword.arg in flags:
-            if not (isinstance(keyword.value, ast.Constant)
-                    and isinstance(keyword.value.value, bool)):
-                return None
-            flags[keyword.arg] = keyword.value.value
-    return flags
+@dataclass(frozen=True)
+class MethodEntry:
+    """A method as the catalog holds it: strings and literals, so that reading it imports
+    nothing.  Each must agree with the :class:`Method` that ``method`` names (its
+    ``config``, ``behaviour.check``, ``behaviour.aggregates``, ``behaviour.model_lr``,
+    ``docs.summary``); :func:`fedkt.methods.registry.get_method` checks that it does."""
+
+    config: str  # "module:ConfigClass", torch-free: what validating a config imports
+    method: str  # "module:METHOD", the Method: imported only when a run names the method
+    summary: str  # one line: `fedkt list`, docs/configuration.md
+    check: str | None = None  # "module:function", Behaviour.check (in the config module)
+    aggregates: bool = False  # Behaviour.aggregates: secure aggregation and DP apply
+    model_lr: bool = False  # Behaviour.model_lr: a per-model `lr` applies
 
 
-def _check_reference(call: ast.Call, tree: ast.Module, names: dict[str, str]) -> str | None:
-    """``module:attribute`` of the ``check`` a ``Method(...)`` call passes, directly or in
-    its ``behaviour=`` (:func:`_behaviour_call`); ``""`` when it passes none (no check);
-    None when the sources do not tell."""
-    check = _keyword(call, "check")
-    if check is not None:
-        return _reference(check, names)
-    behaviour = _behaviour_call(call, tree)
-    if behaviour is None:
-        return None
-    check = None if behaviour is False else _keyword(behaviour, "check")
-    return "" if check is None else _reference(check, names)
+def _builtin(package: str, config: str, method: str, summary: str, *,
+             check: str | None = None, aggregates: bool = False,
+             model_lr: bool = False) -> MethodEntry:
+    """A built-in method's entry: ``config`` and ``check`` from
+    ``fedkt.methods.<package>.config``, ``method`` from ``fedkt.methods.<package>.method``."""
+    where = f"fedkt.methods.{package}"
+    return MethodEntry(config=f"{where}.config:{config}", method=f"{where}.method:{method}",
+                       summary=summary, check=check and f"{where}.config:{check}",
+                       aggregates=aggregates, model_lr=model_lr)
 
 
-@functools.cache
-def _declared() -> dict[str, dict[str, Any]]:
-    """Method name -> ``module`` (whose import registers it) and, as ``module:attribute``,
-    its ``config`` and ``check`` (None where the sources do not say; ``""`` for a check
-    the call does not pass: ``Behaviour.check``'s default, no check), its behaviour's
-    ``flags`` (:func:`_flags`), and its
-    ``summary`` (the ``Docs(summary=...)`` literal, None if not a literal), from the
-    ``Method("name", ...)`` calls of fedkt/methods/."""
-    found: dict[str, dict[str, Any]] = {}
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        module = _module_name(path)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        names = _imported_names(tree, module, path.name == "__init__.py")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                    and node.func.id == "Method" and (name := _literal_name(node)):
-                config = _keyword(node, "config")
-                if config is None and len(node.args) > 1:
-                    config = node.args[1]
-                summary = _keyword(node, "summary")
-                found.setdefault(name, {"module": module,
-                                        "config": _reference(config, names),
-                                        "check": _check_reference(node, tree, names),
-                                        "flags": _flags(node, tree),
-                                        "summary": summary.value if isinstance(summary, ast.Constant)
-                                        and isinstance(summary.value, str) else None})
-    return found
+# fedkt's own methods, each named once. A new one: a package under fedkt/methods/ with
+# config.py and method.py (docs/architecture.md), and its line here.
+BUILT_IN: dict[str, MethodEntry] = {
+    "fedavg": _builtin(
+        "fedavg", "FedAvgConfig", "METHOD",
+        "FedAvg of LoRA/prefix adapters on a shared client model",
+        aggregates=True, model_lr=True),
+    "fedmkt": _builtin(
+        "fedmkt", "FedMKTConfig", "METHOD",
+        "mutual top-K logit distillation between a server LLM and heterogeneous client SLMs "
+        "(token alignment, DualMinCE)", check="check_config", model_lr=True),
+    "llm2slm": _builtin(
+        "fedmkt", "LLM2SLMConfig", "LLM2SLM",
+        "FedMKT baseline: the server LLM stays frozen and only teaches the client SLMs",
+        check="check_config", model_lr=True),
+    "fedcollm": _builtin(
+        "fedcollm", "FedCoLLMConfig", "METHOD",
+        "FedAvg of SLM LoRA adapters + server LLM/SLM mutual distillation on public data",
+        check="check_config", aggregates=True),
+    "fedkd": _builtin(
+        "fedkd", "FedKDConfig", "METHOD",
+        "local teachers + shared student by adaptive mutual distillation; SVD-compressed "
+        "student updates", aggregates=True),
+    "koala": _builtin(
+        "koala", "KoalaConfig", "METHOD",
+        "small models -> large model's adapter (reverse KD) -> small models (forward KD); "
+        "homo or hete"),
+    "fedsp": _builtin(
+        "fedsp", "FedSPConfig", "METHOD",
+        "soft prompts between the server LLM and clients' KD-initialised cut-and-shared "
+        "auxiliary models", check="check_config", aggregates=True),
+    "fedprompt": _builtin(
+        "fedsp", "FedPromptConfig", "FEDPROMPT",
+        "FedAvg of prefix prompts; clients hold the whole LLM (FedSP baseline)",
+        check="check_config", aggregates=True),
+    "fedprompt_single": _builtin(
+        "fedsp", "FedPromptSingleConfig", "FEDPROMPT_SINGLE",
+        "prompts trained on a 1-layer model without sharing, KD or alignment, repeated up / "
+        "averaged down (FedSP baseline)", check="check_config", aggregates=True),
+    "zero_shot": _builtin(
+        "baselines", "ZeroShotConfig", "ZERO_SHOT", "evaluate models without training",
+        model_lr=True),
+    "standalone": _builtin(
+        "baselines", "StandaloneConfig", "STANDALONE",
+        "each client trains alone on its private data", model_lr=True),
+    "centralized": _builtin(
+        "baselines", "CentralizedConfig", "CENTRALIZED",
+        "one model trained on all data pooled (upper bound)", check="check_centralized",
+        model_lr=True),
+    "standalone_encoder": _builtin(
+        "baselines", "StandaloneEncoderConfig", "STANDALONE_ENCODER",
+        "each client fine-tunes its own encoder classifier alone"),
+    "centralized_encoder": _builtin(
+        "baselines", "CentralizedEncoderConfig", "CENTRALIZED_ENCODER",
+        "one encoder classifier on all data pooled (upper bound)", check="check_centralized"),
+    "fedavg_encoder": _builtin(
+        "baselines", "FedAvgEncoderConfig", "FEDAVG_ENCODER",
+        "FedAvg of an encoder classifier, teacher or student size (FedKD's baselines)",
+        aggregates=True),
+    "fedavg_vision": _builtin(
+        "baselines", "FedAvgVisionConfig", "FEDAVG_VISION",
+        "FedAvg of an image classifier's head or whole model (KOALA's baseline)",
+        aggregates=True),
+}
+
+_PLUGINS: dict[str, MethodEntry] = {}  # register_method: declared by a plugin
+_REGISTRY: dict[str, Method] = {}  # register: a Method object (it takes precedence)
+_REGISTERED_BY: dict[str, str] = {}  # name -> the module whose import registered it
+_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
-@functools.cache
-def _built_in() -> dict[str, str]:
-    """Method name -> module, from the ``Method(name="...", ...)`` calls of fedkt/methods/."""
-    return {name: str(found["module"]) for name, found in _declared().items()}
+def _caller(depth: int) -> str:
+    """The module ``depth`` frames up (the one that called a registration function)."""
+    return str(sys._getframe(depth + 1).f_globals.get("__name__", "__main__"))
 
 
-def _module_alone(module: str) -> ModuleType:
-    """Import one module of fedkt/methods/ without its package's ``__init__`` (which
-    imports the method's algorithm) when that package is not imported yet; the package,
-    imported later, finds the module in ``sys.modules`` (the same classes)."""
-    if module in sys.modules:
-        return sys.modules[module]
-    parent = module.rpartition(".")[0]
-    path = _PACKAGE.joinpath(*module.split(".")[2:]).with_suffix(".py")
-    if parent in sys.modules or parent == __package__ or not path.is_file():
-        return importlib.import_module(module)
-    spec = importlib.util.spec_from_file_location(module, path)
-    assert spec is not None and spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[module] = loaded
+def register(method: Method, *, module: str | None = None) -> Method:
+    """Make a ready method available under ``method.name`` (a plugin, a test's probe).
+
+    ``module``: what a fresh process (a Flower client) imports to have it registered too;
+    by default the module that called ``register`` (not the server's, which may be one
+    of fedkt's: a plugin variant of ``FedMKTServer``).
+    """
+    _PLUGINS.pop(method.name, None)  # registering a name again replaces it
+    _REGISTRY[method.name] = method
+    _REGISTERED_BY[method.name] = module or _caller(1)
+    return method
+
+
+def register_method(name: str, *, config: str, method: str, summary: str,
+                    check: str | None = None, aggregates: bool = False,
+                    model_lr: bool = False, module: str | None = None) -> MethodEntry:
+    """Declare method ``name`` from outside fedkt as :data:`BUILT_IN` declares fedkt's own:
+    ``config``, ``method`` and ``check`` as ``"module:attribute"`` strings (nothing is
+    imported now; a config that names it imports only ``config``'s module and ``check``'s).
+
+    ``module``: what a fresh process imports to have it declared too; by default the
+    module that called ``register_method``.
+    """
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+        raise ValueError(f"register_method: name {name!r} must be a letter then letters, "
+                         "digits, '-' or '_' (it is method.name in a config)")
+    if name in BUILT_IN:
+        raise ValueError(f"register_method({name!r}): a built-in method has that name")
+    for field, value in (("config", config), ("method", method), ("check", check)):
+        if not (value is None and field == "check") and \
+                not (isinstance(value, str) and _REFERENCE.fullmatch(value)):
+            raise ValueError(f"register_method({name!r}): {field} must be a "
+                             f"'module:attribute' string, got {value!r}")
+    if not isinstance(summary, str) or not summary.strip():
+        raise ValueError(f"register_method({name!r}): summary must be a non-empty line")
+    declared = MethodEntry(config=config, method=method, summary=summary, check=check,
+                           aggregates=bool(aggregates), model_lr=bool(model_lr))
+    _REGISTRY.pop(name, None)  # registering a name again replaces it
+    _PLUGINS[name] = declared
+    _REGISTERED_BY[name] = module or _caller(1)
+    return declared
+
+
+def load(reference: str, what: str) -> Any:
+    """The attribute a ``"module:attribute"`` string names; ``what`` says whose it is in
+    the error when the module or the attribute is missing."""
+    module, _, attribute = reference.partition(":")
     try:
-        spec.loader.exec_module(loaded)
-    except ImportError:  # e.g. a relative import that needs the package: import it whole
-        del sys.modules[module]
-        return importlib.import_module(module)
-    except BaseException:
-        del sys.modules[module]
-        raise
-    return loaded
-
-
-def _declared_object(name: str, what: str) -> Any:
-    """A built-in method's ``config``, ``check`` or ``summary`` as its sources give it,
-    importing only the module that defines it (its ``config.py``)."""
-    found = _declared()[name]
-    reference = found[what]
-    if what == "summary":
-        value = reference
-    elif reference == "":  # no check passed: the default, none
-        return None
-    elif reference is None or reference.partition(":")[0] in _built_in().values() \
-            or not reference.startswith("fedkt.methods."):
-        value = None  # defined in the registering module itself, or not a name
-    else:
-        module, _, attribute = reference.partition(":")
-        value = getattr(_module_alone(module), attribute, None)
-    if value is None or (what == "config" and not isinstance(value, type)):
-        raise RuntimeError(
-            f"method {name!r} ({found['module']}): its Method(...) call must give {what}= "
-            "as a name imported from the method's config module (a summary as a string "
-            "literal), so that a config validates without importing the method "
-            "(fedkt.methods.catalog)")
-    return value
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise
+        raise ConfigError(f"{what}: module {module!r} of {reference!r} is not found") from exc
+    if not hasattr(loaded, attribute):
+        raise ConfigError(f"{what}: module {module!r} has no {attribute!r} ({reference!r})")
+    return getattr(loaded, attribute)
 
 
 def unknown_method(name: object) -> ConfigError:
@@ -240,61 +204,64 @@ def unknown_method(name: object) -> ConfigError:
     return ConfigError(f"method.name: unknown method {name!r}; allowed: {', '.join(available())}")
 
 
-def _known(name: object) -> str:
-    if not isinstance(name, str) or name not in {*_REGISTRY, *_built_in()}:
+def entry(name: object) -> MethodEntry | None:
+    """Method ``name``'s declared entry (built in or a plugin's); None for a method
+    registered as a :class:`Method` (:func:`register`, which takes precedence)."""
+    if not isinstance(name, str) or name not in {*_REGISTRY, *_PLUGINS, *BUILT_IN}:
         raise unknown_method(name)
-    return name
+    if name in _REGISTRY:
+        return None
+    return _PLUGINS.get(name) or BUILT_IN[name]
 
 
 def available() -> list[str]:
-    return sorted({*_built_in(), *_REGISTRY})
+    """Every method's name, sorted."""
+    return sorted({*BUILT_IN, *_PLUGINS, *_REGISTRY})
 
 
 def summaries() -> dict[str, str]:
-    """Every available method's one-line summary (``docs.summary``), by name (``fedkt
-    list``, the config reference)."""
-    return {name: _REGISTRY[name].docs.summary if name in _REGISTRY
-            else _declared_object(name, "summary") for name in available()}
+    """Every available method's one-line summary, by name (``fedkt list``, the config
+    reference)."""
+    return {name: declared.summary if (declared := entry(name)) else
+            _REGISTRY[name].docs.summary for name in available()}
 
 
 def method_config_class(name: str | None) -> type[MethodConfig]:
-    """The config class of method ``name``; for fedkt's own methods only its module is
-    imported (``fedkt.methods.fedmkt.config``), not the method."""
-    name = _known(name)
-    if name in _REGISTRY:
-        return _REGISTRY[name].config
-    return _declared_object(name, "config")
+    """The config class of method ``name``; for a declared method only its config module
+    is imported (``fedkt.methods.fedmkt.config``), not the method."""
+    declared = entry(name)
+    if declared is None:
+        return _REGISTRY[str(name)].config
+    config = load(declared.config, f"method {name!r}'s config")
+    if not isinstance(config, type):
+        raise ConfigError(f"method {name!r}'s config: {declared.config!r} is not a class")
+    return config
 
 
 def method_flag(name: str, flag: str) -> bool:
-    """``Behaviour.<flag>`` (one of :data:`FLAGS`) of method ``name``; for fedkt's own
-    methods read from the sources, importing nothing, so that a config's cross-method
-    checks (SecAgg, DP, a per-model ``lr``) import no algorithm and no torch."""
+    """``Behaviour.<flag>`` (one of :data:`FLAGS`) of method ``name``, read from its entry
+    (importing nothing), so that a config's cross-method checks (SecAgg, DP, a per-model
+    ``lr``) import no algorithm and no torch."""
     if flag not in FLAGS:
         raise ValueError(f"flag: {flag!r} is not one of {', '.join(FLAGS)}")
-    name = _known(name)
-    if name in _REGISTRY:
+    declared = entry(name)
+    if declared is None:
         return bool(getattr(_REGISTRY[name].behaviour, flag))
-    flags = _declared()[name]["flags"]
-    if not isinstance(flags, dict):
-        raise RuntimeError(
-            f"method {name!r}: its Behaviour(...) must give {', '.join(FLAGS)} as literals "
-            "True/False, so that a config validates without importing the method "
-            "(fedkt.methods.catalog)")
-    return bool(flags[flag])
+    return bool(getattr(declared, flag))
 
 
 def method_check(name: str) -> Callable[[Any], None] | None:
-    """The method's ``check`` of a whole run config (``Behaviour.check``); for fedkt's own
-    methods only the module that defines it is imported."""
-    name = _known(name)
-    if name in _REGISTRY:
+    """The method's ``check`` of a whole run config (``Behaviour.check``); for a declared
+    method only the module that defines it is imported."""
+    declared = entry(name)
+    if declared is None:
         return _REGISTRY[name].behaviour.check
-    return _declared_object(name, "check")
+    if declared.check is None:
+        return None
+    return load(declared.check, f"method {name!r}'s check")
 
 
 def plugin_module(name: str) -> str | None:
     """The module a fresh process must import to have ``name`` registered, when it is not
-    one of fedkt's own (those are found without it)."""
-    module = _REGISTERED_BY.get(name)
-    return None if module is None or name in _built_in() else module
+    one of fedkt's own (those are in :data:`BUILT_IN`)."""
+    return None if name in BUILT_IN else _REGISTERED_BY.get(name)

@@ -16,4 +16,4 @@ __all__ = ["client_evaluate"]
 def client_evaluate(ctx: ClientContext, msg: Payload) -> Payload:
     """Handler ``evaluate``: the client's initial model on the test split (round 0,
     zero-shot)."""
-    return Payload(metrics=client_test_metrics(ctx, client_lm(ctx.cfg, ctx.cid)))
+    return Payload(metrics=client_test_metrics(ctx, client_lm(ctx.cfg, ctx.cid, ctx.data())))

@@ -1,49 +1,69 @@
-"""The method registry: ``method.name`` in a config selects a registered :class:`Method`.
+"""The method registry: ``method.name`` in a config selects a :class:`Method`.
 
-Registering is enough: ``register(Method(name="...", ...))`` in a package's
-``__init__.py`` under ``fedkt/methods/`` is found by reading the sources
-(:mod:`fedkt.methods.catalog`, no import, so ``fedkt --help`` stays fast and validating a
-config imports no method); :func:`get_method` imports the package of the method a run
-names, the one place fedkt loads a method by name. A method defined elsewhere (a plugin,
-a test) is available once its module is imported, and a fresh process (a Flower client)
-imports that module again (:func:`plugin_module`).
+A method is declared in the catalog (:data:`fedkt.methods.catalog.BUILT_IN` for fedkt's
+own, :func:`register_method` for a plugin's) by ``"module:attribute"`` strings, so that
+``fedkt --help`` stays fast and validating a config imports no method;
+:func:`get_method` imports the ``method`` module of the method a run names, the one place
+fedkt loads a method by name. A :class:`Method` registered ready-made (:func:`register`)
+is used as it is, and a fresh process (a Flower client) imports the module that
+registered it again (:func:`plugin_module`).
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from typing import TYPE_CHECKING
 
+from fedkt.errors import ConfigError
 from fedkt.methods import catalog
 from fedkt.methods.catalog import (
+    BUILT_IN,
     FLAGS,
-    _built_in,
+    MethodEntry,
     available,
     method_check,
     method_config_class,
     method_flag,
     plugin_module,
     register,
+    register_method,
     summaries,
-    unknown_method,
 )
 
 if TYPE_CHECKING:
     from fedkt.methods.base import Method
 
-__all__ = ["FLAGS", "available", "get_method", "method_check", "method_config_class",
-           "method_flag", "plugin_module", "register", "summaries"]
+__all__ = ["BUILT_IN", "FLAGS", "MethodEntry", "available", "get_method", "method_check",
+           "method_config_class", "method_flag", "plugin_module", "register",
+           "register_method", "summaries"]
+
+
+def _disagreements(name: str, declared: MethodEntry, method: Method) -> list[str]:
+    """Where the Method ``declared.method`` names differs from its catalog entry."""
+    check = None if declared.check is None else catalog.load(declared.check, name)
+    want = {"name": name, "config": catalog.load(declared.config, name), "check": check,
+            "aggregates": declared.aggregates, "model_lr": declared.model_lr,
+            "summary": declared.summary}
+    got = {"name": method.name, "config": method.config, "check": method.behaviour.check,
+           "aggregates": method.behaviour.aggregates, "model_lr": method.behaviour.model_lr,
+           "summary": method.docs.summary}
+    return [f"{key} is {got[key]!r} there, {want[key]!r} in the entry"
+            for key in want if got[key] is not want[key] and got[key] != want[key]]
 
 
 def get_method(name: str | None) -> Method:
-    """The registered method ``name``; a built-in one is imported (its package) first."""
-    if name not in catalog._REGISTRY and name in _built_in():
-        module = importlib.import_module(_built_in()[name])
-        for child, loaded in list(sys.modules.items()):  # a module imported alone before
-            head, _, attribute = child.rpartition(".")
-            if head == module.__name__ and not hasattr(module, attribute):
-                setattr(module, attribute, loaded)
-    if name not in catalog._REGISTRY:
-        raise unknown_method(name)
-    return catalog._REGISTRY[name]
+    """The method ``name``: a registered :class:`Method`, else the one its catalog entry
+    names (its module imported now), checked against the entry."""
+    from fedkt.methods.base import Method
+
+    declared = catalog.entry(name)
+    if declared is None:
+        return catalog._REGISTRY[str(name)]
+    method = catalog.load(declared.method, f"method {name!r}")
+    if not isinstance(method, Method):
+        raise ConfigError(f"method {name!r}: {declared.method!r} is not a Method "
+                          f"but {type(method).__name__}")
+    wrong = _disagreements(str(name), declared, method)
+    if wrong:
+        raise ConfigError(f"method {name!r}: the Method at {declared.method!r} does not "
+                          "match its catalog entry: " + "; ".join(wrong))
+    return method

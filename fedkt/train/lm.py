@@ -17,7 +17,7 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from fedkt.infra.precision import autocast, grad_scaler, upcast
 from fedkt.train.logits import forward_kept, keeps_positions, kept_positions, target_mask
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 __all__ = [
     "LM",
@@ -121,29 +124,25 @@ def clear_cache() -> None:
     _LM_CACHE.clear()
 
 
-def _federated_data(cfg: RunConfig) -> Any:
-    from fedkt.data.splits import run_data
-
-    return run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
-
-
-def lm_pairs(cfg: RunConfig, records: list[dict], tokenizer: Any = None
-             ) -> list[tuple[str, str]]:
-    """(prompt, target) training pairs for the run's task, for the model of ``tokenizer``
-    (its chat template with ``data.chat_template``; None: plain prompts)."""
+def lm_pairs(cfg: RunConfig, records: list[dict], tokenizer: Any = None, *,
+             data: FederatedData) -> list[tuple[str, str]]:
+    """(prompt, target) training pairs for the task of ``data`` (the run's data, which
+    ``records`` come from: its task, label names and template), for the model of
+    ``tokenizer`` (its chat template with ``data.chat_template``; None: plain prompts)."""
     from fedkt.data.formatting import chat_format, lm_pair
 
-    fd = _federated_data(cfg)
     chat = chat_format(cfg.data.chat_template, tokenizer) if tokenizer is not None else None
-    return [lm_pair(r, fd.task, fd.label_names, fd.template, chat) for r in records]
+    return [lm_pair(r, data.task, data.label_names, data.template, chat) for r in records]
 
 
 def lm_batches(cfg: RunConfig, tokenizer: Any, records: list[dict], seed: int | None,
-               batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
-    """Padded batches of ``records``' (prompt, target) pairs, shuffled with ``seed``."""
+               batch_size: int | None = None, *,
+               data: FederatedData) -> list[dict[str, torch.Tensor]]:
+    """Padded batches of ``records``' (prompt, target) pairs (:func:`lm_pairs` of the task
+    of ``data``), shuffled with ``seed``."""
     from fedkt.data.lm_batches import make_batches, tokenize_pairs
 
-    tokenized = tokenize_pairs(tokenizer, lm_pairs(cfg, records, tokenizer),
+    tokenized = tokenize_pairs(tokenizer, lm_pairs(cfg, records, tokenizer, data=data),
                                cfg.data.max_length)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return make_batches(tokenized, batch_size or cfg.training.batch_size, seed, pad)
@@ -154,6 +153,7 @@ def train_lm(
     lm: LM,
     records: list[dict],
     *,
+    data: FederatedData,
     seed: int,
     extra_loss: ExtraLoss | None = None,
     task_weight: float = 1.0,
@@ -161,7 +161,8 @@ def train_lm(
     desc: str = "train",
     optimizer: tuple[torch.optim.Optimizer, Any] | None = None,
 ) -> dict[str, float]:
-    """Local training on ``records``: loss = task_weight * CE (+ extra_loss).
+    """Local training on ``records`` (of the task of ``data``, the run's data): loss =
+    task_weight * CE (+ extra_loss).
 
     ``extra_loss(model, batch, outputs, step)`` adds e.g. a distillation term.
     ``lr``: None takes the model's own (``lm.lr``: ``server.lr`` /
@@ -180,9 +181,9 @@ def train_lm(
     """
     if cfg.training.reuse and records and extra_loss is None and optimizer is None \
             and cfg.training.peft in ("lora", "prefix") and _at_initial(lm):
-        return _reused_training(cfg, lm, records, seed=seed, task_weight=task_weight, lr=lr,
-                                desc=desc)
-    return _train_lm(cfg, lm, records, seed=seed, extra_loss=extra_loss,
+        return _reused_training(cfg, lm, records, data=data, seed=seed,
+                                task_weight=task_weight, lr=lr, desc=desc)
+    return _train_lm(cfg, lm, records, data=data, seed=seed, extra_loss=extra_loss,
                      task_weight=task_weight, lr=lr, desc=desc, optimizer=optimizer)
 
 
@@ -197,14 +198,15 @@ _RNG = "__torch_rng_state__"  # entries of a reused training beside the weights
 _STATS = "__train_stats__"  # [loss, steps, num_examples]
 
 
-def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
-                     task_weight: float, lr: float | None, desc: str) -> dict[str, float]:
+def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, data: FederatedData,
+                     seed: int, task_weight: float, lr: float | None,
+                     desc: str) -> dict[str, float]:
     """:func:`train_lm`'s plain training through the reuse store (its docstring)."""
     from fedkt.eval import reuse
     tcfg = cfg.training
     epochs = max(1, math.ceil(tcfg.local_epochs))
     batches = [b for epoch in range(epochs)
-               for b in lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch)]
+               for b in lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch, data=data)]
     parts = {"batches": hashlib.sha256(b"".join(
                  reuse.tensor_digest(t).encode() for b in batches for t in b.values()
              )).hexdigest(),
@@ -212,8 +214,8 @@ def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
              "lr": lr if lr is not None else lm.lr, "seed": seed, "task_weight": task_weight}
 
     def compute() -> dict[str, torch.Tensor]:
-        stats = _train_lm(cfg, lm, records, seed=seed, task_weight=task_weight, lr=lr,
-                          desc=desc, batches=batches)
+        stats = _train_lm(cfg, lm, records, data=data, seed=seed, task_weight=task_weight,
+                          lr=lr, desc=desc, batches=batches)
         return {**lm.trainable(), _RNG: torch.get_rng_state(),
                 _STATS: torch.tensor([stats["loss"], stats["steps"], stats["num_examples"]],
                                      dtype=torch.float64)}
@@ -228,7 +230,7 @@ def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
     return {"loss": loss, "steps": int(steps), "num_examples": int(n)}
 
 
-def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
+def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, data: FederatedData, seed: int,
               extra_loss: ExtraLoss | None = None, task_weight: float = 1.0,
               lr: float | None = None, desc: str = "train",
               optimizer: tuple[torch.optim.Optimizer, Any] | None = None,
@@ -241,7 +243,7 @@ def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
     epochs = max(1, math.ceil(tcfg.local_epochs))
     if batches is None:
         batches = [b for epoch in range(epochs)
-                   for b in lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch)]
+                   for b in lm_batches(cfg, lm.tokenizer, records, seed=seed + epoch, data=data)]
     per_epoch = len(batches) // epochs if epochs else 0
     total = tcfg.max_steps or max(1, math.ceil(tcfg.local_epochs * per_epoch))
     total = min(total, len(batches))
@@ -273,8 +275,10 @@ def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, seed: int,
     return {"loss": stats.loss, "steps": total, "num_examples": len(records)}
 
 
-def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]:
-    """Evaluate a model on records of the run's task (accuracy, F1 or Rouge-L, loss); with
+def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict], *,
+                data: FederatedData) -> dict[str, float]:
+    """Evaluate a model on records of the task of ``data``, the run's data (its task, label
+    names, template and drawn class order), by accuracy, F1 or Rouge-L and loss; with
     ``eval.reuse``, a stored evaluation of the same model, records and settings is reused
     (:mod:`fedkt.eval.reuse`)."""
     from fedkt.data.formatting import chat_format
@@ -282,7 +286,7 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
     from fedkt.eval import reuse
     from fedkt.eval.evaluate import evaluate_causal_lm
 
-    fd = _federated_data(cfg)
+    fd = data
     chat = chat_format(cfg.data.chat_template, lm.tokenizer)
     settings = {"task": fd.task, "label_names": fd.label_names,
                 "batch_size": cfg.eval.batch_size, "max_length": cfg.data.max_length,
@@ -297,15 +301,17 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict]) -> dict[str, float]
             lambda: evaluate_causal_lm(lm.model, lm.tokenizer, records, chat=chat, **settings))
 
 
-def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:
+def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None, *,
+                     data: FederatedData) -> str:
     """The text a ``prefix_init: text`` prefix starts from: ``records`` formatted as training
     pairs and joined, by default the public split's (the same on the server and every
     client, so every party builds the same initial prefix).  Only the first
     ``prefix_tokens`` tokens are used, so records are formatted only until the text has
-    32 characters per token.
+    32 characters per token.  ``data``: the run's data (its public split, and the task
+    that formats the records).
     """
     if records is None:
-        records = _federated_data(cfg).public
+        records = data.public
         if not records:
             raise ConfigError("training.prefix_init: 'text' starts the prefix from the public "
                               "split's text, which is empty; set data.split.public_fraction > 0 "
@@ -313,7 +319,7 @@ def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:
     parts: list[str] = []
     size, need = -2, 32 * cfg.training.prefix_tokens  # size: len("\n\n".join(parts))
     for record in records:
-        (prompt, target), = lm_pairs(cfg, [record])
+        (prompt, target), = lm_pairs(cfg, [record], data=data)
         parts.append(prompt + target)
         size += 2 + len(parts[-1])
         if size >= need:
@@ -321,22 +327,30 @@ def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None) -> str:
     return "\n\n".join(parts)
 
 
-def _prefix_text(cfg: RunConfig) -> str | None:
-    return prefix_init_text(cfg) if cfg.training.prefix_from_text else None
+def _prefix_text(cfg: RunConfig, data: FederatedData | None, who: str) -> str | None:
+    """The text a ``prefix_init: text`` prefix starts from (None: no such prefix)."""
+    if not cfg.training.prefix_from_text:
+        return None
+    if data is None:
+        raise ValueError(f"{who}: training.prefix_init is 'text', which starts the prefix "
+                         "from the run's public split: pass data= (the run's FederatedData)")
+    return prefix_init_text(cfg, data=data)
 
 
-def client_lm(cfg: RunConfig, cid: int) -> LM:
-    """Client ``cid``'s model (``clients.models``), reset to its initial adapter."""
+def client_lm(cfg: RunConfig, cid: int, data: FederatedData | None = None) -> LM:
+    """Client ``cid``'s model (``clients.models``), reset to its initial adapter; ``data``
+    (the run's data) is needed with ``training.prefix_init: text`` only."""
     return get_lm(cfg.clients.model_for(cid), cfg.training, cfg.seed, client_device(cfg, cid),
-                  prefix_text=_prefix_text(cfg))
+                  prefix_text=_prefix_text(cfg, data, f"client_lm(client {cid})"))
 
 
-def server_lm(cfg: RunConfig) -> LM:
-    """The server's model (``server``), reset to its initial adapter."""
+def server_lm(cfg: RunConfig, data: FederatedData | None = None) -> LM:
+    """The server's model (``server``), reset to its initial adapter; ``data`` (the run's
+    data) is needed with ``training.prefix_init: text`` only."""
     if cfg.server is None:
         raise ConfigError(f"server: method {cfg.method.name!r} needs a server model")
     return get_lm(cfg.server, cfg.training, cfg.seed, server_device(cfg),
-                  prefix_text=_prefix_text(cfg))
+                  prefix_text=_prefix_text(cfg, data, "server_lm"))
 
 
 def saved_client_lm(ctx: Any) -> LM:
@@ -346,10 +360,10 @@ def saved_client_lm(ctx: Any) -> LM:
     if saved is None:
         raise FileNotFoundError(f"{ctx.name}: no saved adapter in {ctx.state_dir} before "
                                 f"round {ctx.rnd}")
-    return client_lm(ctx.cfg, ctx.cid).reset(saved)
+    return client_lm(ctx.cfg, ctx.cid, ctx.data()).reset(saved)
 
 
 def client_test_metrics(ctx: Any, lm: LM) -> dict[str, float]:
     """``test/*`` metrics of a client's LM when this call is an evaluation round."""
-    return ctx.test_metrics(lambda: evaluate_lm(ctx.cfg, lm, ctx.data().test))
+    return ctx.test_metrics(lambda: evaluate_lm(ctx.cfg, lm, ctx.data().test, data=ctx.data()))
 

@@ -11,7 +11,7 @@ import torch
 
 from fedkt.alignment import choices
 from fedkt.data.splits import run_data
-from fedkt.eval.lm import encode_scored
+from fedkt.eval.inputs import encode_scored
 from fedkt.train.lm import client_lm
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import torch
 
 from fedkt.alignment import choices
 from fedkt.data.splits import run_data
-from fedkt.eval.lm import score_choices
+from fedkt.eval.scorer import score_choices
 from fedkt.federated.payload import PayloadError, dumps
 from fedkt.train.lm import client_lm
 

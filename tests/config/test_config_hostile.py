@@ -6,7 +6,6 @@ path named, in bounded time and memory, and nothing outside a run folder is touc
   ``repr`` to cut it;
 * nesting deeper than a bound is a named error, not a ``RecursionError``;
 * a key given twice is refused with both lines;
-* the loader's old path, ``fedkt.bounded_yaml``, still imports, with a warning;
 * ``name`` is a safe file name (``../../x`` cannot move the run folder);
 * a FIFO as the dataset path is refused (reading it would block for ever);
 * ``--overwrite`` empties only a fedkt run folder.
@@ -102,20 +101,6 @@ def test_modest_anchors_still_load(tmp_path):
     cfg = load_config(file)
     assert cfg.server is not None and cfg.server.dtype == "bfloat16"
     assert cfg.clients.models[0] == cfg.server
-
-
-def test_the_old_bounded_yaml_path_warns_and_is_the_same_loader(monkeypatch):
-    """``fedkt.bounded_yaml`` moved to ``fedkt.config.bounded_yaml``: the old module
-    re-exports it and warns, naming the new path."""
-    import importlib
-
-    from fedkt.config import bounded_yaml
-
-    monkeypatch.delitem(sys.modules, "fedkt.bounded_yaml", raising=False)
-    with pytest.warns(DeprecationWarning, match=r"fedkt\.config\.bounded_yaml"):
-        old = importlib.import_module("fedkt.bounded_yaml")
-    for name in bounded_yaml.__all__:
-        assert getattr(old, name) is getattr(bounded_yaml, name), name
 
 
 def test_short_never_builds_a_whole_repr():

@@ -18,6 +18,7 @@ from fedkt.data import load_dataset_records
 from fedkt.data.catalog import VENDORED
 from fedkt.data.dataset import DataError
 from fedkt.data.splits import SplitCheckError, client_splits, drawn_groups
+from tests.conftest import run_data_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "fedkt" / "configs" / "suites" / "banking77_fedmkt_transfer.yaml"
@@ -187,7 +188,7 @@ def test_evaluation_reports_groups_over_the_drawn_classes(make_config) -> None:
     order = fd.class_order
     assert sorted(order) == list(range(7)) and order != list(range(7))
     with predictions.capture() as tables:
-        metrics = evaluate_lm(cfg, client_lm(cfg, 0), fd.test)
+        metrics = evaluate_lm(cfg, client_lm(cfg, 0), fd.test, data=run_data_of(cfg))
     table = tables[""]
     assert table.meta["class_groups"] == {"srv": order[:3], "cli": order[3:]}
     srv = set(order[:3])

@@ -17,7 +17,7 @@ from fedkt.data.formatting import (
     mc_view,
 )
 from fedkt.models import load_tokenizer
-from tests.conftest import needs_models, small_config
+from tests.conftest import needs_models, run_data_of, small_config
 
 # A chat template of one's own: works with any tokenizer, tiny ones included.
 JINJA = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>\n"
@@ -116,7 +116,7 @@ def test_bad_messages_name_the_record_and_field(tmp_path):
 
 def test_evaluation_and_training_use_the_template(tmp_path):
     from fedkt.eval import predictions
-    from fedkt.eval.lm import score_choices
+    from fedkt.eval.scorer import score_choices
     from fedkt.train.lm import client_lm, evaluate_lm, lm_batches
 
     cfg = small_config(tmp_path, f"data.chat_template={json.dumps(JINJA)}")
@@ -124,7 +124,7 @@ def test_evaluation_and_training_use_the_template(tmp_path):
     fd_records = [dict(r, id=str(i)) for i, r in enumerate(
         [{"text": "play jazz", "label": 3}, {"text": "weather in Paris", "label": 2}])]
     with predictions.capture() as tables:
-        evaluate_lm(cfg, lm, fd_records)
+        evaluate_lm(cfg, lm, fd_records, data=run_data_of(cfg))
     from fedkt.data.splits import run_data
 
     names = run_data(cfg.data, 2, 0).label_names
@@ -137,7 +137,7 @@ def test_evaluation_and_training_use_the_template(tmp_path):
     got = tables[""].columns["scores"]
     for g, w, p in zip(got, want, plain, strict=True):  # (evaluation runs under autocast)
         assert g == pytest.approx(w, abs=0.02) and g != pytest.approx(p, abs=0.5)
-    (batch,) = lm_batches(cfg, lm.tokenizer, fd_records[:1], seed=None)
+    (batch,) = lm_batches(cfg, lm.tokenizer, fd_records[:1], seed=None, data=run_data_of(cfg))
     text = lm.tokenizer.decode(batch["input_ids"][0])
     assert "<user>Text: play jazz\nLabel:</user>\n<assistant>" in text
     scored = batch["labels"][0][batch["labels"][0] != -100]

@@ -10,10 +10,11 @@ from fedkt.config import ConfigError
 from fedkt.data import DataError
 from fedkt.data.splits import run_data
 from fedkt.eval import predictions
+from fedkt.eval.evaluate import eval_classifier
 from fedkt.eval.groups import group_accuracies, resolve_groups
-from fedkt.eval.lm import eval_classifier
 from fedkt.evidence.stats import components, metric_names
 from fedkt.train.lm import client_lm, evaluate_lm
+from tests.conftest import run_data_of
 
 GROUPS = "eval.class_groups={srv: '0-2', cli: [3, 4, 5, 6]}"
 
@@ -56,7 +57,7 @@ def test_llm_scorer_reports_group_accuracies_and_writes_the_groups(make_config) 
     lm = client_lm(cfg, 0)
     test = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test
     with predictions.capture() as tables:
-        metrics = evaluate_lm(cfg, lm, test)
+        metrics = evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     table = tables[""]
     assert table.meta["class_groups"] == {"srv": [0, 1, 2], "cli": [3, 4, 5, 6]}
     assert metrics["accuracy_srv"] == pytest.approx(_by_hand(table, {0, 1, 2}))
@@ -70,7 +71,8 @@ def test_llm_scorer_reports_group_accuracies_and_writes_the_groups(make_config) 
         assert float(metric.fn(comp.sum(0))) == pytest.approx(metrics[name], abs=1e-12)
     # Without groups: no group metric, no meta.
     with predictions.capture() as tables:
-        plain = evaluate_lm(make_config(name="plain"), lm, test)
+        plain_cfg = make_config(name="plain")
+        plain = evaluate_lm(plain_cfg, lm, test, data=run_data_of(plain_cfg))
     assert not any(k.startswith("accuracy_") and k != "accuracy_norm" for k in plain)
     assert "class_groups" not in tables[""].meta
 

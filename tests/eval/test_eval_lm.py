@@ -10,16 +10,9 @@ import warnings
 import pytest
 import torch
 
-from fedkt.eval.lm import (
-    _cut,
-    eval_classifier,
-    evaluate_causal_lm,
-    generate,
-    mc_accuracy,
-    mc_predictions,
-    score_choices,
-    target_loss,
-)
+from fedkt.eval.evaluate import eval_classifier, evaluate_causal_lm
+from fedkt.eval.generation import _cut, generate
+from fedkt.eval.scorer import mc_accuracy, mc_predictions, score_choices, target_loss
 
 SENTENCES = [
     "The sky is blue and the grass is green.",

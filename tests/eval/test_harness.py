@@ -17,6 +17,7 @@ from fedkt.cli import main  # noqa: E402
 from fedkt.config import DatasetConfig, ModelConfig, TrainingConfig  # noqa: E402
 from fedkt.data.formatting import mc_view  # noqa: E402
 from fedkt.data.records import load_dataset_records  # noqa: E402
+from fedkt.eval.evaluate import evaluate_causal_lm  # noqa: E402
 from fedkt.eval.harness import (  # noqa: E402
     SHIPPED_TASKS,
     TASKS_DIR,
@@ -27,9 +28,10 @@ from fedkt.eval.harness import (  # noqa: E402
     run_harness,
     task_manager,
 )
-from fedkt.eval.lm import evaluate_causal_lm, score_choices  # noqa: E402
+from fedkt.eval.scorer import score_choices  # noqa: E402
 from fedkt.runner import run  # noqa: E402
 from fedkt.train.lm import evaluate_lm, get_lm
+from tests.conftest import run_data_of
 
 # Shipped task -> the built-in dataset (and split) it reads, where not its own name.
 SHIPPED_DATASETS = {"fedkt_arc_easy": "arc_easy:test", "fedkt_arc_challenge": "arc_challenge:test",
@@ -114,7 +116,7 @@ def test_fedkt_eval_harness_end_to_end(make_config, capsys):
     assert list(results) == ["server"]
     server, done = restore_server(cfg, cfg.run_dir)
     _, records = _records("intent_recognition", n)
-    own = evaluate_lm(cfg, server.server_model(), records)
+    own = evaluate_lm(cfg, server.server_model(), records, data=run_data_of(cfg))
     assert results["server"][task]["acc"] == own["accuracy"]
     assert results["server"][task]["acc_norm"] == own["accuracy_norm"]
     # `fedkt report` shows the harness numbers beside the run's own table.
@@ -141,7 +143,7 @@ def test_config_key_evaluates_clients_at_the_end_of_a_run(make_config):
     for cid in (0, 1):
         ctx = ClientContext(cfg=cfg, cid=cid, rnd=2, step=0,
                             state_dir=default_state_root(cfg) / f"client_{cid}")
-        own = evaluate_lm(cfg, saved_client_lm(ctx), records)
+        own = evaluate_lm(cfg, saved_client_lm(ctx), records, data=run_data_of(cfg))
         assert results[f"client_{cid}"][task]["acc"] == own["accuracy"]
         assert results[f"client_{cid}"][task]["acc_norm"] == own["accuracy_norm"]
         accs.append(own["loss"])

@@ -13,6 +13,7 @@ from fedkt.eval.inputs import _encode_example, _special_prefix
 from fedkt.eval.layout import CALL_COST, choice_groups, model_plan, plan_layout
 from fedkt.eval.scorer import _score_grouped, mc_predictions, score_choices
 from fedkt.models.tiny import build_tiny_causal_lm
+from tests.conftest import run_data_of
 
 # Labels sharing leading words, of 1 to many tokens (Banking77-like), after utterances; one
 # context too long for MAX_LENGTH (cut from the left: whole sequences), one empty choice
@@ -176,7 +177,7 @@ def test_the_scoring_setting_is_checked_and_reaches_the_scorer_and_the_key(make_
     results = []
     for layout in ("pairs", "shared", "pairs"):
         cfg = make_config(f"eval.scoring={layout}", name=layout)
-        results.append(evaluate_lm(cfg, client_lm(cfg, 0), records))
+        results.append(evaluate_lm(cfg, client_lm(cfg, 0), records, data=run_data_of(cfg)))
     # The second "pairs" is served from the store (not scored again); "shared" is not.
     assert seen["layouts"] == ["pairs", "shared"]
     assert [k["layout"] for k in seen["keys"]] == ["pairs", "shared", "pairs"]

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from fedkt.eval import predictions, reuse
-from fedkt.eval.lm import evaluate_causal_lm
+from fedkt.eval.evaluate import evaluate_causal_lm
 from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import time_breakdown, without_timings
+from tests.conftest import run_data_of
 
 
 def _run(cfg) -> list[dict]:
@@ -109,7 +110,7 @@ def test_the_key_changes_with_the_adapter_the_weights_and_the_settings(make_conf
     lm = client_lm(cfg, 0)
     start = reuse.model_digest(lm.model)
     assert reuse.model_digest(lm.model) == start  # stable
-    train_lm(cfg, lm, cfg_records(cfg), seed=0)
+    train_lm(cfg, lm, cfg_records(cfg), seed=0, data=run_data_of(cfg))
     trained = reuse.model_digest(lm.model)
     assert trained != start  # a trained adapter: a new key, never the stale evaluation
     lm.reset()
@@ -158,21 +159,23 @@ def test_settings_and_precision_are_in_the_key(make_config):
     other = "fp32" if cpu_supports_bf16() else "bf16"
     lm = client_lm(cfg, 0)
     test = cfg_records(cfg)[:6]
-    evaluate_lm(cfg, lm, test)
+    evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     for changed in (make_config("eval.batch_size=4", name="b4"),
                     make_config("data.max_length=16", name="ml"),
                     make_config(f"training.precision={other}", name="precision")):
         before = reuse.stats()
-        evaluate_lm(changed, lm, test)
+        evaluate_lm(changed, lm, test, data=run_data_of(changed))
         assert reuse.stats()["computed"] == before["computed"] + 1, changed
     before = reuse.stats()
-    evaluate_lm(cfg, lm, test[:5])  # other test items
-    evaluate_lm(cfg, lm, [{**test[0], "id": "other"}, *test[1:]])  # other ids
+    evaluate_lm(cfg, lm, test[:5], data=run_data_of(cfg))  # other test items
+    evaluate_lm(cfg, lm, [{**test[0], "id": "other"}, *test[1:]], data=run_data_of(cfg))  # other ids
     assert reuse.stats()["computed"] == before["computed"] + 2
     before = reuse.stats()
-    evaluate_lm(make_config(name="again"), lm, test)  # the same again
+    again = make_config(name="again")
+    evaluate_lm(again, lm, test, data=run_data_of(again))  # the same again
     same = "bf16" if cpu_supports_bf16() else "fp32"  # what auto resolves to: the same
-    evaluate_lm(make_config(f"training.precision={same}", name="same"), lm, test)
+    same_cfg = make_config(f"training.precision={same}", name="same")
+    evaluate_lm(same_cfg, lm, test, data=run_data_of(same_cfg))
     assert reuse.stats()["reused"] == before["reused"] + 2
 
 
@@ -223,11 +226,11 @@ def test_a_broken_entry_is_recomputed(make_config, reuse_store):
     cfg = make_config()
     lm = client_lm(cfg, 0)
     test = cfg_records(cfg)[:4]
-    first = evaluate_lm(cfg, lm, test)
+    first = evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     (entry,) = (reuse_store / "eval").glob("*.json.gz")
     entry.write_bytes(b"not gzip")
     before = reuse.stats()
-    assert evaluate_lm(cfg, lm, test) == first
+    assert evaluate_lm(cfg, lm, test, data=run_data_of(cfg)) == first
     assert reuse.stats()["computed"] == before["computed"] + 1
     assert json.loads(gzip.decompress(entry.read_bytes()))["metrics"] == first
 
@@ -393,12 +396,13 @@ def test_an_unusable_store_never_stops_an_evaluation(make_config, monkeypatch, t
     lm = client_lm(cfg, 0)
     test = cfg_records(cfg)[:4]
     with predictions.capture() as wanted:
-        expected = evaluate_lm(make_config("eval.reuse=false", name="off"), lm, test)
+        off = make_config("eval.reuse=false", name="off")
+        expected = evaluate_lm(off, lm, test, data=run_data_of(off))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     monkeypatch.setenv(reuse.ENV, str(blocker))  # the store cannot be made
     with predictions.capture() as got:
-        assert evaluate_lm(cfg, lm, test) == expected
+        assert evaluate_lm(cfg, lm, test, data=run_data_of(cfg)) == expected
     assert got[""].to_json() == wanted[""].to_json()
 
 
@@ -411,12 +415,12 @@ def test_a_reused_table_goes_to_the_scope_of_its_caller(make_config):
     lm = client_lm(cfg, 0)
     test = cfg_records(cfg)[:4]
     with predictions.capture() as first, predictions.scope("aux"):
-        metrics = evaluate_lm(cfg, lm, test)
+        metrics = evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     before = reuse.stats()
     with predictions.capture() as second:
-        assert evaluate_lm(cfg, lm, test) == metrics
+        assert evaluate_lm(cfg, lm, test, data=run_data_of(cfg)) == metrics
     with predictions.capture() as third, predictions.scope("aux"):
-        evaluate_lm(cfg, lm, test)
+        evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     assert reuse.stats()["reused"] == before["reused"] + 2
     assert list(first) == ["aux"] and list(second) == [""] and list(third) == ["aux"]
     assert first["aux"].to_json() == second[""].to_json() == third["aux"].to_json()

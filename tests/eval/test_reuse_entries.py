@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedkt.eval import reuse
+from tests.conftest import run_data_of
 from tests.eval.test_reuse import cfg_records
 
 
@@ -61,19 +62,19 @@ def test_a_damaged_or_planted_entry_is_recomputed_with_a_warning(make_config, re
     cfg = make_config()
     lm = client_lm(cfg, 0)
     test = cfg_records(cfg)[:4]
-    first = evaluate_lm(cfg, lm, test)
+    first = evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     entry = _entry(reuse_store)
     DAMAGE[case](entry)
     before = reuse.stats()
     with caplog.at_level(logging.WARNING, logger="fedkt"):
-        assert evaluate_lm(cfg, lm, test) == first
+        assert evaluate_lm(cfg, lm, test, data=run_data_of(cfg)) == first
     assert reuse.stats()["computed"] == before["computed"] + 1
     assert any(str(entry) in r.getMessage() and "recomput" in r.getMessage()
                for r in caplog.records if r.levelno == logging.WARNING), caplog.text
     assert json.loads(gzip.decompress(entry.read_bytes()))["metrics"] == first  # replaced
     caplog.clear()
     again = reuse.stats()
-    assert evaluate_lm(cfg, lm, test) == first  # the replacement is reused, silently
+    assert evaluate_lm(cfg, lm, test, data=run_data_of(cfg)) == first  # the replacement is reused, silently
     assert reuse.stats()["reused"] == again["reused"] + 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 

@@ -5,16 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedkt.eval.lm import (
-    ATTENTION_COST,
-    CALL_COST,
-    _encode_example,
-    _head_share,
-    _special_prefix,
-    encode_scored,
-    plan_layout,
-    score_choices,
-)
+from fedkt.eval.inputs import _encode_example, _special_prefix, encode_scored
+from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share, plan_layout
+from fedkt.eval.scorer import score_choices
 from fedkt.models.tiny import build_tiny_causal_lm
 
 # Long contexts with short choices (intents), short contexts with long choices of uneven

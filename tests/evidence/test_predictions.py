@@ -8,11 +8,12 @@ from torch import nn
 
 from fedkt.data.splits import run_data
 from fedkt.eval import predictions
-from fedkt.eval.lm import eval_classifier, evaluate_causal_lm
+from fedkt.eval.evaluate import eval_classifier, evaluate_causal_lm
 from fedkt.eval.predictions import Predictions, pack, unpack
 from fedkt.evidence.stats import components, metric_names
 from fedkt.train.lm import client_lm, evaluate_lm
 from fedkt.train.vision import evaluate_vision as evaluate_images
+from tests.conftest import run_data_of
 
 
 def _check(table: Predictions, metrics: dict[str, float]) -> None:
@@ -28,7 +29,7 @@ def test_multiple_choice_and_classification_tables_match_metrics(make_config):
     lm = client_lm(cfg, 0)
     test = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test
     with predictions.capture() as tables:
-        metrics = evaluate_lm(cfg, lm, test)
+        metrics = evaluate_lm(cfg, lm, test, data=run_data_of(cfg))
     table = tables[""]
     assert table.ids == [r["id"] for r in test]
     assert len(table.columns["scores"][0]) == 7  # one log-likelihood per intent
@@ -92,7 +93,7 @@ def test_nothing_is_collected_outside_a_capture(make_config):
     cfg = make_config()
     lm = client_lm(cfg, 0)
     test = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test
-    evaluate_lm(cfg, lm, test)  # no capture open: emit is a no-op
+    evaluate_lm(cfg, lm, test, data=run_data_of(cfg))  # no capture open: emit is a no-op
     with predictions.capture() as tables:
         pass
     assert tables == {}

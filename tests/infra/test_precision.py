@@ -11,6 +11,7 @@ from fedkt.config import ConfigError
 from fedkt.infra import precision
 from fedkt.infra.precision import autocast, default_threads, physical_cores, resolve_precision
 from fedkt.train.lm import clear_cache, client_lm, train_lm
+from tests.conftest import run_data_of
 
 NATIVE_BF16 = precision.cpu_supports_bf16()
 
@@ -102,7 +103,7 @@ def test_auto_trains_in_bf16_with_fp32_weights_and_optimiser_state(make_config):
 
     try:
         torch.optim.AdamW.step = spy
-        train_lm(cfg, lm, lm_records(cfg), seed=0)
+        train_lm(cfg, lm, lm_records(cfg), seed=0, data=run_data_of(cfg))
     finally:
         torch.optim.AdamW.step = step
         for h in hooks:
@@ -116,9 +117,7 @@ def test_auto_trains_in_bf16_with_fp32_weights_and_optimiser_state(make_config):
 
 
 def lm_records(cfg) -> list[dict]:
-    from fedkt.train.lm import _federated_data
-
-    return _federated_data(cfg).private[0]
+    return run_data_of(cfg).private[0]
 
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16")
@@ -130,8 +129,8 @@ def test_same_seed_gives_identical_bf16_runs(make_config):
     for _ in range(2):
         clear_cache()
         lm = client_lm(cfg, 0)
-        stats = train_lm(cfg, lm, lm_records(cfg), seed=7)
-        scores = evaluate_lm(cfg, lm, _test(cfg))
+        stats = train_lm(cfg, lm, lm_records(cfg), seed=7, data=run_data_of(cfg))
+        scores = evaluate_lm(cfg, lm, _test(cfg), data=run_data_of(cfg))
         results.append((stats["loss"], scores, {k: v.clone() for k, v in lm.trainable().items()}))
     (loss_a, eval_a, w_a), (loss_b, eval_b, w_b) = results
     assert loss_a == loss_b and eval_a == eval_b
@@ -141,13 +140,11 @@ def test_same_seed_gives_identical_bf16_runs(make_config):
     fp32 = cfg.model_copy(update={"training": cfg.training.model_copy(
         update={"precision": "fp32"})})
     lm = client_lm(fp32, 0)
-    assert train_lm(fp32, lm, lm_records(fp32), seed=7)["loss"] != loss_a
+    assert train_lm(fp32, lm, lm_records(fp32), seed=7, data=run_data_of(fp32))["loss"] != loss_a
 
 
 def _test(cfg) -> list[dict]:
-    from fedkt.train.lm import _federated_data
-
-    return _federated_data(cfg).test[:16]
+    return run_data_of(cfg).test[:16]
 
 
 def test_threads_default_to_physical_cores(monkeypatch):

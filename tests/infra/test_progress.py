@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from fedkt.alignment import align_corpus, clear_alignment_cache
 from fedkt.alignment.knowledge import PublicSet, knowledge_set
-from fedkt.eval.lm import evaluate_causal_lm, score_choices, target_loss
+from fedkt.eval.evaluate import evaluate_causal_lm
+from fedkt.eval.scorer import score_choices, target_loss
 from fedkt.infra import progress
 from fedkt.models.tiny import build_tiny_causal_lm
 from fedkt.train.lm import LM

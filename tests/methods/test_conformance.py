@@ -83,7 +83,7 @@ def test_a_handler_outside_the_vocabulary_is_caught():
     """The vocabulary check is not vacuous: another name for a shared role, an own handler
     under a shared name, a stale or undescribed listing each fail, naming the method."""
     from fedkt.methods.base import Conformance, Method, Server
-    from fedkt.methods.fedavg import FedAvgConfig
+    from fedkt.methods.fedavg.config import FedAvgConfig
     from tests.support.conformance import handler_name_problems
 
     def noop(ctx, msg):
@@ -118,33 +118,32 @@ def _registrations(path):
             and node.func.id == "Method"]
 
 
-def test_every_built_in_method_registers_one_way():
-    """``NAME = register(Method(name="...", config=Class, ...))`` at module level in its
-    package's ``__init__.py``, keywords only (docs/architecture.md): the one style a
-    newcomer copies, and what the registry reads without importing (its name and config)."""
+def test_every_built_in_method_is_made_one_way():
+    """``NAME = Method(name="...", config=Class, ...)`` at module level in its package's
+    ``method.py``, keywords only (docs/architecture.md): the one style a newcomer copies;
+    the method table names each one there, as ``"<package>.method:NAME"``."""
     import ast
     from pathlib import Path
 
     import fedkt.methods
+    from fedkt.methods.catalog import BUILT_IN
 
     root = Path(fedkt.methods.__file__).parent
-    seen = []
+    seen = {}
     for path in sorted(root.rglob("*.py")):
         for call, stmt in _registrations(path):
             where = f"{path.relative_to(root)}:{call.lineno}"
-            assert path.name == "__init__.py" and path.parent != root, \
-                f"{where}: a method registers in its package's __init__.py"
+            assert path.name == "method.py" and path.parent != root, \
+                f"{where}: a method is made in its package's method.py"
             assert isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
                 and isinstance(stmt.targets[0], ast.Name) \
-                and stmt.targets[0].id.isupper(), f"{where}: NAME = register(Method(...))"
-            outer = stmt.value
-            assert isinstance(outer, ast.Call) and isinstance(outer.func, ast.Name) \
-                and outer.func.id == "register" and outer.args == [call] \
-                and not outer.keywords, f"{where}: NAME = register(Method(...))"
+                and stmt.targets[0].id.isupper() and stmt.value is call, \
+                f"{where}: NAME = Method(...)"
             assert not call.args, f"{where}: Method(...) takes keywords only"
             kw = {k.arg: k.value for k in call.keywords}
             assert isinstance(kw.get("name"), ast.Constant) \
                 and isinstance(kw["name"].value, str), f"{where}: name='...' literal"
             assert isinstance(kw.get("config"), ast.Name), f"{where}: config=ItsConfigClass"
-            seen.append(kw["name"].value)
-    assert sorted(seen) == available()  # every built-in method, each once
+            package = ".".join(("fedkt.methods", *path.parent.relative_to(root).parts))
+            seen[kw["name"].value] = f"{package}.method:{stmt.targets[0].id}"
+    assert seen == {name: entry.method for name, entry in BUILT_IN.items()}  # each once

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from fedkt.evidence.paired_table import baseline_report
 from fedkt.federated.payload import Payload, nbytes
 from fedkt.methods import get_method
-from fedkt.methods.fedavg import average_client_adapters
-from fedkt.methods.fedcollm import (
+from fedkt.methods.fedavg.algorithm import average_client_adapters
+from fedkt.methods.fedcollm.cotune import (
     CrossTokenizerKL,
     cotune_losses,
     kd_gradient_ratios,
@@ -24,6 +24,7 @@ from fedkt.tracking import RunRecorder
 from fedkt.tracking.folder import SERVER_STATE
 from fedkt.train.lm import evaluate_lm, lm_batches, server_lm
 from fedkt.train.losses import kl_div
+from tests.conftest import run_data_of
 
 torch.set_num_threads(1)
 
@@ -84,7 +85,7 @@ def _cotune_parts(cfg, server, seed=1):
     llm, slm = server.llm, server.slm
     _randomise(llm, seed)
     _randomise(slm, seed + 1)
-    batch = lm_batches(cfg, slm.tokenizer, server.data().public[:8], seed=0)[0]
+    batch = lm_batches(cfg, slm.tokenizer, server.data().public[:8], seed=0, data=run_data_of(cfg))[0]
     llm.model.eval()
     slm.model.eval()  # no dropout: repeated forward passes see the same function
     return batch, cotune_losses(llm.model, slm.model, batch, batch, cfg.method)
@@ -184,8 +185,8 @@ def test_cross_tokenizer_kl_is_aligned_top_k_and_reaches_both_models(make_config
     llm.model.eval()
     slm.model.eval()
     records = server.data().public[:4]
-    f_batch = lm_batches(cfg, llm.tokenizer, records, seed=0)[0]
-    g_batch = lm_batches(cfg, slm.tokenizer, records, seed=0)[0]
+    f_batch = lm_batches(cfg, llm.tokenizer, records, seed=0, data=run_data_of(cfg))[0]
+    g_batch = lm_batches(cfg, slm.tokenizer, records, seed=0, data=run_data_of(cfg))[0]
     parts = cotune_losses(llm.model, slm.model, f_batch, g_batch, cfg.method, server.bridge)
     for term, student in ((parts.kd_slm, slm), (parts.kd_llm, llm)):
         assert torch.isfinite(term) and term.item() > 0
@@ -324,7 +325,7 @@ def test_secure_aggregation_gives_the_plain_weighted_mean(make_config):
 def test_run_ships_only_lora_adapters_and_both_models_learn(make_config):
     cfg = fedcollm_config(make_config, "rounds=2", "training.lr=5e-3",
                           "method={name: fedcollm, cotune_epochs: 2}")
-    untouched = evaluate_lm(cfg, server_lm(cfg), _server(cfg).data().test)
+    untouched = evaluate_lm(cfg, server_lm(cfg), _server(cfg).data().test, data=run_data_of(cfg))
     rows = run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
     server = _server(cfg)
     adapter_bytes = nbytes(Payload(adapter=server.theta))

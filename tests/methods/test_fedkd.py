@@ -22,7 +22,8 @@ from fedkt.federated.compression import (
 )
 from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext
-from fedkt.methods.fedkd import FedKDModels, fedkd_losses, layer_pairs
+from fedkt.methods.fedkd.losses import fedkd_losses
+from fedkt.methods.fedkd.models import FedKDModels, layer_pairs
 from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport

@@ -10,13 +10,9 @@ import torch
 from torch import nn
 
 from fedkt.config import ConfigError, ModelConfig
-from fedkt.methods.fedkd import (
-    STUDENT_LR_RATIO,
-    FedKDModels,
-    check_heads,
-    fedkd_losses,
-    loss_magnitudes,
-)
+from fedkt.methods.fedkd.config import STUDENT_LR_RATIO
+from fedkt.methods.fedkd.losses import check_heads, fedkd_losses, loss_magnitudes
+from fedkt.methods.fedkd.models import FedKDModels
 from fedkt.train.encoder import build_encoder, feature_spread, text_batches, trainable_state
 from tests.conftest import needs_models
 from tests.methods.test_fedkd import fedkd_config, server_and_clients

@@ -23,7 +23,8 @@ from fedkt.config import ConfigError
 from fedkt.federated.payload import Payload, PayloadError, dumps, loads
 from fedkt.infra.precision import autocast
 from fedkt.methods import get_method
-from fedkt.methods.fedmkt import FedMKTConfig, distill, dual_min_ce
+from fedkt.methods.fedmkt.config import FedMKTConfig
+from fedkt.methods.fedmkt.distill import distill, dual_min_ce
 from fedkt.methods.fedmkt.knowledge import other_losses
 from fedkt.methods.settings import ReceivingOptions
 from fedkt.runner import run_job
@@ -31,6 +32,7 @@ from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.lm import client_lm, lm_batches
 from fedkt.train.optim import grad_norm
+from tests.conftest import run_data_of
 
 torch.set_num_threads(1)
 
@@ -159,7 +161,7 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
     cfg = mkt_config(make_config)
     lm = client_lm(cfg, 0)
     server = get_method("fedmkt").server(cfg, cfg.run_dir)
-    public = PublicSet.build(cfg, lm.tokenizer, server.data().public)
+    public = PublicSet.build(cfg, lm.tokenizer, server.data().public, data=run_data_of(cfg))
     vocab = vocab_size(lm.tokenizer)
     s = knowledge_set(lm, public, 8, batch_size=8)
     s.validate(vocab, 8, "client 0")
@@ -199,7 +201,7 @@ def test_topk_travels_packed_at_six_bytes_an_entry_and_is_validated(make_config)
     # Lengths that do not match the public set tokenized with the sender's tokenizer
     # (two samples of different lengths swapped: the packed shapes still agree).
     other = client_lm(cfg, 1).tokenizer
-    receiver = PublicSet.build(cfg, other, server.data().public)
+    receiver = PublicSet.build(cfg, other, server.data().public, data=run_data_of(cfg))
     lengths = packed["lengths"].clone()
     j = int((lengths != lengths[0]).nonzero()[0, 0])
     lengths[0], lengths[j] = lengths[j].clone(), lengths[0].clone()
@@ -225,7 +227,7 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     server.setup()
     client = client_lm(cfg, 0)  # tiny-gpt2: another architecture and tokenizer
     records = server.data().public
-    c_pub = PublicSet.build(cfg, client.tokenizer, records)
+    c_pub = PublicSet.build(cfg, client.tokenizer, records, data=run_data_of(cfg))
     s_k = knowledge_set(client, c_pub, 8, batch_size=8)
     aligned = to_receiver(s_k, client.tokenizer, c_pub, server.llm.tokenizer,
                               server.public, "client 0")
@@ -251,7 +253,7 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     llm = server.llm
     gen = torch.Generator().manual_seed(0)
     llm.reset({k: 0.05 * torch.randn(v.shape, generator=gen) for k, v in llm.initial.items()})
-    batch = lm_batches(cfg, llm.tokenizer, records[:8], seed=0)[0]
+    batch = lm_batches(cfg, llm.tokenizer, records[:8], seed=0, data=run_data_of(cfg))[0]
     llm.model.train()
     out = llm.model(**batch)
     kd = kd_loss(targets, out, batch, temperature=1.0, positions="all")
@@ -261,7 +263,7 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
     # The logged KD share: ||grad (1 - lam) L_KD|| / ||grad lam L_FT|| on the first batch,
     # as a hand computation on the same batch, dropout draw and precision gives it.
     lam_cfg = cfg.model_copy(update={"method": cfg.method.model_copy(update={"ft_weight": 0.7})})
-    first = lm_batches(lam_cfg, llm.tokenizer, records, seed=5)[0]
+    first = lm_batches(lam_cfg, llm.tokenizer, records, seed=5, data=run_data_of(lam_cfg))[0]
     torch.manual_seed(5)
     with autocast(lam_cfg.training, "cpu"):
         out = llm.model(**first)
@@ -269,22 +271,22 @@ def test_alignment_is_cached_and_kd_gradients_reach_the_lora_weights(make_config
         ft_part = 0.7 * out.loss.float()
     want = grad_norm(kd_part, params) / grad_norm(ft_part, params)
     start = llm.trainable()
-    got = distill(lam_cfg, llm, records, targets, epochs=1, lr=1e-2, seed=5, desc="kd")
+    got = distill(lam_cfg, llm, records, targets, epochs=1, lr=1e-2, seed=5, desc="kd", data=run_data_of(lam_cfg))
     assert got["kd_grad_ratio"] == pytest.approx(want, rel=1e-3) and want > 0
     lam1 = cfg.model_copy(update={"method": cfg.method.model_copy(update={"ft_weight": 1.0})})
     assert distill(lam1, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
-                       desc="kd")["kd_grad_ratio"] == 0.0  # the control: no KD gradient
+                       desc="kd", data=run_data_of(lam1))["kd_grad_ratio"] == 0.0  # the control: no KD gradient
     # receiving.t_squared (an extension): at T = 2, L_KD and so its gradient are 4x
     hot = [lam_cfg.model_copy(update={"method": lam_cfg.method.model_copy(update={
         "temperature": 2.0, "receiving": ReceivingOptions(t_squared=t2)})}) for t2 in (0, 1)]
     plain, squared = (distill(c, llm.reset(start), records, targets, epochs=1, lr=1e-2, seed=5,
-                              desc="kd")["kd_grad_ratio"] for c in hot)
+                              desc="kd", data=run_data_of(c))["kd_grad_ratio"] for c in hot)
     assert squared == pytest.approx(4 * plain, rel=1e-5) and plain > 0
     assert 0.0 <= got["kd_teacher_top1"] <= 1.0
     llm.reset(start)
     # lam = 0: training on L_KD alone moves the LLM towards the client's distribution.
     before = float(kd.detach())
-    distill(cfg, llm, records, targets, epochs=3, lr=1e-2, seed=0, desc="kd")
+    distill(cfg, llm, records, targets, epochs=3, lr=1e-2, seed=0, desc="kd", data=run_data_of(cfg))
     llm.model.eval()
     with torch.no_grad():
         after = float(kd_loss(targets, llm.model(**batch), batch, temperature=1.0,
@@ -402,7 +404,7 @@ def test_homogeneous_post_fedavg_evaluates_the_averaged_adapter_and_lr_per_model
     from fedkt.train.lm import evaluate_lm
 
     want = evaluate_lm(cfg, client_lm(cfg, 0).reset(server.global_adapter),
-                            server.data().test)["loss"]
+                            server.data().test, data=run_data_of(cfg))["loss"]
     assert [after_adopt[c]["test/loss"] for c in (0, 1)] == pytest.approx([want] * 2)
     # Resume: the server's state brings back the LLM adapter and the global SLM adapter.
     again = get_method("fedmkt").server(cfg, cfg.run_dir)

@@ -36,7 +36,7 @@ from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.lm import LM
-from tests.conftest import needs_models
+from tests.conftest import needs_models, run_data_of
 from tests.support.fault_injection import client_faults
 
 torch.set_num_threads(1)
@@ -228,7 +228,7 @@ def test_each_alternating_phase_changes_only_what_it_should(tmp_path):
     flags = [p.requires_grad for p in lm.model.parameters()]
     before, prompts0 = snap()
     align_auxiliary(cfg, lm, records, steps=2, seed=0, params=align_params(lm.model, "layers"),
-                    lr=1e-2)  # (i): prompts frozen, layers + final norm trained
+                    lr=1e-2, data=run_data_of(cfg))  # (i): prompts frozen, layers + final norm trained
     mid, prompts1 = snap()
     assert torch.equal(prompts0, prompts1)
     layer_ids = {id(p) for p in groups["layers"]}
@@ -237,7 +237,7 @@ def test_each_alternating_phase_changes_only_what_it_should(tmp_path):
             continue
         changed = not torch.equal(before[n], mid[n])
         assert changed == (id(p) in layer_ids), n  # embeddings/head untouched
-    capture_local_knowledge(cfg, lm, records, steps=2, seed=0, lr=1e-2)  # (ii)
+    capture_local_knowledge(cfg, lm, records, steps=2, seed=0, lr=1e-2, data=run_data_of(cfg))  # (ii)
     after, prompts2 = snap()
     assert not torch.equal(prompts1, prompts2)
     assert all(torch.equal(mid[n], after[n]) for n in after if "prompt_encoder" not in n)

@@ -519,7 +519,7 @@ def test_large_models_adapter_is_one_linear_layer_by_default_mlp_optional(tmp_pa
 
 def test_shipped_configs_homo_is_mobilenet_v2_and_reductions_are_counted(tmp_path):
     from fedkt.config import load_config
-    from fedkt.methods.koala import client_reductions
+    from fedkt.methods.koala.reductions import client_reductions
     from fedkt.models.vision import count_flops, count_params
 
     homo = load_config(ROOT / "configs" / "koala" / "homo.yaml")

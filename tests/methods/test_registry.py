@@ -1,5 +1,6 @@
-"""The registry finds fedkt's own methods from the sources, and validating a config imports
-only the method's config module (not its algorithm, nor torch)."""
+"""The method table (``fedkt.methods.catalog.BUILT_IN``) names every method package, each
+string resolves to what the method holds, and validating a config imports only the
+method's config module (not its algorithm, nor torch)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
+
+from fedkt.config import MethodConfig
+from fedkt.errors import ConfigError
+from fedkt.methods import catalog, get_method
+from fedkt.methods.base import Method
+from fedkt.methods.catalog import BUILT_IN, FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,66 +30,131 @@ def _python(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _module(reference: str) -> str:
+    return reference.partition(":")[0]
+
+
+def test_the_table_and_the_method_packages_agree():
+    """Every package under fedkt/methods/ with an algorithm is in the table, through its
+    ``config.py`` and ``method.py``, and every entry names one of those packages."""
+    packages = {f"fedkt.methods.{p.parent.name}"
+                for p in (ROOT / "fedkt" / "methods").glob("*/algorithm.py")}
+    assert {"fedkt.methods.fedmkt", "fedkt.methods.baselines"} <= packages
+    named = set()
+    for name, declared in BUILT_IN.items():
+        package = _module(declared.method).rpartition(".")[0]
+        assert _module(declared.method) == f"{package}.method", name
+        assert _module(declared.config) == f"{package}.config", name
+        assert declared.check is None or _module(declared.check) == f"{package}.config", name
+        named.add(package)
+    assert named == packages
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
+def test_each_entry_resolves_to_what_its_method_holds(name: str):
+    """The config string is the method's config class (whose ``name`` is the entry's),
+    the method string a :class:`Method` of that name holding that config, the check and
+    the flags and the summary those the Method has."""
+    declared = BUILT_IN[name]
+    config = catalog.method_config_class(name)
+    assert issubclass(config, MethodConfig) and config.model_fields["name"].default == name
+    method = get_method(name)
+    assert isinstance(method, Method) and method.name == name and method.config is config
+    assert method.behaviour.check is catalog.method_check(name)
+    assert (declared.check is None) == (method.behaviour.check is None)
+    assert [catalog.method_flag(name, f) for f in FLAGS] == \
+        [getattr(method.behaviour, f) for f in FLAGS]
+    assert catalog.summaries()[name] == method.docs.summary
+
+
+def test_a_method_that_disagrees_with_its_entry_is_named(monkeypatch):
+    """An entry whose strings do not resolve, or whose Method says otherwise (another
+    flag, another config), is an error naming the method and what differs."""
+    good = BUILT_IN["fedavg"]
+    table = dict(BUILT_IN)
+    monkeypatch.setattr(catalog, "BUILT_IN", table)
+    table["fedavg"] = replace(good, aggregates=False)
+    with pytest.raises(ConfigError, match=r"method 'fedavg'.*aggregates is True there, "
+                                          r"False in the entry"):
+        get_method("fedavg")
+    table["fedavg"] = replace(good, config="fedkt.methods.fedkd.config:FedKDConfig")
+    with pytest.raises(ConfigError, match=r"method 'fedavg'.*config is"):
+        get_method("fedavg")
+    table["fedavg"] = replace(good, config="fedkt.methods.fedavg.config:NoSuchConfig")
+    with pytest.raises(ConfigError, match=r"method 'fedavg''s config: module "
+                                          r"'fedkt.methods.fedavg.config' has no 'NoSuchConfig'"):
+        catalog.method_config_class("fedavg")
+    table["fedavg"] = replace(good, method="fedkt.methods.nowhere:M")
+    with pytest.raises(ConfigError, match=r"method 'fedavg': module 'fedkt.methods.nowhere'"):
+        get_method("fedavg")
+    with pytest.raises(ConfigError, match="method.name: unknown method 'nope'; allowed: "):
+        catalog.method_config_class("nope")
+
+
+def test_register_method_refuses_what_it_cannot_use(monkeypatch):
+    monkeypatch.setattr(catalog, "_PLUGINS", {})
+    monkeypatch.setattr(catalog, "_REGISTERED_BY", {})
+    strings = {"config": "pkg.config:C", "method": "pkg.method:M", "summary": "a method"}
+    with pytest.raises(ValueError, match="name 'a b' must be a letter"):
+        catalog.register_method("a b", **strings)
+    with pytest.raises(ValueError, match="'fedavg'.*a built-in method has that name"):
+        catalog.register_method("fedavg", **strings)
+    with pytest.raises(ValueError, match=r"'toy'.*config must be a 'module:attribute' string"):
+        catalog.register_method("toy", **{**strings, "config": "pkg.config.C"})
+    with pytest.raises(ValueError, match="'toy'.*summary"):
+        catalog.register_method("toy", **{**strings, "summary": " "})
+    assert catalog.available() == sorted(BUILT_IN)
+    catalog.register_method("toy", **strings, aggregates=True)
+    assert "toy" in catalog.available() and catalog.method_flag("toy", "aggregates")
+    assert catalog.plugin_module("toy") == __name__ and catalog.summaries()["toy"] == "a method"
+    # Registering the name again, the other way, replaces it (and back).
+    monkeypatch.setattr(catalog, "_REGISTRY", {})
+    ready = replace(get_method("fedavg"), name="toy")
+    catalog.register(ready, module="elsewhere")
+    assert get_method("toy") is ready and catalog.entry("toy") is None
+    assert catalog.method_flag("toy", "model_lr") and catalog.plugin_module("toy") == "elsewhere"
+    catalog.register_method("toy", **strings)
+    assert catalog.entry("toy") is not None and not catalog.method_flag("toy", "model_lr")
+
+
 def test_validating_a_fedmkt_config_imports_its_config_module_only():
     got = _python("""
 import json, sys
 from fedkt.config import load_config
 cfg = load_config("fedkt/configs/fedmkt/homo.yaml")
-after_load = {m: m in sys.modules for m in ("torch", "fedkt.methods.fedmkt",
+after_load = {m: m in sys.modules for m in ("torch", "fedkt.methods.fedmkt.method",
               "fedkt.methods.fedmkt.algorithm", "fedkt.methods.fedmkt.config")}
 from fedkt.methods import get_method
 method = get_method("fedmkt")  # the whole method now, with the same classes
-import fedkt.methods.fedmkt as package
+import fedkt.methods.fedmkt.config as config
 print(json.dumps({"after_load": after_load, "same_class": type(cfg.method) is method.config,
-                  "same_check": method.behaviour.check is package.config.check_config,
+                  "same_check": method.behaviour.check is config.check_config,
                   "algorithm": "fedkt.methods.fedmkt.algorithm" in sys.modules}))
 """)
-    assert got["after_load"] == {"torch": False, "fedkt.methods.fedmkt": False,
+    assert got["after_load"] == {"torch": False, "fedkt.methods.fedmkt.method": False,
                                  "fedkt.methods.fedmkt.algorithm": False,
                                  "fedkt.methods.fedmkt.config": True}
     assert got["same_class"] and got["same_check"] and got["algorithm"]
 
 
-def test_the_sources_name_each_built_in_methods_config_and_check():
-    """What the source scan finds (before any method is imported) is what each registered
-    Method holds: its config class, its check, and the behaviour flags config checks read
-    (``aggregates``, ``model_lr``); what the scan cannot find is read from the method."""
-    got = _python("""
-import json
-from fedkt.methods.catalog import FLAGS, _built_in, method_check, method_config_class, method_flag
-from fedkt.methods.registry import get_method
-names = sorted(_built_in())
-found = {n: (method_config_class(n), method_check(n), [method_flag(n, f) for f in FLAGS])
-         for n in names}
-print(json.dumps({n: [found[n][0] is get_method(n).config, found[n][1] is get_method(n).behaviour.check,
-                      found[n][0].__module__,
-                      found[n][2] == [getattr(get_method(n).behaviour, f) for f in FLAGS]]
-                  for n in names}))
-""")
-    assert {"fedmkt", "fedcollm", "fedavg", "koala", "fedsp", "zero_shot"} <= set(got)
-    wrong = {n: v for n, v in got.items() if not (v[0] and v[1] and v[3])}
-    assert not wrong, wrong
-    assert all(v[2].endswith(".config") for v in got.values())
-
-
 def test_validating_any_methods_config_imports_no_algorithm_and_no_torch():
-    """Every built-in method on its tiny config: its config module, and the settings it
-    shares with other methods (fedkt/methods/settings.py), are torch-free; a package's
-    ``__init__`` (which imports the algorithm) is not run."""
+    """Every built-in method on a tiny config: its config module, and the settings it
+    shares with other methods (fedkt/methods/settings.py), are torch-free; its
+    ``method.py`` (which imports the algorithm) is not run."""
     got = _python("""
 import json, sys
-from fedkt.methods.catalog import _built_in
+from fedkt.methods.catalog import BUILT_IN
 from fedkt.config import load_config
-import yaml
 out = {}
-for name, module in sorted(_built_in().items()):
-    before = set(sys.modules)
+for name, declared in sorted(BUILT_IN.items()):
+    package = declared.method.split(":")[0].split(".")[-2]
     tiny = {"fedkd": "fedkd/tiny", "koala": "koala/tiny", "fedsp": "fedsp/tiny",
-            "fedcollm": "fedcollm/tiny", "fedmkt": "fedmkt/tiny"}.get(module.split(".")[-1])
+            "fedcollm": "fedcollm/tiny", "fedmkt": "fedmkt/tiny"}.get(package)
     config = tiny or ("fedkd/tiny" if name.endswith("_encoder") else
                       "koala/tiny" if name.endswith("_vision") else "fedavg/tiny")
     load_config(f"fedkt/configs/{config}.yaml", overrides=[f"method.name={name}"])
-    out[name] = sorted(m for m in sys.modules if m == "torch" or m.endswith(".algorithm"))
+    out[name] = sorted(m for m in sys.modules if m == "torch"
+                       or m.endswith((".algorithm", ".method")))
 print(json.dumps(out))
 """)
     assert len(got) >= 16
@@ -89,7 +164,7 @@ print(json.dumps(out))
 def test_every_shipped_config_validates_without_an_algorithm_or_torch():
     """The configs a user meets first, those that set SecAgg, DP or a per-model ``lr``
     included (``configs/fedcollm/demo.yaml``, ``configs/fedmkt/real.yaml``), validate
-    importing no algorithm and no torch, and no method's package, runtime or runner (a
+    importing no algorithm and no torch, and no method's ``method.py``, runtime or runner (a
     config reads them through their catalogs)."""
     got = _python("""
 import json, sys
@@ -102,38 +177,14 @@ for path in sorted([*Path("configs").rglob("*.yaml"), *Path("fedkt/configs").rgl
     cfg = load_config(str(path))
     out[str(path)] = [cfg.method.name, sorted(m for m in sys.modules
                                               if m == "torch" or m.endswith(".algorithm"))]
-from fedkt.methods.catalog import _built_in
-packages = {*_built_in().values(), "fedkt.runtime.base", "fedkt.runtime.local",
-            "fedkt.runtime.flower_sim", "fedkt.runtime.flower_deploy", "fedkt.runner"}
-out["packages"] = sorted(packages & set(sys.modules))
+from fedkt.methods.catalog import BUILT_IN
+modules = {*(e.method.split(":")[0] for e in BUILT_IN.values()), "fedkt.runtime.base",
+           "fedkt.runtime.local", "fedkt.runtime.flower_sim", "fedkt.runtime.flower_deploy",
+           "fedkt.runner"}
+out["modules"] = sorted(modules & set(sys.modules))
 print(json.dumps(out))
 """)
-    assert got.pop("packages") == []  # no method's package, no runtime, no runner
+    assert got.pop("modules") == []  # no method's method.py, no runtime, no runner
     assert {"configs/fedcollm/demo.yaml", "configs/fedmkt/real.yaml"} <= set(got)
     assert len(got) >= 20
     assert {path: v[1] for path, v in got.items()} == {path: [] for path in got}
-
-
-def test_the_catalog_never_imports_a_method_and_says_what_its_sources_lack(monkeypatch):
-    """A built-in method whose ``Method(...)`` call does not name its config (or gives a
-    flag that is not a literal) is an error naming the method, not a quiet import of its
-    package; an unknown name is the config error that names ``method.name``."""
-    import pytest
-
-    from fedkt.errors import ConfigError
-    from fedkt.methods import catalog
-
-    entry = {"module": "fedkt.methods.odd", "config": None, "check": "", "flags": None,
-             "summary": None}
-    monkeypatch.setattr(catalog, "_REGISTRY", {})  # as in a fresh process
-    monkeypatch.setattr(catalog, "_declared", lambda: {"odd": entry})
-    monkeypatch.setattr(catalog, "_built_in", lambda: {"odd": "fedkt.methods.odd"})
-    with pytest.raises(RuntimeError, match=r"'odd' \(fedkt.methods.odd\).*config="):
-        catalog.method_config_class("odd")
-    with pytest.raises(RuntimeError, match="'odd'.*summary="):
-        catalog.summaries()
-    with pytest.raises(RuntimeError, match="'odd'.*literals"):
-        catalog.method_flag("odd", "aggregates")
-    assert catalog.method_check("odd") is None  # no check given: the default, none
-    with pytest.raises(ConfigError, match="method.name: unknown method 'nope'; allowed: odd"):
-        catalog.method_config_class("nope")

@@ -16,6 +16,7 @@ from fedkt.models.adapters import enable_gradient_checkpointing
 from fedkt.models.causal_lm import load_causal_lm
 from fedkt.runtime.base import client_view
 from fedkt.train.lm import clear_cache, get_lm, train_lm
+from tests.conftest import run_data_of
 
 MODEL = ModelConfig(name="tiny-llama", tiny={"num_layers": 4})
 
@@ -66,8 +67,8 @@ def test_gradient_checkpointing_trains_to_the_same_loss(make_config):
     cfg_gc = make_config("training.precision=fp32", "training.gradient_checkpointing=true",
                          name="gc")
     records = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).private[0][:16]
-    out = train_lm(cfg, get_lm(MODEL, cfg.training, 0), records, seed=1)
-    out_gc = train_lm(cfg_gc, get_lm(MODEL, cfg_gc.training, 0), records, seed=1)
+    out = train_lm(cfg, get_lm(MODEL, cfg.training, 0), records, seed=1, data=run_data_of(cfg))
+    out_gc = train_lm(cfg_gc, get_lm(MODEL, cfg_gc.training, 0), records, seed=1, data=run_data_of(cfg_gc))
     assert out["steps"] == out_gc["steps"] > 1
     assert out_gc["loss"] == pytest.approx(out["loss"], abs=1e-5)
     clear_cache()
@@ -160,8 +161,8 @@ def test_quantized_student_trains_a_full_precision_adapter(make_config, bits):
         k: (v.shape, v.dtype) for k, v in plain.trainable().items()}
     assert {v.dtype for v in start.values()} == {torch.float32}
     records = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).private[0][:16]
-    first = train_lm(cfg, lm, records, seed=1)["loss"]
-    again = train_lm(cfg, lm, records, seed=1)["loss"]
+    first = train_lm(cfg, lm, records, seed=1, data=run_data_of(cfg))["loss"]
+    again = train_lm(cfg, lm, records, seed=1, data=run_data_of(cfg))["loss"]
     assert torch.isfinite(torch.tensor(first)) and again < first
     assert any(not torch.equal(start[k], v) for k, v in lm.trainable().items())
 

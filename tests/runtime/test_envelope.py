@@ -37,7 +37,7 @@ def test_timing_metrics_travel_at_a_fixed_width_and_are_logged(make_config, monk
     from fedkt.federated.payload import Payload
     from fedkt.methods import catalog
     from fedkt.methods.base import Method, Server
-    from fedkt.methods.fedavg import FedAvgConfig
+    from fedkt.methods.fedavg.config import FedAvgConfig
     from fedkt.runtime.base import RuntimeClients
     from fedkt.runtime.local import LocalTransport
 

@@ -80,7 +80,7 @@ def test_failing_handlers_only_when_asked_for_the_named_clients_and_rounds(make_
     from fedkt.federated.payload import Payload
     from fedkt.methods import catalog
     from fedkt.methods.base import Method, Server
-    from fedkt.methods.fedavg import FedAvgConfig
+    from fedkt.methods.fedavg.config import FedAvgConfig
     from fedkt.runtime.base import RuntimeClients
     from fedkt.runtime.faults import fail_handlers, failing_handlers, parse_handler_faults
 

@@ -67,7 +67,7 @@ def _tiny_suite(folder: Path) -> Path:
 @pytest.mark.timeout(1800)
 def test_koala_suite_smoke_two_arms(tmp_path):
     from fedkt.data.images import data_spec
-    from fedkt.methods.koala import client_reductions
+    from fedkt.methods.koala.reductions import client_reductions
 
     path = _tiny_suite(tmp_path)
     out = tmp_path / "out"

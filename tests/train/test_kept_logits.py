@@ -11,6 +11,7 @@ from fedkt.config import ModelConfig, TrainingConfig
 from fedkt.data.lm_batches import IGNORE_INDEX
 from fedkt.train.lm import get_lm, train_lm
 from fedkt.train.logits import forward_kept, keeps_positions, kept_positions, target_mask
+from tests.conftest import run_data_of
 
 
 def _batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -59,7 +60,7 @@ def test_training_through_kept_logits_matches_full_logits(make_config, monkeypat
         monkeypatch.setattr(lm_module, "keeps_positions", lambda model, kept=kept: kept)
         lm = client_lm(cfg, 0)
         lm.reset(None)
-        stats = train_lm(cfg, lm, records, seed=0)
+        stats = train_lm(cfg, lm, records, seed=0, data=run_data_of(cfg))
         results[kept] = (stats, lm.trainable())
     (s_kept, w_kept), (s_full, w_full) = results[True], results[False]
     assert s_kept["steps"] == s_full["steps"] > 0

@@ -27,28 +27,28 @@ from .families import family_of, train_metrics
 def client_evaluate(ctx: ClientContext, msg: Payload) -> Payload:
     """The client's initial model on the test split (round 0, zero-shot)."""
     family = family_of(ctx.cfg)
-    model = family.build(ctx.cfg, ctx.cid)
+    model = family.build(ctx.cfg, ctx.cid, ctx.data())
     return Payload(metrics=ctx.test_metrics(
-        lambda: family.evaluate(ctx.cfg, model, ctx.data().test)))
+        lambda: family.evaluate(ctx.cfg, model, ctx.data().test, data=ctx.data())))
 
 
 def client_train_alone(ctx: ClientContext, msg: Payload) -> Payload:
     """Standalone: continue training this client's own model on its private data."""
     family = family_of(ctx.cfg)
-    model = family.build(ctx.cfg, ctx.cid)
+    model = family.build(ctx.cfg, ctx.cid, ctx.data())
     saved = ctx.load_state(family.kept)  # None in round 1: the initial model
     if saved is not None:
         family.load(model, saved)
-    stats = family.train(ctx.cfg, model, ctx.private, seed=ctx.seed("train"),
+    stats = family.train(ctx.cfg, model, ctx.private, data=ctx.data(), seed=ctx.seed("train"),
                          desc=f"{ctx.name} train")
     ctx.save_state(family.kept, family.state(model))
     return Payload(metrics={**train_metrics(stats), **ctx.test_metrics(
-        lambda: family.evaluate(ctx.cfg, model, ctx.data().test))})
+        lambda: family.evaluate(ctx.cfg, model, ctx.data().test, data=ctx.data()))})
 
 
 def untouched_client_model(ctx: ClientContext) -> LM:
     """A zero-shot client's model: its initial one (``Behaviour.client_model``)."""
-    return family_of(ctx.cfg).build(ctx.cfg, ctx.cid)
+    return family_of(ctx.cfg).build(ctx.cfg, ctx.cid, ctx.data())
 
 
 # --------------------------------------------------------------------------- servers
@@ -59,7 +59,7 @@ class ZeroShotServer(Server[ZeroShotConfig]):
 
     def setup(self) -> None:
         self.family = family_of(self.cfg)
-        self.model = self.family.build(self.cfg, None)
+        self.model = self.family.build(self.cfg, None, self.data())
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         if self.cfg.clients.models and self.cfg.eval.clients:
@@ -69,7 +69,7 @@ class ZeroShotServer(Server[ZeroShotConfig]):
     def evaluate(self, rnd: int) -> dict[str, float] | None:
         if self.model is None:
             return None
-        return self.family.evaluate(self.cfg, self.model, self.data().test)
+        return self.family.evaluate(self.cfg, self.model, self.data().test, data=self.data())
 
     def server_model(self) -> LM | None:
         return None if self.model is None else self.family.as_lm(self.model)
@@ -92,7 +92,8 @@ class CentralizedServer(Server[CentralizedConfig]):
 
     def setup(self) -> None:
         self.family = family_of(self.cfg)
-        self.model: Any = self.family.build(self.cfg, None) or self.family.build(self.cfg, 0)
+        self.model: Any = (self.family.build(self.cfg, None, self.data())
+                           or self.family.build(self.cfg, 0, self.data()))
         self.state = self.family.state(self.model)
         data = self.data()
         self.records = [r for cid in self.cfg.client_ids() for r in data.private[cid]]
@@ -101,14 +102,14 @@ class CentralizedServer(Server[CentralizedConfig]):
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
         self.family.load(self.model, self.state)
-        stats = self.family.train(self.cfg, self.model, self.records,
+        stats = self.family.train(self.cfg, self.model, self.records, data=self.data(),
                                   seed=self.seed(rnd, "train"), desc="centralized")
         self.state = self.family.state(self.model)
         return train_metrics(stats)
 
     def evaluate(self, rnd: int) -> dict[str, float]:
         model = self.family.load(self.model, self.state)
-        return self.family.evaluate(self.cfg, model, self.data().test)
+        return self.family.evaluate(self.cfg, model, self.data().test, data=self.data())
 
     def server_model(self) -> LM | None:
         return self.family.as_lm(self.family.load(self.model, self.state))

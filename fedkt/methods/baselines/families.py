@@ -13,7 +13,7 @@ A baseline's config names its family (``family: ClassVar[str]``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
@@ -30,6 +30,9 @@ from fedkt.train.encoder import (
 )
 from fedkt.train.lm import LM, client_lm, evaluate_lm, server_lm, train_lm
 
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
+
 __all__ = ["ENCODER", "LM_FAMILY", "Classifier", "Family", "family_of", "train_metrics"]
 
 State = dict[str, Tensor]
@@ -44,8 +47,9 @@ class Family(Protocol):
     def check(self, cfg: RunConfig) -> None:
         """Refuse a run this family cannot do (e.g. a task it has no head for)."""
 
-    def build(self, cfg: RunConfig, cid: int | None) -> Any:
-        """Client ``cid``'s model, or with ``None`` the server's own (``None``: it has none)."""
+    def build(self, cfg: RunConfig, cid: int | None, data: FederatedData) -> Any:
+        """Client ``cid``'s model, or with ``None`` the server's own (``None``: it has none);
+        ``data``: the run's data."""
 
     def state(self, model: Any) -> State:
         """The trainable weights (what is kept or travels)."""
@@ -53,12 +57,14 @@ class Family(Protocol):
     def load(self, model: Any, state: State) -> Any:
         """Write ``state`` into ``model``; return it."""
 
-    def train(self, cfg: RunConfig, model: Any, records: list[dict], *, seed: int,
-              desc: str) -> dict[str, float]:
-        """Local training on ``records``: at least ``loss``, ``steps``, ``num_examples``."""
+    def train(self, cfg: RunConfig, model: Any, records: list[dict], *, data: FederatedData,
+              seed: int, desc: str) -> dict[str, float]:
+        """Local training on ``records`` (of ``data``, the run's data): at least ``loss``,
+        ``steps``, ``num_examples``."""
 
-    def evaluate(self, cfg: RunConfig, model: Any, records: list[dict]) -> dict[str, float]:
-        """Test metrics of ``model`` on ``records``."""
+    def evaluate(self, cfg: RunConfig, model: Any, records: list[dict], *,
+                 data: FederatedData) -> dict[str, float]:
+        """Test metrics of ``model`` on ``records`` (of ``data``, the run's data)."""
 
     def as_lm(self, model: Any) -> LM | None:
         """The model as a causal LM for evaluators outside the round (None: not one)."""
@@ -75,10 +81,10 @@ class _LMFamily:
     def check(self, cfg: RunConfig) -> None:
         pass
 
-    def build(self, cfg: RunConfig, cid: int | None) -> LM | None:
+    def build(self, cfg: RunConfig, cid: int | None, data: FederatedData) -> LM | None:
         if cid is None:
-            return server_lm(cfg) if cfg.server else None
-        return client_lm(cfg, cid)
+            return server_lm(cfg, data) if cfg.server else None
+        return client_lm(cfg, cid, data)
 
     def state(self, model: LM) -> State:
         return model.trainable()
@@ -86,12 +92,13 @@ class _LMFamily:
     def load(self, model: LM, state: State) -> LM:
         return model.reset(state)
 
-    def train(self, cfg: RunConfig, model: LM, records: list[dict], *, seed: int,
-              desc: str) -> dict[str, float]:
-        return train_lm(cfg, model, records, seed=seed, desc=desc)
+    def train(self, cfg: RunConfig, model: LM, records: list[dict], *, data: FederatedData,
+              seed: int, desc: str) -> dict[str, float]:
+        return train_lm(cfg, model, records, data=data, seed=seed, desc=desc)
 
-    def evaluate(self, cfg: RunConfig, model: LM, records: list[dict]) -> dict[str, float]:
-        return evaluate_lm(cfg, model, records)
+    def evaluate(self, cfg: RunConfig, model: LM, records: list[dict], *,
+                 data: FederatedData) -> dict[str, float]:
+        return evaluate_lm(cfg, model, records, data=data)
 
     def as_lm(self, model: LM) -> LM:
         return model
@@ -119,7 +126,7 @@ class _EncoderFamily:
     def check(self, cfg: RunConfig) -> None:
         self._labels(cfg)
 
-    def build(self, cfg: RunConfig, cid: int | None) -> Classifier:
+    def build(self, cfg: RunConfig, cid: int | None, data: FederatedData) -> Classifier:
         """``clients.models[0]`` with its head; ``method.layers``: its first N layers."""
         m = cfg.method
         labels = self._labels(cfg)
@@ -136,12 +143,12 @@ class _EncoderFamily:
         load_trainable(model.model, state)
         return model
 
-    def train(self, cfg: RunConfig, model: Classifier, records: list[dict], *, seed: int,
-              desc: str) -> dict[str, float]:
+    def train(self, cfg: RunConfig, model: Classifier, records: list[dict], *,
+              data: FederatedData, seed: int, desc: str) -> dict[str, float]:
         return train_encoder(cfg, model.model, model.tokenizer, records, seed=seed)
 
-    def evaluate(self, cfg: RunConfig, model: Classifier, records: list[dict]
-                 ) -> dict[str, float]:
+    def evaluate(self, cfg: RunConfig, model: Classifier, records: list[dict], *,
+                 data: FederatedData) -> dict[str, float]:
         return evaluate_encoder(cfg, model.model, model.tokenizer, records)
 
     def as_lm(self, model: Classifier) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext
 from fedkt.methods.exchange import GLOBAL, upload_update
-from fedkt.methods.fedkd import FedKDServer
+from fedkt.methods.fedkd.algorithm import FedKDServer
 
 from .families import ENCODER, train_metrics
 
@@ -27,15 +27,15 @@ class FedAvgEncoderServer(FedKDServer):
 
 def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     """Fine-tune the global model on private data; upload the (optionally compressed) update."""
-    model = ENCODER.build(ctx.cfg, ctx.cid)
+    model = ENCODER.build(ctx.cfg, ctx.cid, ctx.data())
     initial = ENCODER.state(model)  # version 0: built from the seed everywhere
     received = ctx.received(msg, GLOBAL, start=initial, like=initial)
     ENCODER.load(model, received)
-    stats = ENCODER.train(ctx.cfg, model, ctx.private, seed=ctx.seed("train"),
+    stats = ENCODER.train(ctx.cfg, model, ctx.private, data=ctx.data(), seed=ctx.seed("train"),
                           desc=f"{ctx.name} train")
     update = {k: v - received[k] for k, v in ENCODER.state(model).items()}
     T = msg.number("T", source="server", low=0.0) if ctx.method.compress else None
     metrics = {**train_metrics(stats), **ctx.test_metrics(
-        lambda: ENCODER.evaluate(ctx.cfg, model, ctx.data().test))}
+        lambda: ENCODER.evaluate(ctx.cfg, model, ctx.data().test, data=ctx.data()))}
     return Payload(update=upload_update(ctx, update, T)[0], num_examples=stats["num_examples"],
                    metrics=metrics)

@@ -63,10 +63,11 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     :meth:`~fedkt.methods.base.ClientContext.privatize`); under secure aggregation
     the runtime masks it before it leaves the client.
     """
-    lm = client_lm(ctx.cfg, ctx.cid)
+    lm = client_lm(ctx.cfg, ctx.cid, ctx.data())
     received = msg.state("adapter", like=lm.initial, source="server")
     lm.reset(received)
-    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), desc=f"{ctx.name} train")
+    stats = train_lm(ctx.cfg, lm, ctx.private, data=ctx.data(), seed=ctx.seed("train"),
+                     desc=f"{ctx.name} train")
     n = stats["num_examples"]
     metrics: dict[str, float] = {"train/steps": stats["steps"], **client_test_metrics(ctx, lm)}
     if n:  # a client without data has no loss (NaN is not JSON); the server skips it
@@ -88,7 +89,7 @@ class FedAvgServer(Server[FedAvgConfig]):
         models = {m.model_dump_json(exclude={"lr"}) for m in self.cfg.clients.models}
         if len(models) > 1:
             raise ConfigError("clients.models: fedavg needs one model shared by all clients")
-        self.lm = client_lm(self.cfg, 0)
+        self.lm = client_lm(self.cfg, 0, self.data())
         self.adapter = self.lm.trainable()
 
     def round(self, rnd: int, clients: Clients) -> dict[str, float]:
@@ -97,7 +98,8 @@ class FedAvgServer(Server[FedAvgConfig]):
         return metrics
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_lm(self.cfg, self.lm.reset(self.adapter), self.data().test)
+        return evaluate_lm(self.cfg, self.lm.reset(self.adapter), self.data().test,
+                           data=self.data())
 
     def server_model(self) -> LM:
         return self.lm.reset(self.adapter)

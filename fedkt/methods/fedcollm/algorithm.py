@@ -58,7 +58,7 @@ from fedkt.errors import ConfigError
 from fedkt.eval import predictions
 from fedkt.federated.privacy import update_norm
 from fedkt.methods.base import Clients, Server
-from fedkt.methods.fedavg import average_client_adapters
+from fedkt.methods.fedavg.algorithm import average_client_adapters
 from fedkt.train.lm import LM, client_lm, evaluate_lm, server_lm, train_lm
 
 from .config import FedCoLLMConfig
@@ -83,8 +83,8 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
             raise ConfigError("data.split: fedcollm co-tunes on the auxiliary set D_a, the public "
                               "split, which is empty; set data.split.public_fraction > 0 (or "
                               "scheme: fedmkt)")
-        self.llm = server_lm(cfg)
-        self.slm = client_lm(cfg, 0)
+        self.llm = server_lm(cfg, self.data())
+        self.slm = client_lm(cfg, 0, self.data())
         self.omega = self.llm.trainable()
         self.theta = self.slm.trainable()
         self.bridge = None
@@ -94,7 +94,8 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
             check_shared_template(cfg.data.chat_template,
                                   {"server": self.llm.tokenizer,
                                    "the clients' SLM": self.slm.tokenizer}, "fedcollm")
-            if not same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public):
+            if not same_tokenizer(self.llm.tokenizer, self.slm.tokenizer, cfg, public,
+                                  data=self.data()):
                 self.bridge = CrossTokenizerKL(self.llm.tokenizer, self.slm.tokenizer,
                                                self.method.top_k)
 
@@ -115,7 +116,7 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
             stats = cotune_choices(self.cfg, llm, slm, self.data().public,
                                    seed=self.seed(rnd, "cotune"), rehearse=self.data().server)
         else:
-            stats = cotune(self.cfg, llm, slm, self.data().public,
+            stats = cotune(self.cfg, llm, slm, self.data().public, data=self.data(),
                            seed=self.seed(rnd, "cotune"), bridge=self.bridge)
         self.omega, self.theta = self.llm.trainable(), self.slm.trainable()
         # How far co-tuning moved theta, against how far the clients' round moved it.
@@ -130,7 +131,8 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         labelled data with the task loss before co-tuning, as clients do on theirs (Eq. 3)."""
         m: FedCoLLMConfig = self.method
         stats = train_lm(self.cfg, self.llm.reset(self.omega), self.data().server,
-                         seed=self.seed(rnd, "own"), lr=m.llm_lr or self.cfg.training.lr,
+                         data=self.data(), seed=self.seed(rnd, "own"),
+                         lr=m.llm_lr or self.cfg.training.lr,
                          desc="server train")
         self.omega = self.llm.trainable()
         return {"train/server_own_loss": stats["loss"]}
@@ -139,9 +141,9 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         """Two participants: ``server`` is the LLM (omega), ``global_slm`` the co-tuned
         global SLM (theta), which the clients receive next round."""
         test = self.data().test
-        llm = evaluate_lm(self.cfg, self.llm.reset(self.omega), test)
+        llm = evaluate_lm(self.cfg, self.llm.reset(self.omega), test, data=self.data())
         with predictions.scope("global_slm"):  # its own per-example table
-            slm = evaluate_lm(self.cfg, self.slm.reset(self.theta), test)
+            slm = evaluate_lm(self.cfg, self.slm.reset(self.theta), test, data=self.data())
         return {"server": llm, "global_slm": slm}
 
     def server_model(self) -> LM:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -38,6 +38,9 @@ from fedkt.train.losses import kl_div
 from fedkt.train.optim import grad_norm, make_optimizer, step, trainable
 
 from .config import FedCoLLMConfig
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 __all__ = ["CoTuneLosses", "CrossTokenizerKL", "cotune", "cotune_choices", "cotune_losses", "kd_gradient_ratios",
            "kd_mask", "mutual_kl", "same_tokenizer"]
@@ -149,9 +152,10 @@ def cotune_losses(llm: torch.nn.Module, slm: torch.nn.Module, f_batch: dict[str,
 
 
 @timed("distill")
-def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
-           bridge: CrossTokenizerKL | None = None) -> dict[str, float]:
-    """Server step of Algorithm 1: co-tune omega and theta on D_a (Eqs. 4-6), in place.
+def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, data: FederatedData,
+           seed: int, bridge: CrossTokenizerKL | None = None) -> dict[str, float]:
+    """Server step of Algorithm 1: co-tune omega and theta on D_a (Eqs. 4-6), in place;
+    ``records`` are of ``data``, the run's data.
 
     Each step back-propagates ``L^f + L^g`` (Eq. 6) once: with the KD targets detached
     (``cotune_gradients: own``) omega receives exactly grad L^f and theta grad L^g.  The
@@ -162,9 +166,9 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
     f_batches: list[dict[str, Tensor]] = []
     g_batches: list[dict[str, Tensor]] = []
     for epoch in range(epochs):  # same seed and records: both sides see the same examples
-        g_batches += lm_batches(cfg, slm.tokenizer, records, seed=seed + epoch)
+        g_batches += lm_batches(cfg, slm.tokenizer, records, seed=seed + epoch, data=data)
         if bridge is not None:
-            f_batches += lm_batches(cfg, llm.tokenizer, records, seed=seed + epoch)
+            f_batches += lm_batches(cfg, llm.tokenizer, records, seed=seed + epoch, data=data)
     if bridge is None:
         f_batches = g_batches
     total = max(1, math.ceil(method.cotune_epochs * len(g_batches) / epochs))
@@ -262,10 +266,12 @@ def kd_gradient_ratios(parts: CoTuneLosses, f_params: list[Tensor], g_params: li
     return out
 
 
-def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict]) -> bool:
-    """Whether LLM and SLM tokenize D_a identically (then no alignment is needed)."""
+def same_tokenizer(f_tok: Any, g_tok: Any, cfg: Any, records: list[dict], *,
+                   data: FederatedData) -> bool:
+    """Whether LLM and SLM tokenize D_a (``records`` of ``data``, the run's data)
+    identically (then no alignment is needed)."""
     if vocab_hash(f_tok) != vocab_hash(g_tok):
         return False
-    f = lm_batches(cfg, f_tok, records, seed=None, batch_size=1)
-    g = lm_batches(cfg, g_tok, records, seed=None, batch_size=1)
+    f = lm_batches(cfg, f_tok, records, seed=None, batch_size=1, data=data)
+    g = lm_batches(cfg, g_tok, records, seed=None, batch_size=1, data=data)
     return all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(f, g, strict=True))

@@ -113,14 +113,15 @@ class FedMKTServer(Server[FedMKTConfig]):
                               "is empty; use split scheme 'fedmkt' or public_fraction > 0")
         if m.knowledge == "choices":  # each model scores the choices in its own tokens
             choices.require_choice_task(self.data().task)
-        self.llm = server_lm(cfg)
+        self.llm = server_lm(cfg, self.data())
         if m.knowledge == "logits":  # aligned token by token: one text for every model
             check_shared_template(cfg.data.chat_template, {"server": self.llm.tokenizer, **{
                 f"client {cid}": model_tokenizer(cfg.clients.model_for(cid))
                 for cid in cfg.client_ids()}}, cfg.method.name)
         self.adapter = self.llm.trainable()
         # the LLM's knowledge of D_p (top-K logits along the gold answers, or posteriors)
-        self.knowledge: Knowledge = knowledge_for(cfg, self.llm.tokenizer, records)
+        self.knowledge: Knowledge = knowledge_for(cfg, self.llm.tokenizer, records,
+                                                    data=self.data())
         self.public = getattr(self.knowledge, "public", None)  # D_p in the LLM's tokens
         self.global_adapter: dict[str, Tensor] | None = None
         self.s0: TopKLogits | Tensor | None = None  # S_0 of the current adapter
@@ -204,7 +205,7 @@ class FedMKTServer(Server[FedMKTConfig]):
         if not (self.method.post_fedavg and msgs):
             return clients.call("distill", msgs)
         got, self.global_adapter = clients.aggregate(
-            "distill", msgs, field="adapter", like=client_lm(self.cfg, 0).initial)
+            "distill", msgs, field="adapter", like=client_lm(self.cfg, 0, self.data()).initial)
         clients.call("adopt", {cid: Payload(adapter=self.global_adapter) for cid in got})
         return got
 
@@ -215,13 +216,15 @@ class FedMKTServer(Server[FedMKTConfig]):
         if not self.data().server:
             return {}
         stats = train_lm(self.cfg, self.llm.reset(self.adapter), self.data().server,
-                         seed=self.seed(rnd, "own"), lr=self.cfg.server.lr, desc="server train")
+                         data=self.data(), seed=self.seed(rnd, "own"), lr=self.cfg.server.lr,
+                         desc="server train")
         self.adapter = self.llm.trainable()
         self.s0, self.s0_version = None, rnd  # S_0 of the new adapter: step 6 makes it
         return {"train/server_own_loss": stats["loss"]}
 
     def evaluate(self, rnd: int) -> dict[str, float]:
-        return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test)
+        return evaluate_lm(self.cfg, self.llm.reset(self.adapter), self.data().test,
+                           data=self.data())
 
     def server_model(self) -> LM:
         return self.llm.reset(self.adapter)
@@ -255,7 +258,7 @@ def _mean_reported(replies: dict[int, Payload], metric: str, key: str | None = N
 
 def _knowledge(ctx: ClientContext, lm: LM) -> Knowledge:
     """This client's knowledge of D_p, in its model's tokens."""
-    return knowledge_for(ctx.cfg, lm.tokenizer, ctx.data().public)
+    return knowledge_for(ctx.cfg, lm.tokenizer, ctx.data().public, data=ctx.data())
 
 
 def _kept(knowledge: Knowledge) -> str:
@@ -267,11 +270,11 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     """Steps 1-2 (Alg. 1 l. 24-31): train the LoRA on private data (Eq. 4), compute S_k,
     upload it if asked."""
     m: FedMKTConfig = ctx.method
-    lm = client_lm(ctx.cfg, ctx.cid)
+    lm = client_lm(ctx.cfg, ctx.cid, ctx.data())
     lm.reset(ctx.load_state("adapter"))  # None in round 1: the initial adapter
     lr = ctx.cfg.clients.model_for(ctx.cid).lr  # D.1: each SLM's own rate
-    stats = train_lm(ctx.cfg, lm, ctx.private, seed=ctx.seed("train"), lr=lr,
-                     desc=f"{ctx.name} train")
+    stats = train_lm(ctx.cfg, lm, ctx.private, data=ctx.data(), seed=ctx.seed("train"),
+                     lr=lr, desc=f"{ctx.name} train")
     ctx.save_state("adapter", lm.trainable())
     metrics = {"train/steps": stats["steps"]}
     if math.isfinite(stats["loss"]):  # a client without records has no loss
@@ -294,7 +297,7 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     """Step 7 (Alg. 1 l. 33-41): align S_0 to this client's tokens, DualMinCE against its
     own S_k of step 2 (its adapter has not changed since), train on L3 (Eqs. 6, 8, 10)."""
     m: FedMKTConfig = ctx.method
-    lm = client_lm(ctx.cfg, ctx.cid)
+    lm = client_lm(ctx.cfg, ctx.cid, ctx.data())
     lm.reset(ctx.load_state("adapter"))
     if m.teacher == "none":  # the no-exchange control: the model of step 1, evaluated
         return _step7_reply(ctx, lm, Payload(metrics={"train/kd_steps": 0}))
@@ -329,7 +332,7 @@ def _step7_reply(ctx: ClientContext, lm: LM, reply: Payload) -> Payload:
 
 def client_adopt(ctx: ClientContext, msg: Payload) -> Payload:
     """``post_fedavg``: keep the averaged adapter as this client's model and evaluate it."""
-    lm = client_lm(ctx.cfg, ctx.cid)
+    lm = client_lm(ctx.cfg, ctx.cid, ctx.data())
     lm.reset(msg.state("adapter", like=lm.initial, source="server"))
     ctx.save_state("adapter", lm.trainable())
     return Payload(metrics=client_test_metrics(ctx, lm))

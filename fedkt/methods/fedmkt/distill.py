@@ -13,7 +13,7 @@ Large and Small Language Models", COLING 2025 (arXiv:2406.02224).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -25,6 +25,9 @@ from fedkt.infra.precision import upcast
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, train_lm
 from fedkt.train.optim import grad_norm, trainable
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 __all__ = ["DIAGNOSTICS", "distill", "dual_min_ce", "lambda_mix"]
 
@@ -65,10 +68,11 @@ DIAGNOSTICS = ("kd_grad_ratio", "kd_teacher_top1", "kd_teacher_top1_target")
 
 
 @timed("distill")
-def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, epochs: float,
-            lr: float | None, seed: int, desc: str) -> dict[str, float]:
+def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *,
+            data: FederatedData, epochs: float, lr: float | None, seed: int,
+            desc: str) -> dict[str, float]:
     """Train ``lm`` on D_p with L = lambda L_FT + (1 - lambda) L_KD (Eq. 9 server, Eq. 10
-    client; lambda is ``method.ft_weight``).
+    client; lambda is ``method.ft_weight``); ``records`` are of ``data``, the run's data.
 
     :func:`~fedkt.train.lm.train_lm` adds ``task_weight * L_FT`` (Eqs. 5, 6) and the
     ``extra_loss`` (1 - lambda) L_KD (Eqs. 7, 8), i.e. :func:`lambda_mix`; with
@@ -94,7 +98,7 @@ def distill(cfg: RunConfig, lm: LM, records: list[dict], targets: KDTargets, *, 
             ratio.append(grad_norm(kd_term, params) / max(grad_norm(ft, params), 1e-30))
         return kd_term
 
-    stats = train_lm(kd_cfg, lm, records, seed=seed, extra_loss=extra,
+    stats = train_lm(kd_cfg, lm, records, data=data, seed=seed, extra_loss=extra,
                      task_weight=lambda_mix(1.0, 0.0, m.ft_weight), lr=lr, desc=desc)
     counts = targets.counts or {}
     total = max(sum(counts.get(k, 0) for k in ("teacher", "one_hot", "own")), 1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -48,6 +48,9 @@ from fedkt.train.lm import LM
 
 from .config import FedMKTConfig
 from .distill import DIAGNOSTICS, distill, dual_min_ce
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 __all__ = ["ChoiceKnowledge", "KDStep", "Knowledge", "Sender", "TopKKnowledge",
            "knowledge_for", "learn_from_knowledge", "model_tokenizer", "other_losses"]
@@ -113,12 +116,13 @@ class Knowledge(Protocol):
         ...
 
 
-def knowledge_for(cfg: RunConfig, tokenizer: Any, records: list[dict]) -> Knowledge:
+def knowledge_for(cfg: RunConfig, tokenizer: Any, records: list[dict], *,
+                  data: FederatedData) -> Knowledge:
     """The learner's knowledge (``method.knowledge``), with its ``tokenizer`` and D_p
-    ``records``."""
+    ``records`` (of ``data``, the run's data)."""
     if cfg.method.knowledge == "choices":
         return ChoiceKnowledge(cfg, records)
-    return TopKKnowledge(cfg, tokenizer, records)
+    return TopKKnowledge(cfg, tokenizer, records, data=data)
 
 
 def learn_from_knowledge(knowledge: Knowledge, lm: LM, own: Any, received: list[Any],
@@ -165,10 +169,12 @@ class TopKKnowledge:
     field = "topk"
     finite = False  # a loss is inf where a sender left a sample out
 
-    def __init__(self, cfg: RunConfig, tokenizer: Any, records: list[dict]) -> None:
+    def __init__(self, cfg: RunConfig, tokenizer: Any, records: list[dict], *,
+                 data: FederatedData) -> None:
         self.cfg, self.method = cfg, cfg.method
-        self.tokenizer, self.records = tokenizer, records
-        self.public = PublicSet.build(cfg, tokenizer, records)  # D_p in the learner's tokens
+        self.tokenizer, self.records, self.data = tokenizer, records, data
+        # D_p in the learner's tokens
+        self.public = PublicSet.build(cfg, tokenizer, records, data=data)
         self._senders: dict[str, tuple[Any, PublicSet]] = {}
 
     def compute(self, lm: LM) -> TopKLogits:
@@ -223,7 +229,8 @@ class TopKKnowledge:
         key = mcfg.model_dump_json()
         if key not in self._senders:
             tok = model_tokenizer(mcfg)
-            self._senders[key] = (tok, PublicSet.build(self.cfg, tok, self.records))
+            self._senders[key] = (tok, PublicSet.build(self.cfg, tok, self.records,
+                                                                 data=self.data))
         return self._senders[key]
 
     def learn(self, lm: LM, own: TopKLogits, received: list[Received], step: KDStep
@@ -234,8 +241,8 @@ class TopKKnowledge:
         selection = dual_min_ce(own.losses, other_losses(received, own))
         targets = build_targets(own, received, self.public, selection,
                                 fallback_to_own=m.fallback_to_own, unaligned=m.unaligned)
-        stats = distill(self.cfg, lm, self.records, targets, epochs=step.epochs, lr=step.lr,
-                        seed=step.seed, desc=step.desc)
+        stats = distill(self.cfg, lm, self.records, targets, data=self.data,
+                        epochs=step.epochs, lr=step.lr, seed=step.seed, desc=step.desc)
         return {"loss": stats["loss"], "kd_loss": stats["kd_loss"],
                 "kd_taken": targets.fraction_from_others(), "kd_one_hot": stats["kd_one_hot"],
                 **{k: stats[k] for k in DIAGNOSTICS}}

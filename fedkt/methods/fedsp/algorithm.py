@@ -140,7 +140,8 @@ class FedSPServer(Server[PromptMessengerConfig]):
         self.llm = get_lm(cfg.server, self.training, cfg.seed, server_device(cfg))
         if text_init(cfg):
             self.prompts = text_prefix(self.llm.model, self.llm.tokenizer,
-                                       prefix_init_text(cfg, public), cfg.training.prefix_tokens)
+                                       prefix_init_text(cfg, public, data=self.data()),
+                                       cfg.training.prefix_tokens)
         else:
             self.prompts = self.llm.initial[PROMPT_KEY].clone()
         self.spec: AuxSpec | None = None
@@ -233,7 +234,7 @@ class FedSPServer(Server[PromptMessengerConfig]):
         def distill(tmp: Path | None = None) -> dict[str, Any]:
             stats = distill_auxiliary(
                 self.cfg, self.llm.model, self.aux.model, self.w_s, self.llm.tokenizer, public,
-                steps=m.kd_steps, lr=m.kd_lr, seed=seed, params=params,
+                data=self.data(), steps=m.kd_steps, lr=m.kd_lr, seed=seed, params=params,
                 batch_size=m.kd_batch_size, learn_map=m.kd_map == "learned")
             if tmp is not None:
                 from safetensors.torch import save_file
@@ -297,7 +298,7 @@ class FedSPServer(Server[PromptMessengerConfig]):
             stats, self.opt_state = run_stage(
                 capture_local_knowledge, self.cfg, [prompt_param(lm.model)], lr=lr,
                 steps=m.server_prompt_steps, saved=self.opt_state, lm=lm,
-                records=self.data().public, seed=self.seed(rnd, "server"))
+                records=self.data().public, data=self.data(), seed=self.seed(rnd, "server"))
             self.prompts = get_prompts(self.llm.model)
             metrics["server_loss"] = stats["loss"]
         return {f"train/{k}": v for k, v in metrics.items()}
@@ -334,11 +335,12 @@ class FedSPServer(Server[PromptMessengerConfig]):
     def evaluate(self, rnd: int) -> dict[str, float]:
         """The LLM with the current prompts (and the auxiliary model's, ``aux_*``)."""
         test = self.data().test
-        out = evaluate_lm(self.cfg, self.llm.reset({PROMPT_KEY: self.prompts}), test)
+        out = evaluate_lm(self.cfg, self.llm.reset({PROMPT_KEY: self.prompts}), test,
+                          data=self.data())
         if self.method.eval_aux and self.spec is not None:
             set_prompts(self.aux.model, prompts_for_aux(self.prompts, self.spec))
             with predictions.scope("aux"):
-                aux = evaluate_lm(self.cfg, self.aux, test)
+                aux = evaluate_lm(self.cfg, self.aux, test, data=self.data())
             out.update({f"aux_{k}": v for k, v in aux.items()})
         return out
 
@@ -404,7 +406,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
     if m.alternating and records:
         stats, opt = run_stage(align_auxiliary, cfg, params, lr=m.align_lr, steps=m.align_steps,
                                saved=ctx.load_state("opt_align"), lm=lm, records=records,
-                               seed=ctx.seed("align"), params=params)
+                               data=ctx.data(), seed=ctx.seed("align"), params=params)
         names = {id(p): n for n, p in unwrap(lm.model).named_parameters()}
         ctx.save_state("aux_local", {names[id(p)]: p.detach() for p in params})
         if opt is not None:
@@ -414,7 +416,7 @@ def client_train(ctx: ClientContext, msg: Payload) -> Payload:
         stats, opt = run_stage(capture_local_knowledge, cfg, [prompt_param(lm.model)],
                                lr=m.prompt_lr, steps=m.prompt_steps,
                                saved=ctx.load_state("opt_prompts"), lm=lm, records=records,
-                               seed=ctx.seed("prompts"))
+                               data=ctx.data(), seed=ctx.seed("prompts"))
         if opt is not None:
             ctx.save_state("opt_prompts", opt)
         metrics["train/loss"] = stats["loss"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,9 @@ from fedkt.models.auxiliary import aux_param_groups, unwrap
 from fedkt.train.lm import LM, lm_batches, train_lm
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step
+
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
 
 
 def prefix_training(cfg: RunConfig) -> TrainingConfig:
@@ -136,24 +139,24 @@ def align_params(model: nn.Module, trainable: str) -> list[nn.Parameter]:
     return groups["layers"] + (groups["embeddings"] if trainable == "all" else [])
 
 
-def align_auxiliary(cfg: RunConfig, lm: LM, records: list[dict], *, steps: int, seed: int,
-                    params: list[nn.Parameter], lr: float | None = None,
+def align_auxiliary(cfg: RunConfig, lm: LM, records: list[dict], *, data: FederatedData,
+                    steps: int, seed: int, params: list[nn.Parameter], lr: float | None = None,
                     optimizer: tuple[torch.optim.Optimizer, Any] | None = None
                     ) -> dict[str, float]:
     """Phase (i), global model alignment: prompts frozen, ``params`` trained (task loss)."""
     with only_trainable(lm.model, params):
-        return train_lm(steps_config(cfg, records, steps), lm, records, seed=seed, lr=lr,
-                        desc="fedsp align", optimizer=optimizer)
+        return train_lm(steps_config(cfg, records, steps), lm, records, data=data, seed=seed,
+                        lr=lr, desc="fedsp align", optimizer=optimizer)
 
 
-def capture_local_knowledge(cfg: RunConfig, lm: LM, records: list[dict], *, steps: int,
-                            seed: int, lr: float | None = None,
+def capture_local_knowledge(cfg: RunConfig, lm: LM, records: list[dict], *,
+                            data: FederatedData, steps: int, seed: int, lr: float | None = None,
                             optimizer: tuple[torch.optim.Optimizer, Any] | None = None
                             ) -> dict[str, float]:
     """Phase (ii), local knowledge capturing: the model frozen, only the prompts trained."""
     with only_trainable(lm.model, [prompt_param(lm.model)]):
-        return train_lm(steps_config(cfg, records, steps), lm, records, seed=seed, lr=lr,
-                        desc="fedsp prompts", optimizer=optimizer)
+        return train_lm(steps_config(cfg, records, steps), lm, records, data=data, seed=seed,
+                        lr=lr, desc="fedsp prompts", optimizer=optimizer)
 
 
 def _body(model: nn.Module) -> nn.Module:
@@ -163,8 +166,9 @@ def _body(model: nn.Module) -> nn.Module:
 
 @timed("distill")
 def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_s: nn.Linear,
-                      tokenizer: Any, records: list[dict], *, steps: int, lr: float, seed: int,
-                      params: list[nn.Parameter], batch_size: int | None = None,
+                      tokenizer: Any, records: list[dict], *, data: FederatedData, steps: int,
+                      lr: float, seed: int, params: list[nn.Parameter],
+                      batch_size: int | None = None,
                       learn_map: bool = True) -> dict[str, float]:
     """Eq. 2: ``MSE(H_LLM, W_S H_aux)`` of the last hidden states, no prompts attached.
 
@@ -176,7 +180,7 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
     if steps <= 0 or not records:
         return {}
     bs = batch_size or cfg.training.batch_size
-    batches = lm_batches(cfg, tokenizer, records, seed=seed, batch_size=bs)
+    batches = lm_batches(cfg, tokenizer, records, seed=seed, batch_size=bs, data=data)
     targets: dict[int, Tensor] = {}
     proj: nn.Module = w_s if learn_map else nn.Identity()
     trained = [*params, *(w_s.parameters() if learn_map else [])]
