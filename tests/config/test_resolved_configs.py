@@ -29,6 +29,8 @@ def _recorded() -> dict[str, str]:
 def test_every_shipped_config_has_a_recorded_resolution():
     shipped, recorded = set(_shipped()), set(_recorded())
     assert len(shipped) >= 40
+    # A new shipped config adds its entry: json key its path under fedkt/configs/, value
+    # load_config(path).to_yaml().
     assert not shipped - recorded, f"shipped configs with no entry in {RECORDED.name}: " \
         f"{sorted(shipped - recorded)}"
     assert not recorded - shipped, f"{RECORDED.name} entries with no config: " \
