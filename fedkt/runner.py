@@ -187,10 +187,10 @@ def _client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd:
                         traffic: Any) -> None:
     """The clients' per-example tables of round ``rnd`` into the run folder
     (:func:`fedkt.eval.predictions.write_client_predictions`), with ``eval.predictions``."""
-    if cfg.eval.predictions:
-        predictions.write_client_predictions(
-            recorder.run_dir, rnd, traffic.predictions,
-            lambda: {str(r["id"]) for r in server.data().test})
+    if cfg.eval.predictions and any(traffic.predictions.values()):
+        test_ids = {str(r["id"]) for r in server.data().test}
+        predictions.write_client_predictions(recorder.run_dir, rnd, traffic.predictions,
+                                             test_ids)
 
 
 def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,

@@ -34,7 +34,7 @@ import gzip
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -237,25 +237,21 @@ def write_predictions(run_dir: Path | str, rnd: int, participant: str,
 
 def write_client_predictions(run_dir: Path | str, rnd: int,
                              by_client: dict[int, dict[str, Predictions]],
-                             test_ids: Callable[[], set[str]]) -> list[int]:
+                             test_ids: set[str]) -> list[int]:
     """Write each client's per-example tables of round ``rnd``; returns the clients written.
 
-    A client's tables whose ids are not all test ids of the run (``test_ids()``, called
-    once and only if some client sent tables; forged ids, or another split's) are not
-    written, with a warning naming the client: paired comparisons pair on those ids, and
-    one reply must not make the whole run unpairable."""
+    A client's tables whose ids are not all ``test_ids`` of the run (forged ids, or
+    another split's) are not written, with a warning naming the client: paired
+    comparisons pair on those ids, and one reply must not make the whole run unpairable."""
     import logging
 
     log = logging.getLogger("fedkt")
-    known: set[str] | None = None
     written = []
     for cid, tables in sorted(by_client.items()):
         if not tables:
             continue
-        if known is None:
-            known = test_ids()
         seen = {i for t in tables.values() for i in t.ids}
-        foreign = sorted(seen - known)
+        foreign = sorted(seen - test_ids)
         if foreign:
             log.warning("round %d: not writing client %d's predictions: %d of %d ids are not "
                         "test ids of this run (e.g. %r)", rnd, cid, len(foreign), len(seen),

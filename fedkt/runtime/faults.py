@@ -428,7 +428,6 @@ def _attack_loop(cfg: Any, good: bytes, n: int, seed: int, warnings: list[str],
     import math
     import shutil
     import time
-    from types import SimpleNamespace
 
     from fedkt.data.splits import run_data
     from fedkt.eval.predictions import (
@@ -447,7 +446,6 @@ def _attack_loop(cfg: Any, good: bytes, n: int, seed: int, warnings: list[str],
     data = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
     test_ids = {str(r["id"]) for r in data.test}
     table = Predictions({"id": sorted(test_ids)[:8], "pred": [0] * min(8, len(test_ids))})
-    server = SimpleNamespace(data=lambda: data)
     like = base["adapter"]
     bound = cfg.runtime.limits.norm_ratio * state_norm(like)
 
@@ -478,8 +476,7 @@ def _attack_loop(cfg: Any, good: bytes, n: int, seed: int, warnings: list[str],
         try:
             replies, mean = clients.aggregate("train", {0: Payload(), 1: Payload()},
                                               field="adapter", like=like)
-            write_client_predictions(run_dir, 1, clients.traffic.predictions,
-                                     lambda: {str(r["id"]) for r in server.data().test})
+            write_client_predictions(run_dir, 1, clients.traffic.predictions, test_ids)
         except Exception as exc:  # noqa: BLE001 - counted: the goal is none
             report.crashes.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
