@@ -121,21 +121,17 @@ def _banking77_names() -> tuple[str, ...]:
 _BANKING77 = _banking77_names()
 
 
-def _clinc150_names() -> tuple[str, ...]:
-    """CLINC150's 150 intents in label order (its 10 domains in order, 15 each), readable:
-    "pin change" for ``pin_change``."""
-    domains = json.loads((VENDORED / "clinc150" / "domains.json").read_text(encoding="utf-8"))
-    return tuple(n.replace("_", " ") for names in domains.values() for n in names)
+# CLINC150's 10 domains in order, each its 15 intents (the vendored domains.json).
+_CLINC150_DOMAINS: dict[str, list[str]] = json.loads(
+    (VENDORED / "clinc150" / "domains.json").read_text(encoding="utf-8"))
+# Its 150 intents in label order (the domains in order), readable: "pin change".
+_CLINC150 = tuple(n.replace("_", " ") for names in _CLINC150_DOMAINS.values() for n in names)
 
 
 def clinc150_domains() -> dict[str, str]:
     """CLINC150's domains -> their labels as a class spec (``"banking"`` -> ``"0-14"``), for
     ``data.dataset.classes``."""
-    domains = json.loads((VENDORED / "clinc150" / "domains.json").read_text(encoding="utf-8"))
-    return {d: f"{15 * i}-{15 * i + 14}" for i, d in enumerate(domains)}
-
-
-_CLINC150 = _clinc150_names()
+    return {d: f"{15 * i}-{15 * i + 14}" for i, d in enumerate(_CLINC150_DOMAINS)}
 
 
 _BUILTINS: dict[str, Builtin] = {
