@@ -274,9 +274,9 @@ table: <suite>/suite.md; plots: <suite>/plots/. Shipped suites: fedkt configs li
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Methods, datasets and presets from their by-name tables; imports no method, no torch."""
-    from fedkt.data.catalog import list_builtin
+    from fedkt.config.method_catalog import summaries
+    from fedkt.data.builtin import list_builtin
     from fedkt.data.image_records import list_image_builtin
-    from fedkt.methods.catalog import summaries
     from fedkt.models import tiny_preset_names
     from fedkt.models.offline import OFFLINE_ALIASES
 

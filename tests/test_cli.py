@@ -109,7 +109,7 @@ def test_list_imports_no_torch_and_lists_every_entry():
     code = ("import sys; from fedkt.cli import main; rc = main(['list']); "
             "heavy = sorted(m for m in sys.modules if m in ('torch', 'transformers', "
             "'fedkt.config.schema') or (m.startswith('fedkt.methods.') and m.count('.') >= 2 "
-            "and m not in ('fedkt.methods.registry', 'fedkt.methods.catalog', "
+            "and m not in ('fedkt.methods.registry', 'fedkt.config.method_catalog', "
             "'fedkt.methods.errors'))); "
             "print(rc, heavy)")
     env = {**os.environ, "FEDKT_PLUGINS": ""}

@@ -2,7 +2,7 @@
 
 Extensions beyond FedMKT and FedCoLLM, which distil the other side's knowledge with
 nothing to hold the receiver's own (``method.receiving``,
-:class:`fedkt.methods.settings.ReceivingOptions`; each off by default).  The pieces are
+:class:`fedkt.config.method_settings.ReceivingOptions`; each off by default).  The pieces are
 shared by both methods' choice paths (:func:`fedkt.alignment.choices.distill_choices`
 runs them):
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from fedkt.methods.settings import ReceivingOptions
+    from fedkt.config.method_settings import ReceivingOptions
 
 __all__ = ["KD", "OWN", "distill_options", "interleave", "kd_scale", "kl_rows",
            "take_confident", "taken"]

@@ -43,6 +43,7 @@ from fedkt.config.model_schema import _check_device as _check_device
 from fedkt.config.privacy_schema import DifferentialPrivacyConfig, SecureAggregationConfig
 from fedkt.config.reference import REFERENCE_HEADER, config_reference, write_reference
 from fedkt.config.runtime_schema import ReplyLimits, RuntimeConfig, runtime_config_class
+from fedkt.config.runtime_settings import FlowerSettings, FlowerSimSettings
 from fedkt.config.schema import RunConfig
 from fedkt.config.schema import _validate_method as _validate_method
 from fedkt.config.tracking_schema import (
@@ -53,7 +54,6 @@ from fedkt.config.tracking_schema import (
 )
 from fedkt.config.training_schema import ClientsConfig, TrainingConfig
 from fedkt.errors import ConfigError
-from fedkt.runtime.settings import FlowerSettings, FlowerSimSettings
 
 __all__ = [
     "REFERENCE_HEADER", "TRACKING_BACKENDS", "ClassFilterConfig", "ClassSpec", "ClientsConfig",

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fedkt.runtime.settings import STRICT
+from fedkt.config.runtime_settings import STRICT
 
 
 class _Strict(BaseModel):

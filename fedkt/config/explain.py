@@ -7,9 +7,9 @@ import difflib
 import textwrap
 
 from fedkt.config.keys import Key, allowed_values, bounds, default_text, type_name, walk
+from fedkt.config.method_catalog import available, method_config_class
 from fedkt.config.method_schema import MethodConfig
 from fedkt.errors import ConfigError
-from fedkt.methods.catalog import available, method_config_class
 
 __all__ = ["explain", "find_key"]
 

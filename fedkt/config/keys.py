@@ -16,9 +16,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from fedkt.config.method_schema import MethodConfig
+from fedkt.config.runtime_catalog import available_runtimes
 from fedkt.config.runtime_schema import RuntimeConfig, runtime_config_class
 from fedkt.config.schema import RunConfig
-from fedkt.runtime.catalog import available_runtimes
 
 __all__ = ["Key", "allowed_values", "bounds", "default_text", "section_model", "type_name",
            "walk"]

@@ -8,8 +8,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from fedkt.config.keys import bounds, default_text, type_name, walk
+from fedkt.config.method_catalog import method_config_class, summaries
 from fedkt.config.schema import RunConfig
-from fedkt.methods.catalog import method_config_class, summaries
 
 
 def _cell(text: str) -> str:

@@ -11,8 +11,13 @@ from pydantic import BaseModel, Field, create_model, field_validator, model_vali
 
 from fedkt.config.base import _Strict
 from fedkt.config.model_schema import _check_device
+from fedkt.config.runtime_catalog import (
+    BUILT_IN,
+    available_runtimes,
+    runtime_sections,
+    unknown_runtime,
+)
 from fedkt.errors import ConfigError
-from fedkt.runtime.catalog import BUILT_IN, available_runtimes, runtime_sections, unknown_runtime
 
 __all__ = ["ReplyLimits", "RuntimeConfig", "runtime_config_class"]
 

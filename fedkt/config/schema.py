@@ -36,6 +36,7 @@ from fedkt.config.data_schema import (
 from fedkt.config.data_schema import _check_class_spec as _check_class_spec
 from fedkt.config.eval_schema import EvalConfig
 from fedkt.config.messages import _MethodErrors
+from fedkt.config.method_catalog import method_check, method_config_class, method_flag
 from fedkt.config.method_schema import MethodConfig
 from fedkt.config.model_schema import LoraSettings, ModelConfig, QuantizationSettings
 from fedkt.config.model_schema import _check_device as _check_device
@@ -50,7 +51,6 @@ from fedkt.config.tracking_schema import (
 )
 from fedkt.config.training_schema import ClientsConfig, TrainingConfig
 from fedkt.errors import ConfigError
-from fedkt.methods.catalog import method_check, method_config_class, method_flag
 
 __all__ = [
     "TRACKING_BACKENDS", "ClassFilterConfig", "ClassSpec", "ClientsConfig", "DataConfig",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Names are imported on first use, so that ``import fedkt.data.catalog`` (``fedkt
+# Names are imported on first use, so that ``import fedkt.data.builtin`` (``fedkt
 # list``) does not pay for the config schema, the readers and the image loaders.
 _EXPORTS: dict[str, str] = {
-    "list_builtin": "catalog",
+    "list_builtin": "builtin",
     "DataError": "dataset",
     "Dataset": "dataset",
     "DEFAULT_TEMPLATES": "formatting",
@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from fedkt.data.catalog import list_builtin
+    from fedkt.data.builtin import list_builtin
     from fedkt.data.dataset import DataError, Dataset
     from fedkt.data.formatting import (
         DEFAULT_TEMPLATES,

@@ -18,7 +18,7 @@ source row had fields that were not mapped, ``"extra"`` (those fields, usable as
 template placeholders).  Every record is validated when loaded, so that a bad file
 fails before any training starts, with a message naming the file, record and field.
 
-One job per module: :mod:`~fedkt.data.catalog` (the built-in datasets),
+One job per module: :mod:`~fedkt.data.builtin` (the built-in datasets),
 :mod:`~fedkt.data.readers` (files, folders, Hugging Face; :func:`register_reader`),
 :mod:`~fedkt.data.normalise` (mapping and validating rows); this module loads a
 :class:`DatasetConfig` through them and caches the result.
@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from fedkt.config import DatasetConfig
 from fedkt.data import readers
-from fedkt.data.catalog import VENDORED, read_label_file, resolve_builtin
+from fedkt.data.builtin import VENDORED, read_label_file, resolve_builtin
 from fedkt.data.dataset import DataError, Dataset
 from fedkt.data.formatting import check_template
 from fedkt.data.image_records import is_image_source, load_image_records

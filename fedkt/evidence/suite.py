@@ -75,7 +75,6 @@ from fedkt.evidence.method_table import (
     check_comparison,
     comparison_report,
 )
-from fedkt.evidence.plots import suite_plots
 from fedkt.evidence.runs import (
     Group,
     Run,
@@ -86,6 +85,7 @@ from fedkt.evidence.runs import (
     paired,
 )
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
+from fedkt.evidence.suite_plots import suite_plots
 from fedkt.infra.environment import describe
 from fedkt.infra.precision import physical_cores
 from fedkt.tracking.folder import CONFIG_FILE, LATEST_FILE

@@ -2,7 +2,7 @@
 
 Each method lives in its own package here: ``config.py`` (its settings, torch-free),
 ``algorithm.py`` and ``method.py`` (its :class:`~fedkt.methods.base.Method`). The table
-:data:`fedkt.methods.catalog.BUILT_IN` names each by ``"module:attribute"`` strings (what a
+:data:`fedkt.config.method_catalog.BUILT_IN` names each by ``"module:attribute"`` strings (what a
 config needs, importing no method); :mod:`fedkt.methods.registry` imports only the method
 a run names, so ``fedkt --help`` stays fast. A plugin declares its method with
 :func:`register_method` (or registers a ready one with :func:`register`).

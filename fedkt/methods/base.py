@@ -10,7 +10,7 @@ A method module defines
   -> Payload`` that run on the client, wherever the runtime puts it,
 
 and gathers them in a :class:`Method` that the method catalog names
-(:mod:`fedkt.methods.catalog`).  Methods never import
+(:mod:`fedkt.config.method_catalog`).  Methods never import
 Flower: the runtime moves the payloads.
 """
 
@@ -404,7 +404,7 @@ class Method:
     described (``docs``) and what the conformance test holds it to (``conformance``).
 
     Made once, at module level, in its package's ``method.py``, keywords only, and named
-    by its entry in :data:`fedkt.methods.catalog.BUILT_IN` (a plugin's:
+    by its entry in :data:`fedkt.config.method_catalog.BUILT_IN` (a plugin's:
     :func:`fedkt.methods.register_method`)::
 
         METHOD = Method(name="fedavg", config=FedAvgConfig, server=FedAvgServer,

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from fedkt.config.method_settings import ExchangeSettings as ExchangeSettings  # re-exported
 from fedkt.federated.compression import (
     CompressedTensor,
     compressed_nbytes,
@@ -38,7 +39,6 @@ from fedkt.federated.compression import (
 from fedkt.federated.payload import Payload, PayloadError
 from fedkt.methods.base import ClientContext, Clients, mean_metric
 from fedkt.methods.holdings import Holdings
-from fedkt.methods.settings import ExchangeSettings as ExchangeSettings  # re-exported
 
 __all__ = ["GLOBAL", "ExchangeSettings", "aggregate_updates", "apply_update", "client_adopt",
            "round_threshold", "sync_clients", "upload_update"]

@@ -1,6 +1,6 @@
 """The method registry: ``method.name`` in a config selects a :class:`Method`.
 
-A method is declared in the catalog (:data:`fedkt.methods.catalog.BUILT_IN` for fedkt's
+A method is declared in the catalog (:data:`fedkt.config.method_catalog.BUILT_IN` for fedkt's
 own, :func:`register_method` for a plugin's) by ``"module:attribute"`` strings, so that
 ``fedkt --help`` stays fast and validating a config imports no method;
 :func:`get_method` imports the ``method`` module of the method a run names, the one place
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedkt.errors import ConfigError
-from fedkt.methods import catalog
-from fedkt.methods.catalog import (
+from fedkt.config import method_catalog as catalog
+from fedkt.config.method_catalog import (
     BUILT_IN,
     FLAGS,
     MethodEntry,
@@ -28,6 +27,7 @@ from fedkt.methods.catalog import (
     register_method,
     summaries,
 )
+from fedkt.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedkt.methods.base import Method

@@ -5,7 +5,7 @@ Flower's simulation engine; ``flower`` submits it to a Flower SuperLink; more re
 with :func:`fedkt.runtime.registry.register_runtime`.  The method code is the same in all.
 
 The names below are imported on first use, so that :mod:`fedkt.config` can read the
-runtimes' settings (:mod:`fedkt.runtime.settings`) without importing the transports.
+runtimes' settings (:mod:`fedkt.config.runtime_settings`) without importing the transports.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ choosing ``local`` never imports Flower.
 
 A runtime may register its own settings, a pydantic model: the config section
 ``runtime.<section>``. A config reads the names and the settings from
-:mod:`fedkt.runtime.catalog`, which imports no runtime; this module loads them.
+:mod:`fedkt.config.runtime_catalog`, which imports no runtime; this module loads them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fedkt.runtime import catalog
-from fedkt.runtime.catalog import (
+from fedkt.config import runtime_catalog as catalog
+from fedkt.config.runtime_catalog import (
     BUILT_IN,
     available_runtimes,
     runtime_sections,

@@ -6,7 +6,7 @@
   the metrics log, checkpoints), :func:`atomic_write` and the folder's lock;
 * :mod:`~fedkt.tracking.tables`: console tables (a round's, time breakdowns);
 * :mod:`~fedkt.tracking.summary`: ``summary.md``;
-* :mod:`~fedkt.tracking.plots`: ``plots/*.png``.
+* :mod:`~fedkt.tracking.run_plots`: ``plots/*.png``.
 
 The names below are the package's public interface (``from fedkt.tracking import
 RunRecorder``); fedkt's own modules import from the module that does the job.
@@ -27,7 +27,6 @@ from fedkt.tracking.folder import (
     clear_run_dir,
     run_lock,
 )
-from fedkt.tracking.plots import write_plots
 from fedkt.tracking.rows import (
     MB,
     NON_METRIC_KEYS,
@@ -46,6 +45,7 @@ from fedkt.tracking.rows import (
     time_breakdown,
     without_timings,
 )
+from fedkt.tracking.run_plots import write_plots
 from fedkt.tracking.summary import summary_markdown
 from fedkt.tracking.tables import (
     breakdown_table,

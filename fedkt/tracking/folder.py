@@ -11,7 +11,7 @@ Layout of ``run_dir``::
     summary.md               final summary table (written by ``summary()``,
                              :mod:`fedkt.tracking.summary`)
     plots/*.png              metric and communication curves (``plot()``,
-                             :mod:`fedkt.tracking.plots`)
+                             :mod:`fedkt.tracking.run_plots`)
     checkpoints/round_0007/  the server's state after round 7 (server.safetensors) and
                              what each client held then (holdings.json)
     checkpoints/latest.json  {"round": 7, "time": ..., ...}: the last completed round
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedkt.tracking.plots import write_plots
 from fedkt.tracking.rows import is_number, plain, read_rows
+from fedkt.tracking.run_plots import write_plots
 from fedkt.tracking.summary import summary_markdown
 from fedkt.tracking.tables import round_table
 
@@ -246,7 +246,7 @@ class RunRecorder:
         return text
 
     def plot(self) -> list[Path]:
-        """Write PNG curves to ``plots/`` (:func:`~fedkt.tracking.plots.write_plots`);
+        """Write PNG curves to ``plots/`` (:func:`~fedkt.tracking.run_plots.write_plots`);
         returns the files written (none where a write failed: a warning names the file)."""
         with optional_output("the plots"):
             return write_plots(self.rows(), self.plots_dir)

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from fedkt.config import ModelConfig, RunConfig, TrainingConfig
+from fedkt.config.method_settings import EncoderHead as EncoderHead  # re-exported
 from fedkt.errors import ConfigError
 from fedkt.infra.placement import pick_device
 from fedkt.infra.precision import autocast, grad_scaler, upcast
-from fedkt.methods.settings import EncoderHead as EncoderHead  # re-exported
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
 

@@ -20,10 +20,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from fedkt.config import DatasetConfig, ModelConfig
+from fedkt.config.method_settings import VisionPretrain as VisionPretrain  # re-exported
 from fedkt.data.images import DataSpec, image_tensors
 from fedkt.errors import ConfigError
 from fedkt.infra.precision import resolve_precision
-from fedkt.methods.settings import VisionPretrain as VisionPretrain  # re-exported
 from fedkt.models.vision import build_model, head_module
 from fedkt.train.vision import device_of, train_vision
 

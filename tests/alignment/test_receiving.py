@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fedkt.alignment import choices, receiving
+from fedkt.config.method_settings import ReceivingOptions
 from fedkt.data.splits import run_data
-from fedkt.methods.settings import ReceivingOptions
 from fedkt.train.lm import client_lm
 
 torch.set_num_threads(1)

@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from fedkt.config import ConfigError, RunConfig, load_config
+from fedkt.config.method_catalog import available, method_config_class
 from fedkt.config.runtime_schema import runtime_config_class
-from fedkt.methods.catalog import available, method_config_class
 from tests.conftest import ROOT
 
 FEDMKT = ROOT / "configs" / "fedmkt" / "tiny.yaml"

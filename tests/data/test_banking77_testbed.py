@@ -15,7 +15,7 @@ import yaml
 from fedkt.cli import main
 from fedkt.config import DataConfig, DatasetConfig, load_config
 from fedkt.data import load_dataset_records
-from fedkt.data.catalog import VENDORED
+from fedkt.data.builtin import VENDORED
 from fedkt.data.dataset import DataError
 from fedkt.data.splits import SplitCheckError, client_splits, drawn_groups
 from tests.conftest import run_data_of

@@ -13,7 +13,7 @@ import yaml
 
 from fedkt.config import DataConfig, DatasetConfig
 from fedkt.data import load_dataset_records
-from fedkt.data.catalog import VENDORED, clinc150_domains
+from fedkt.data.builtin import VENDORED, clinc150_domains
 from fedkt.data.dataset import DataError
 from fedkt.data.splits import client_splits
 

@@ -24,7 +24,7 @@ from fedkt.data import (
     special_prefix,
     tokenize_pairs,
 )
-from fedkt.data.catalog import VENDORED
+from fedkt.data.builtin import VENDORED
 
 
 def _corpus() -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 from fedkt.cli import main
 from fedkt.config import DatasetConfig
 from fedkt.data import DataError, list_builtin, load_dataset_records
-from fedkt.data.catalog import VENDORED
+from fedkt.data.builtin import VENDORED
 from fedkt.data.formatting import lm_pair, mc_view
 
 # name -> {split: rows}: the official splits, all shipped.

@@ -23,7 +23,7 @@ lm_eval = pytest.importorskip(
     "lm_eval", reason="lm-evaluation-harness is not installed: pip install 'fedkt[harness]'")
 
 from fedkt.config import DatasetConfig, ModelConfig, TrainingConfig  # noqa: E402
-from fedkt.data.catalog import VENDORED  # noqa: E402
+from fedkt.data.builtin import VENDORED  # noqa: E402
 from fedkt.data.formatting import mc_view  # noqa: E402
 from fedkt.data.records import load_dataset_records  # noqa: E402
 from fedkt.eval.evaluate import evaluate_causal_lm  # noqa: E402

@@ -126,7 +126,7 @@ def test_every_built_in_method_is_made_one_way():
     from pathlib import Path
 
     import fedkt.methods
-    from fedkt.methods.catalog import BUILT_IN
+    from fedkt.config.method_catalog import BUILT_IN
 
     root = Path(fedkt.methods.__file__).parent
     seen = {}

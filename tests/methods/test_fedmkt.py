@@ -20,13 +20,13 @@ from fedkt.alignment.knowledge import (
 )
 from fedkt.alignment.targets import Received, build_targets, kd_loss, to_receiver
 from fedkt.config import ConfigError
+from fedkt.config.method_settings import ReceivingOptions
 from fedkt.federated.payload import Payload, PayloadError, dumps, loads
 from fedkt.infra.precision import autocast
 from fedkt.methods import get_method
 from fedkt.methods.fedmkt.config import FedMKTConfig
 from fedkt.methods.fedmkt.distill import distill, dual_min_ce
 from fedkt.methods.fedmkt.knowledge import other_losses
-from fedkt.methods.settings import ReceivingOptions
 from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
 from fedkt.runtime.local import LocalTransport

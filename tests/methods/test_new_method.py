@@ -20,14 +20,15 @@ import sys
 from pathlib import Path
 
 from fedkt.config import ConfigError
-from fedkt.methods import available, catalog, get_method
+from fedkt.config import method_catalog as catalog
+from fedkt.methods import available, get_method
 from fedkt.tracking import without_timings
 from tests.support.conformance import check_method, conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # What the copy's __init__.py says to declare it: the fields of fedavg's entry in
-# fedkt.methods.catalog.BUILT_IN, its own modules named.
+# fedkt.config.method_catalog.BUILT_IN, its own modules named.
 _DECLARE = '''
 from fedkt.methods import register_method
 

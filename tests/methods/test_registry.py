@@ -1,4 +1,4 @@
-"""The method table (``fedkt.methods.catalog.BUILT_IN``) names every method package, each
+"""The method table (``fedkt.config.method_catalog.BUILT_IN``) names every method package, each
 string resolves to what the method holds, and validating a config imports only the
 method's config module (not its algorithm, nor torch)."""
 
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from fedkt.config import MethodConfig
+from fedkt.config import method_catalog as catalog
+from fedkt.config.method_catalog import BUILT_IN, FLAGS
 from fedkt.errors import ConfigError
-from fedkt.methods import catalog, get_method
+from fedkt.methods import get_method
 from fedkt.methods.base import Method
-from fedkt.methods.catalog import BUILT_IN, FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,11 +140,11 @@ print(json.dumps({"after_load": after_load, "same_class": type(cfg.method) is me
 
 def test_validating_any_methods_config_imports_no_algorithm_and_no_torch():
     """Every built-in method on a tiny config: its config module, and the settings it
-    shares with other methods (fedkt/methods/settings.py), are torch-free; its
+    shares with other methods (fedkt/config/method_settings.py), are torch-free; its
     ``method.py`` (which imports the algorithm) is not run."""
     got = _python("""
 import json, sys
-from fedkt.methods.catalog import BUILT_IN
+from fedkt.config.method_catalog import BUILT_IN
 from fedkt.config import load_config
 out = {}
 for name, declared in sorted(BUILT_IN.items()):
@@ -177,7 +178,7 @@ for path in sorted([*Path("configs").rglob("*.yaml"), *Path("fedkt/configs").rgl
     cfg = load_config(str(path))
     out[str(path)] = [cfg.method.name, sorted(m for m in sys.modules
                                               if m == "torch" or m.endswith(".algorithm"))]
-from fedkt.methods.catalog import BUILT_IN
+from fedkt.config.method_catalog import BUILT_IN
 modules = {*(e.method.split(":")[0] for e in BUILT_IN.values()), "fedkt.runtime.base",
            "fedkt.runtime.local", "fedkt.runtime.flower_sim", "fedkt.runtime.flower_deploy",
            "fedkt.runner"}

@@ -34,8 +34,8 @@ def test_compact_config_lists_only_what_differs(make_config):
 def test_timing_metrics_travel_at_a_fixed_width_and_are_logged(make_config, monkeypatch):
     """A handler's ``*_seconds`` metrics (FedKD's step and SVD times) must not make a
     reply's size depend on how long the work took; the server still logs them."""
+    from fedkt.config import method_catalog as catalog
     from fedkt.federated.payload import Payload
-    from fedkt.methods import catalog
     from fedkt.methods.base import Method, Server
     from fedkt.methods.fedavg.config import FedAvgConfig
     from fedkt.runtime.base import RuntimeClients

@@ -77,8 +77,8 @@ def test_failing_handlers_only_when_asked_for_the_named_clients_and_rounds(make_
                                                                           monkeypatch):
     """:func:`fedkt.runtime.faults.fail_handlers`: the client's handler raises in the named rounds,
     installing again replaces (never nests), and undoing restores the handlers."""
+    from fedkt.config import method_catalog as catalog
     from fedkt.federated.payload import Payload
-    from fedkt.methods import catalog
     from fedkt.methods.base import Method, Server
     from fedkt.methods.fedavg.config import FedAvgConfig
     from fedkt.runtime.base import RuntimeClients

@@ -17,8 +17,8 @@ import torch
 
 from fedkt import methods
 from fedkt.config import MethodConfig, RunConfig, parse_config
+from fedkt.config import method_catalog as catalog
 from fedkt.federated.payload import Payload
-from fedkt.methods import catalog
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
 from fedkt.runner import run_job
 from fedkt.runtime.local import LocalTransport

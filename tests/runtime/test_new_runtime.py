@@ -18,8 +18,9 @@ import yaml
 
 from fedkt.cli import main
 from fedkt.config import ConfigError, load_config
+from fedkt.config import runtime_catalog as catalog
 from fedkt.runner import run
-from fedkt.runtime import catalog, registry
+from fedkt.runtime import registry
 from fedkt.tracking import METRICS_FILE, read_rows, without_timings
 from tests.conftest import ROOT, small_config
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fedkt.methods import catalog
+from fedkt.config import method_catalog as catalog
 from fedkt.runner import run
 from tests.conftest import small_config
 

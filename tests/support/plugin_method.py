@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from fedkt.config.method_settings import AdapterAveragingConfig
 from fedkt.methods import register
 from fedkt.methods.base import Behaviour, Conformance, Docs, Method
 from fedkt.methods.fedavg.algorithm import FedAvgServer, client_train
 from fedkt.methods.handlers import client_evaluate
-from fedkt.methods.settings import AdapterAveragingConfig
 from fedkt.methods.uploads import ADAPTER, NUMBER
 
 NAME = "fedavg_plugin_variant"

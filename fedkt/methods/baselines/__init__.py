@@ -6,6 +6,6 @@ encoder (FedKD's exchange) and of an image classifier (KOALA's baseline).  FedAv
 causal LM's adapter is its own package, :mod:`fedkt.methods.fedavg`.
 
 ``method.py`` holds its :class:`~fedkt.methods.base.Method` objects, which
-:data:`fedkt.methods.catalog.BUILT_IN` names; this file imports nothing, so that a config
+:data:`fedkt.config.method_catalog.BUILT_IN` names; this file imports nothing, so that a config
 imports the package's ``config.py`` alone.
 """

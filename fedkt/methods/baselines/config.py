@@ -8,7 +8,7 @@ from pydantic import Field
 
 from fedkt.config.bounds import Layers
 from fedkt.config.method_schema import MethodConfig
-from fedkt.methods.settings import EncoderHead, ExchangeSettings, VisionPretrain
+from fedkt.config.method_settings import EncoderHead, ExchangeSettings, VisionPretrain
 
 if TYPE_CHECKING:
     from fedkt.config import RunConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedkt.methods.settings import AdapterAveragingConfig
+from fedkt.config.method_settings import AdapterAveragingConfig
 
 __all__ = ["AdapterAveragingConfig", "FedAvgConfig"]
 

@@ -1,5 +1,5 @@
 """The fedavg package's :class:`~fedkt.methods.base.Method` objects, as the catalog names them
-(:data:`fedkt.methods.catalog.BUILT_IN`); importing this module imports the algorithm."""
+(:data:`fedkt.config.method_catalog.BUILT_IN`); importing this module imports the algorithm."""
 
 from __future__ import annotations
 

@@ -5,6 +5,6 @@ global SLM by mutual distillation (Fan et al., arXiv:2411.11707).
 (the server's round; the clients run FedAvg's ``train`` handler).
 
 ``method.py`` holds its :class:`~fedkt.methods.base.Method` objects, which
-:data:`fedkt.methods.catalog.BUILT_IN` names; this file imports nothing, so that a config
+:data:`fedkt.config.method_catalog.BUILT_IN` names; this file imports nothing, so that a config
 imports the package's ``config.py`` alone.
 """

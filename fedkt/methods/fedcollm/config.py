@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from fedkt.config.bounds import Epochs, LearningRate, Steps, Temperature, TopK, Weight
-from fedkt.methods.settings import AdapterAveragingConfig, ReceivingOptions, check_rehearsal
+from fedkt.config.method_settings import AdapterAveragingConfig, ReceivingOptions, check_rehearsal
 
 if TYPE_CHECKING:
     from fedkt.config import RunConfig

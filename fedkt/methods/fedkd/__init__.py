@@ -5,6 +5,6 @@ updates (Wu et al., Nature Communications 2022).
 ``algorithm.py`` (the server's round and the client handlers).
 
 ``method.py`` holds its :class:`~fedkt.methods.base.Method` objects, which
-:data:`fedkt.methods.catalog.BUILT_IN` names; this file imports nothing, so that a config
+:data:`fedkt.config.method_catalog.BUILT_IN` names; this file imports nothing, so that a config
 imports the package's ``config.py`` alone.
 """

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from fedkt.config.bounds import Layers, LearningRate, Temperature
-from fedkt.methods.settings import EncoderHead, ExchangeSettings
+from fedkt.config.method_settings import EncoderHead, ExchangeSettings
 
 # eta_s / eta_t of the paper's Table 6 (SMM4H: 1e-5 / 2e-6).
 STUDENT_LR_RATIO = 5.0

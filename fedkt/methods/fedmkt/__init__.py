@@ -7,6 +7,6 @@ logits or choice posteriors), ``distill.py`` (Algorithm 2, Eqs. 5-10).  Knowledg
 token alignment and targets are shared pieces in :mod:`fedkt.alignment`.
 
 ``method.py`` holds its :class:`~fedkt.methods.base.Method` objects, which
-:data:`fedkt.methods.catalog.BUILT_IN` names; this file imports nothing, so that a config
+:data:`fedkt.config.method_catalog.BUILT_IN` names; this file imports nothing, so that a config
 imports the package's ``config.py`` alone.
 """

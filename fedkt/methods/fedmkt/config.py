@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from fedkt.config.bounds import Epochs, LearningRate, Temperature, TopK
 from fedkt.config.method_schema import MethodConfig
-from fedkt.methods.settings import ReceivingOptions, check_rehearsal
+from fedkt.config.method_settings import ReceivingOptions, check_rehearsal
 
 if TYPE_CHECKING:
     from fedkt.config import RunConfig

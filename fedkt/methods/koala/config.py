@@ -8,7 +8,7 @@ from pydantic import Field
 
 from fedkt.config.bounds import MAX_LAYERS, BatchSize, Epochs, LearningRate, Temperature, Weight
 from fedkt.config.method_schema import MethodConfig
-from fedkt.methods.settings import VisionPretrain
+from fedkt.config.method_settings import VisionPretrain
 
 
 class KoalaConfig(MethodConfig):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from fedkt.runtime.settings import FlowerSettings, FlowerSimSettings, LocalSettings
+from fedkt.config.runtime_settings import FlowerSettings, FlowerSimSettings, LocalSettings
 
 __all__ = ["BUILT_IN", "available_runtimes", "runtime_sections", "section_of",
            "unknown_runtime"]
