@@ -353,3 +353,34 @@ def test_controls_and_receiving_options_refuse_what_they_cannot_act_on(make_conf
             ("llm2slm", (*choice, "method.receiving.rehearsal_ratio=1")),
             ("fedmkt", (*choice, "data.split.server_size=20", *RECEIVING))]):
         make_config(*base, *overrides, method=method, name=f"ok{i}")
+
+
+@pytest.mark.parametrize("side", ["server", "clients"])
+def test_teacher_from_replaces_one_senders_knowledge_only(make_config, side):
+    """``teacher_from``: the control replaces what one side sends and leaves the other's as
+    the real arm's. ``server``: the clients' uploads are the real arm's, and the LLM, which
+    learnt from them as in the real arm, sends its S_0 permuted; ``clients``: the uploads are
+    permuted, and the LLM sends the S_0 that the both-sides control permutes, as it is."""
+    two = "clients.models=[{name: tiny-gpt2}, {name: tiny-qwen2}]"
+    runs = {}
+    for arm, extra in {"real": (), "both": ("method.teacher=shuffled",),
+                       side: ("method.teacher=shuffled", f"method.teacher_from={side}")}.items():
+        cfg = label_free(make_config, "fedmkt", two, "clients.num_clients=2", *extra, name=arm)
+        (_, _, up), (_, down, _) = _one_round(cfg)[1]
+        runs[arm] = ({cid: r["choices"]["posteriors"] for cid, r in up.items()},
+                     down[0]["s0"]["posteriors"])
+    (up_real, s0_real), (up_both, s0_both), (up, s0) = runs["real"], runs["both"], runs[side]
+    for cid in up_real:
+        if side == "server":
+            assert torch.equal(up[cid], up_real[cid])
+        else:
+            assert torch.equal(up[cid], up_both[cid]) and not torch.equal(up[cid], up_real[cid])
+    twin = s0_real if side == "server" else s0_both  # the S_0 of the same LLM, as it is / shuffled
+    assert _rows_sorted(s0) == _rows_sorted(twin) and not torch.equal(s0, twin)
+    if side == "clients":  # its LLM learnt from the permuted uploads, not the real ones
+        assert not torch.equal(s0, s0_real)
+
+
+def test_teacher_from_needs_a_sender_side_control(make_config):
+    with pytest.raises(ConfigError, match="teacher_from: 'server'.*ignored"):
+        label_free(make_config, "fedmkt", "method.teacher_from=server")

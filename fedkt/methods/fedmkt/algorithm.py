@@ -192,8 +192,10 @@ class FedMKTServer(Server[FedMKTConfig]):
     def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
         control) permutes S_0's samples, by a permutation fixed for each S_0 version;
-        ``marginal`` gives every sample S_0's mean posterior."""
-        sent = self.knowledge.sent(self.own_knowledge(), self.seed(self.s0_version, "shuffle"))
+        ``marginal`` gives every sample S_0's mean posterior (unless ``teacher_from:
+        clients``)."""
+        sent = self.knowledge.sent(self.own_knowledge(), self.seed(self.s0_version, "shuffle"),
+                                   "server")
         fields = self.knowledge.pack(sent)
         return fields, fields.pop(self.knowledge.field)
 
@@ -287,7 +289,7 @@ def client_train_and_share(ctx: ClientContext, msg: Payload) -> Payload:
     fields = knowledge.pack(own)
     ctx.save_state(_kept(knowledge), fields[knowledge.field])  # for step 7's own selection
     if msg.get("share"):
-        sent = knowledge.sent(own, ctx.seed("shuffle"))  # the sender-side controls
+        sent = knowledge.sent(own, ctx.seed("shuffle"), "clients")  # the sender-side controls
         reply.update(fields if sent is own else knowledge.pack(sent))
         metrics.update(knowledge.traffic([reply]))
     return reply

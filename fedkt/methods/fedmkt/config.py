@@ -10,6 +10,9 @@ from fedkt.config.bounds import Epochs, LearningRate, Temperature, TopK
 from fedkt.config.method_schema import MethodConfig
 from fedkt.config.method_settings import ReceivingOptions, check_rehearsal
 
+# A sender of knowledge: the LLM's server, or the clients.
+Side = Literal["clients", "server"]
+
 if TYPE_CHECKING:
     from fedkt.config import RunConfig
 
@@ -80,6 +83,13 @@ class FedMKTConfig(MethodConfig):
         'and bytes; nothing comes from the other side); "none", no exchange: steps 2-7 are '
         "skipped (no knowledge computed or sent, no KD step; local training, the LLM's own-data "
         "epochs and evaluation as in every arm). All but real and none need knowledge: choices."))
+    teacher_from: Literal["both", "clients", "server"] = Field("both", description=(
+        "Whose knowledge a sender-side control (teacher: shuffled or marginal) replaces "
+        '(an extension): "both", every sender\'s; "clients", only what the clients send (the '
+        "control of clients -> LLM; the LLM's knowledge travels as it is); \"server\", only "
+        "what the LLM sends (the control of LLM -> clients: the LLM first learns from the "
+        "clients' real knowledge, as in the real arm, so a collapse of the LLM under a "
+        'control teacher cannot stand in for the control of the other direction).'))
     receiving: ReceivingOptions = Field(default_factory=ReceivingOptions, description=(
         "How a learner takes in the other side's knowledge while keeping its own (rehearsal, "
         "anchoring, T**2, selective taking): extensions beyond the paper, each off by default "
@@ -112,8 +122,17 @@ class FedMKTConfig(MethodConfig):
                     raise ValueError(f"{key}: shapes distillation on top-K logits, and "
                                      "method.knowledge is 'choices' (posteriors over the task's "
                                      "choices); remove it or set knowledge: logits")
+        if self.teacher_from != "both" and self.teacher not in ("shuffled", "marginal"):
+            raise ValueError(f"teacher_from: {self.teacher_from!r} says whose knowledge the "
+                             "shuffled or marginal control replaces; with teacher: "
+                             f"{self.teacher!r} it would be ignored (remove it, or set "
+                             "teacher: shuffled or marginal)")
         self.receiving.check(self.knowledge, self.teacher)
         return self
+
+    def controls(self, sender: Side) -> bool:
+        """Whether ``teacher`` (a sender-side control) replaces what ``sender`` sends."""
+        return self.teacher_from in ("both", sender)
 
 
 # What only the top-K logits read (TopKKnowledge); top_k is not among them: base configs

@@ -46,7 +46,7 @@ from fedkt.federated.payload import Payload, PayloadError
 from fedkt.infra.precision import autocast
 from fedkt.train.lm import LM
 
-from .config import FedMKTConfig
+from .config import FedMKTConfig, Side
 from .distill import DIAGNOSTICS, distill, dual_min_ce
 
 if TYPE_CHECKING:
@@ -91,8 +91,9 @@ class Knowledge(Protocol):
         """``lm``'s own knowledge of D_p (a client's S_k, the server's S_0)."""
         ...
 
-    def sent(self, own: Any, seed: int) -> Any:
-        """What a sender sends of ``own`` under ``method.teacher`` (the controls)."""
+    def sent(self, own: Any, seed: int, sender: Side) -> Any:
+        """What ``sender`` sends of ``own`` under ``method.teacher`` and
+        ``method.teacher_from`` (the controls)."""
         ...
 
     def pack(self, knowledge: Any) -> dict[str, Any]:
@@ -196,7 +197,7 @@ class TopKKnowledge:
         return TopKLogits(vocab_size=int(got["vocab_size"][0]),
                           **{f: got[f] for f in TENSOR_FIELDS})
 
-    def sent(self, own: TopKLogits, seed: int) -> TopKLogits:
+    def sent(self, own: TopKLogits, seed: int, sender: Side) -> TopKLogits:
         """As it is: the sender-side controls need ``knowledge: choices`` (the config
         refuses them here)."""
         return own
@@ -277,10 +278,12 @@ class ChoiceKnowledge:
         m: FedMKTConfig = self.method
         return choices.choice_knowledge(self.cfg, lm, self.records, temperature=m.temperature)
 
-    def sent(self, own: Tensor, seed: int) -> Tensor:
+    def sent(self, own: Tensor, seed: int, sender: Side) -> Tensor:
         """Permuted across D_p (``shuffled``), every row the mean (``marginal``), or as it
-        is (:func:`fedkt.alignment.choices.sent`)."""
-        return choices.sent(own, self.method.teacher, seed)
+        is (:func:`fedkt.alignment.choices.sent`): as it is too from a sender that
+        ``teacher_from`` leaves out."""
+        m: FedMKTConfig = self.method
+        return choices.sent(own, m.teacher if m.controls(sender) else "real", seed)
 
     def pack(self, knowledge: Tensor) -> dict[str, Any]:
         return {self.field: choices.pack(knowledge)}
