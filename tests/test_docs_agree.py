@@ -65,13 +65,23 @@ def test_the_evidence_doc_describes_the_demo_as_configured():
 
 
 def test_the_readme_demo_tables_are_the_recorded_runs():
-    from fedkt.evidence.results import DEMO_END, DEMO_START, demo_block, replace_block
+    from fedkt.evidence.results import (
+        DEMO_END,
+        DEMO_START,
+        demo_block,
+        demo_records,
+        replace_block,
+    )
 
     readme = (ROOT / "README.md").read_text()
     block = demo_block(ROOT / "docs" / "records" / "demo")
     assert replace_block(readme, block, DEMO_START, DEMO_END) == readme, (
         "README.md's demo block differs from docs/records/demo: run "
         "`python -m fedkt.evidence.results docs/suites --readme README.md`")
+    # each kind's row says when it was measured: an old row cannot pass for a new one
+    for record in demo_records(ROOT / "docs" / "records" / "demo"):
+        row = next(line for line in block.splitlines() if line.startswith(f"| {record['kind']} |"))
+        assert f"| {record['commit']}, {record['date']} |" in row, row
 
 
 def test_each_demo_record_agrees_with_its_own_table():

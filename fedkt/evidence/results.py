@@ -258,9 +258,11 @@ def demo_block(folder: Path, link_prefix: str = "docs/records/demo/") -> str:
     shown = next(r for r in records if r.get("shown"))
     if not shown.get("table"):
         raise ValueError(f"{folder / shown['file']}: the shown record needs its table")
-    header = ["machine kind", "server", "global SLM", "clients' mean", "time", "record"]
+    header = ["machine kind", "server", "global SLM", "clients' mean", "time", "measured at",
+              "record"]
     rows = [[r["kind"], _final(r, "server"), _final(r, "global_slm"),
              _final(r, "clients (mean)"), _cell(r["wall_time"]),
+             f"{_cell(r['commit'])}, {_cell(r['date'])}",
              f"[{r['file']}]({link_prefix}{r['file']})"] for r in records]
     return "\n".join([
         DEMO_START, "```", *shown["table"], "```",
