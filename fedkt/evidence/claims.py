@@ -229,12 +229,14 @@ def _seed_side(claim: Claim, value: float, side: str) -> bool:
 def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | list[float],
            *, seed_interval: tuple[float, float] | None = None, estimate: float | None = None,
            floor: float | None = None, min_seeds: int = MIN_SEEDS,
-           fixed: bool = False) -> Decision:
+           fixed: bool = False, unit: str = "seed") -> Decision:
     """A suite's verdict: the interval's (:func:`verdict`) if the seeds carry it, else
     ``fragile`` with the reason; ``not resolved`` says when the estimate is below the
     detection ``floor`` (module docstring).  ``fixed``: both sides are run-level numbers
     without per-example data (bytes, sizes); only then may an exact result skip the seed
-    count, and only with ``MIN_FIXED_SEEDS`` seeds that all gave the same difference."""
+    count, and only with ``MIN_FIXED_SEEDS`` seeds that all gave the same difference.
+    ``unit``: what ``per_seed`` holds one of, as the reasons name it (``fold`` where the
+    suite's unit is the fold: each value a fold's mean over its seeds)."""
     side = verdict(claim, low, high)
     if side == NOT_RESOLVED:
         if floor is not None and estimate is not None and claim.tolerance is None:
@@ -246,13 +248,13 @@ def decide(claim: Claim, low: float, high: float, per_seed: tuple[float, ...] | 
     if fixed and high == low and k >= MIN_FIXED_SEEDS and len(set(per_seed)) == 1:
         return Decision(side)  # a run-level number that no resample and no seed moved
     if k < min_seeds:
-        return Decision(FRAGILE, f"{side} by the interval, but {k} seed{'s' * (k != 1)} "
+        return Decision(FRAGILE, f"{side} by the interval, but {k} {unit}{'s' * (k != 1)} "
                                  f"({min_seeds} needed)")
     against = sum(not _seed_side(claim, v, side) for v in per_seed)
     if against > 1:
-        return Decision(FRAGILE, f"{side} by the interval, but {against} of {k} seeds disagree")
+        return Decision(FRAGILE, f"{side} by the interval, but {against} of {k} {unit}s disagree")
     if seed_interval is not None and verdict(claim, *seed_interval) != side:
-        return Decision(FRAGILE, f"{side} by the interval, but the seeds' t-interval "
+        return Decision(FRAGILE, f"{side} by the interval, but the {unit}s' t-interval "
                                  f"[{seed_interval[0]:+.3f}, {seed_interval[1]:+.3f}] does not "
                                  "agree")
     return Decision(side)

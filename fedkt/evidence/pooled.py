@@ -68,7 +68,7 @@ def pooled_decision(claim_text: str, per_setting: Sequence[dict[str, float]],
     claim = parse_claim(claim_text)
     if not isinstance(claim, Claim):
         raise ValueError(f"{claim_text!r}: pool each part of a joint claim on its own")
-    decision = decide(claim, low, high, means.tolist(), seed_interval=(low, high),
+    decision = decide(claim, low, high, means.tolist(), seed_interval=(low, high), unit="fold",
                       estimate=float(means.mean()),
                       floor=(high - low) / 2 * (1 + _normal_quantile(DEFAULT_POWER)
                                                 / _normal_quantile(1 - (1 - level) / 2)))

@@ -775,7 +775,8 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
     seeds = d.seed_interval()
     floor = d.floor()
     decision = decide(claim, d.low, d.high, d.per_seed, seed_interval=seeds,
-                      estimate=d.estimate, floor=floor, fixed=d.n == 0)
+                      estimate=d.estimate, floor=floor, fixed=d.n == 0,
+                      unit="fold" if suite.fold_of else "seed")
     common = set.intersection(*(set(g.seeds) for g in (lhs, *largest)))
     seed_labels = [r.seed for r in paired(Group([r for r in lhs.runs if r.seed in common]),
                                           rhs)[0]]

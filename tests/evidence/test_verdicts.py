@@ -174,3 +174,13 @@ def test_max_of_two_controls_is_the_larger_on_each_resample():
     assert claim.arms() == {"a", "b", "c"} and str(claim.rhs) == "max(b, c).server.accuracy"
     with pytest.raises(Exception, match="does not parse"):
         parse_claim("max(a, b).server.accuracy > c.server.accuracy")
+
+
+def test_a_fold_suites_reasons_count_folds_not_seeds():
+    # a suite whose unit is the fold passes each fold's mean: its reasons name folds
+    claim = parse_claim("a.server.accuracy > b.server.accuracy")
+    one = decide(claim, 0.6, 0.8, [0.7], unit="fold")
+    assert one.verdict == FRAGILE and one.reason.endswith("but 1 fold (4 needed)")
+    split = decide(claim, 0.1, 0.3, [0.2, -0.1, -0.2, 0.4, 0.5], unit="fold")
+    assert split.verdict == FRAGILE and "2 of 5 folds disagree" in split.reason
+    assert "seed" not in one.reason + split.reason
