@@ -26,8 +26,15 @@ from fedkt.infra.environment import ENVIRONMENT_FILE, environment
 from fedkt.infra.precision import resolve_precision, set_threads
 from fedkt.infra.timing import Clock, clocks, eval_clock, now, phase_seconds
 from fedkt.methods import get_method
-from fedkt.methods.base import RoundError, broadcast, clients_per_round, seed_everything
-from fedkt.runtime.base import RuntimeClients, Transport
+from fedkt.methods.base import (
+    Method,
+    RoundError,
+    Server,
+    broadcast,
+    clients_per_round,
+    seed_everything,
+)
+from fedkt.runtime.base import RuntimeClients, Traffic, Transport
 from fedkt.runtime.registry import get_runtime
 from fedkt.runtime.report import round_report, server_participants, split_metrics
 from fedkt.tracking import checkpoint
@@ -165,7 +172,7 @@ def _round0_comparison(cfg: RunConfig, run_dir: Path) -> str:
     return "\n" + round0_summary(run_dir)
 
 
-def _server_evaluate(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int
+def _server_evaluate(cfg: RunConfig, server: Server, recorder: RunRecorder, rnd: int
                      ) -> dict[str, dict[str, float]]:
     """``server.evaluate(rnd)`` as ``{participant: metrics}``, writing the per-example
     predictions of each server-side participant to the run folder."""
@@ -183,8 +190,8 @@ def _server_evaluate(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: in
     return metrics
 
 
-def _client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd: int,
-                        traffic: Any) -> None:
+def _client_predictions(cfg: RunConfig, server: Server, recorder: RunRecorder, rnd: int,
+                        traffic: Traffic) -> None:
     """The clients' per-example tables of round ``rnd`` into the run folder
     (:func:`fedkt.eval.predictions.write_client_predictions`), with ``eval.predictions``."""
     if cfg.eval.predictions and any(traffic.predictions.values()):
@@ -193,7 +200,7 @@ def _client_predictions(cfg: RunConfig, server: Any, recorder: RunRecorder, rnd:
                                              test_ids)
 
 
-def _round0(cfg: RunConfig, method: Any, server: Any, clients: RuntimeClients,
+def _round0(cfg: RunConfig, method: Method, server: Server, clients: RuntimeClients,
             recorder: RunRecorder, quiet: bool) -> None:
     """Round 0: every participant's model evaluated before any training (zero-shot).
 

@@ -12,9 +12,12 @@ in a :class:`~fedkt.runtime.base.Traffic` (bytes, seconds, metrics, exclusions).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedkt.runtime.replies import SERVER_ROW_KEYS
+
+if TYPE_CHECKING:
+    from fedkt.runtime.base import Traffic
 
 __all__ = ["ClientReport", "RoundReport", "round_report", "server_participants", "split_metrics"]
 
@@ -129,7 +132,7 @@ class RoundReport:
 
 
 def round_report(rnd: int, server: dict[str, dict[str, float]],
-                 evaluated: dict[str, dict[str, float]], cids: list[int], traffic: Any,
+                 evaluated: dict[str, dict[str, float]], cids: list[int], traffic: Traffic,
                  timing: dict[str, float]) -> RoundReport:
     """Round ``rnd``'s report from the server's metrics by split, its evaluation
     (``{participant: metrics}``), the round's clients ``cids`` and its
