@@ -192,8 +192,8 @@ class FedMKTServer(Server[FedMKTConfig]):
     def s0_message(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """Step 6's request fields and S_0 packed for the wire.  ``teacher: shuffled`` (a
         control) permutes S_0's samples, by a permutation fixed for each S_0 version;
-        ``marginal`` gives every sample S_0's mean posterior (unless ``teacher_from:
-        clients``)."""
+        ``marginal`` gives every sample S_0's mean posterior; ``teacher_from: clients``
+        leaves S_0 as it is."""
         sent = self.knowledge.sent(self.own_knowledge(), self.seed(self.s0_version, "shuffle"),
                                    "server")
         fields = self.knowledge.pack(sent)

@@ -10,7 +10,7 @@ from fedkt.config.bounds import Epochs, LearningRate, Temperature, TopK
 from fedkt.config.method_schema import MethodConfig
 from fedkt.config.method_settings import ReceivingOptions, check_rehearsal
 
-# A sender of knowledge: the LLM's server, or the clients.
+# A sender of knowledge: the server (its LLM) or the clients.
 Side = Literal["clients", "server"]
 
 if TYPE_CHECKING:
