@@ -24,10 +24,10 @@ import the schema.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedkt.errors import ConfigError
+from fedkt.infra.lazy import lazy_exports
 
 # name -> the module under fedkt.config that defines it, imported on first use.
 _EXPORTS: dict[str, str] = {
@@ -160,14 +160,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fedkt.config' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fedkt.config.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

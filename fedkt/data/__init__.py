@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedkt.infra.lazy import lazy_exports
 
 # Names are imported on first use, so that ``import fedkt.data.builtin`` (``fedkt
 # list``) does not pay for the config schema, the readers and the image loaders.
@@ -54,17 +55,7 @@ if TYPE_CHECKING:
     from fedkt.data.splits import FederatedData, client_splits, make_splits, partition
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fedkt.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fedkt.data.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

@@ -7,5 +7,6 @@
 * :mod:`fedkt.infra.seeds`: seeds derived from a run's seed, and seeding every generator;
 * :mod:`fedkt.infra.environment`: the machine and libraries a run records;
 * :mod:`fedkt.infra.plugins`: the ``FEDKT_PLUGINS`` modules every process imports;
-* :mod:`fedkt.infra.templates`: the checks on a prompt template.
+* :mod:`fedkt.infra.templates`: the checks on a prompt template;
+* :mod:`fedkt.infra.lazy`: a package's names imported on first use.
 """

@@ -12,9 +12,10 @@ See ``docs/models.md``.  The usual entry points::
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedkt.infra.lazy import lazy_exports
 
 # Names are imported on first use, so that ``import fedkt.models.tokenizers`` (say)
 # does not pay for importing peft and every model class.
@@ -87,17 +88,7 @@ def tiny_preset_names() -> list[str]:
                   and isinstance(node.args[0], ast.Constant))
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fedkt.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fedkt.models.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [
