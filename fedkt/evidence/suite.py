@@ -365,7 +365,12 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True
     """``(arm, seed, config, state)`` of every run still to do.  A run of the folder made
     with another config than the suite file gives it now (an edited suite file) raises
     :class:`SuiteChangedError` naming it and the keys that differ, before anything runs;
-    with ``rerun_changed`` it is run again from the start (state ``new``)."""
+    with ``rerun_changed`` it is run again from the start (state ``new``).
+
+    With folds the runs come fold by fold (in each fold the arms in file order, then the
+    seeds), so a suite stopped part-way leaves whole folds to report, and a fold's
+    controls start after its first arm, whose round 0, training and knowledge the reuse
+    store then serves them."""
     changed = {}
     for (arm, seed), cfg in suite.runs.items():
         run_dir = suite.run_dir(arm, seed)
@@ -396,6 +401,9 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True
                 print(f"suite {suite.cfg.name}: {arm} seed {seed}: done, skipped")
             continue
         todo.append((arm, seed, cfg, state))
+    if suite.fold_of:
+        arms = list(suite.cfg.arms)
+        todo.sort(key=lambda t: (suite.fold_of[t[1]], arms.index(t[0])))  # stable: seeds
     return todo
 
 

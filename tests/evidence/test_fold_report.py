@@ -108,6 +108,20 @@ def test_a_suite_runs_seeds_inside_its_folds(tmp_path):
             f"seed_{seed}"
 
 
+def test_a_fold_suite_runs_fold_by_fold(tmp_path):
+    """Whole folds first (arms in file order inside a fold, then seeds), so a suite stopped
+    part-way leaves complete folds; without folds, arm by arm as before."""
+    from fedkt.evidence.suite import plan_runs
+
+    suite = _fold_suite(tmp_path, folds=[0, 1, 2], seeds_per_fold=2)
+    order = [(suite.fold_of[seed], arm, seed) for arm, seed, _, _ in plan_runs(suite)]
+    assert order == [(f, arm, s) for f in (0, 1, 2) for arm in suite.cfg.arms
+                     for s in (1000 + f, 2000 + f)]
+    plain = _fold_suite(tmp_path, seeds=[0, 1])  # no folds: seeds are the unit
+    assert [(arm, seed) for arm, seed, _, _ in plan_runs(plain)] == [
+        (arm, s) for arm in plain.cfg.arms for s in (0, 1)]
+
+
 def test_fold_keys_are_checked(tmp_path):
     from fedkt.config import ConfigError
 
