@@ -4,7 +4,9 @@
 generation under :func:`torch.autocast`: matrix products run in the low-precision
 type while master weights, adapters and optimiser state stay fp32 (models are
 never cast).  ``auto`` is bf16 where the hardware does it natively (a CPU with
-AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else fp32.  fp16 needs CUDA
+AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else fp32; a CPU whose oneDNN is capped
+below AVX512-BF16 (``ONEDNN_MAX_CPU_ISA=AVX2``, to emulate a lower machine kind) counts as
+one without.  fp16 needs CUDA
 and trains with loss scaling (:func:`grad_scaler`).
 
 ``runtime.torch_threads: null`` means one torch thread per physical core
@@ -43,9 +45,32 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@functools.cache
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) under which its matrix kernels still have bf16
+# dot products; a lower cap (AVX2, AVX512_CORE, ...) leaves bf16 emulated, however new the CPU.
+_BF16_ISAS = {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX",
+              "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "ALL",
+              "DEFAULT"}
+
+
+def _isa_cap_allows_bf16() -> bool:
+    """False when ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) caps oneDNN below
+    AVX512-BF16, as the emulation of a lower machine kind does."""
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        cap = os.environ.get(var, "").strip().upper()
+        if cap:
+            return cap in _BF16_ISAS
+    return True
+
+
 def cpu_supports_bf16() -> bool:
-    """True when this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16)."""
+    """True when this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16)
+    and no ``ONEDNN_MAX_CPU_ISA`` cap keeps oneDNN from them."""
+    return _isa_cap_allows_bf16() and _cpu_has_bf16()
+
+
+@functools.cache
+def _cpu_has_bf16() -> bool:
+    """The CPU's own flags: AVX512-BF16 or AMX-BF16."""
     try:
         caps = torch.cpu.get_capabilities()
         if caps.get("avx512_bf16") or caps.get("amx_bf16"):

@@ -25,7 +25,23 @@ def _cpu_flags() -> set[str]:
 def test_native_bf16_detection_matches_the_cpu_flags():
     if not os.path.exists("/proc/cpuinfo"):
         pytest.skip("no /proc/cpuinfo")
-    assert bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"}) == NATIVE_BF16
+    assert bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"}) == precision._cpu_has_bf16()
+
+
+@pytest.mark.parametrize(("cap", "allows"), [
+    ("AVX2", False), ("avx512_core", False), ("AVX512_CORE_VNNI", False),
+    ("AVX512_CORE_BF16", True), ("AVX512_CORE_AMX", True), ("", True)])
+def test_an_isa_cap_below_avx512_bf16_makes_auto_fp32(monkeypatch, cap, allows):
+    """Emulating a lower machine kind (ONEDNN_MAX_CPU_ISA=AVX2 on an AMX host) must give
+    that kind's precision: bf16 under an AVX2 cap is emulated (measured: a demo round's
+    client training past 5 CPU-minutes on an AMX host, against 8 s native)."""
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    monkeypatch.setattr(precision, "_cpu_has_bf16", lambda: True)
+    assert precision.cpu_supports_bf16() is allows
+    assert resolve_precision("auto", "cpu") is (torch.bfloat16 if allows else None)
+    monkeypatch.setattr(precision, "_cpu_has_bf16", lambda: False)  # no cap adds bf16
+    assert precision.cpu_supports_bf16() is False
 
 
 def test_resolve_each_option_on_cpu():
