@@ -384,3 +384,13 @@ def test_teacher_from_replaces_one_senders_knowledge_only(make_config, side):
 def test_teacher_from_needs_a_sender_side_control(make_config):
     with pytest.raises(ConfigError, match="teacher_from: 'server'.*ignored"):
         label_free(make_config, "fedmkt", "method.teacher_from=server")
+
+
+def test_teacher_from_clients_under_llm2slm_is_refused(make_config):
+    """LLM2SLM's clients send the LLM nothing: a control of what they send is a no-op."""
+    with pytest.raises(ConfigError, match=r"method\.teacher_from.*llm2slm the clients send"):
+        label_free(make_config, "llm2slm", "method.teacher=shuffled",
+                   "method.teacher_from=clients")
+    cfg = label_free(make_config, "llm2slm", "method.teacher=shuffled",
+                     "method.teacher_from=server")
+    assert cfg.method.controls("server") and not cfg.method.controls("clients")

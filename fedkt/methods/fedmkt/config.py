@@ -169,3 +169,11 @@ class LLM2SLMConfig(FedMKTConfig):
 
     name: Literal["llm2slm"] = "llm2slm"  # type: ignore[assignment]
     llm_training: bool = False
+
+    @model_validator(mode="after")
+    def _one_sender(self) -> LLM2SLMConfig:
+        if self.teacher_from == "clients":
+            raise ValueError("teacher_from: 'clients': under llm2slm the clients send the LLM "
+                             "nothing, so a control of what they send would change nothing; "
+                             "use teacher_from: server (or both)")
+        return self
