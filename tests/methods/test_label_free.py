@@ -387,10 +387,14 @@ def test_teacher_from_needs_a_sender_side_control(make_config):
 
 
 def test_teacher_from_clients_under_llm2slm_is_refused(make_config):
-    """LLM2SLM's clients send the LLM nothing: a control of what they send is a no-op."""
+    """Without LLM training (llm2slm, or llm_training: false) the clients send the LLM
+    nothing: a control of what they send is a no-op."""
     with pytest.raises(ConfigError, match=r"method\.teacher_from.*llm2slm the clients send"):
         label_free(make_config, "llm2slm", "method.teacher=shuffled",
                    "method.teacher_from=clients")
+    with pytest.raises(ConfigError, match=r"method\.teacher_from.*llm_training: false"):
+        label_free(make_config, "fedmkt", "method.teacher=shuffled",
+                   "method.teacher_from=clients", "method.llm_training=false")
     cfg = label_free(make_config, "llm2slm", "method.teacher=shuffled",
                      "method.teacher_from=server")
     assert cfg.method.controls("server") and not cfg.method.controls("clients")

@@ -127,6 +127,10 @@ class FedMKTConfig(MethodConfig):
                              "shuffled or marginal control replaces; with teacher: "
                              f"{self.teacher!r} it would be ignored (remove it, or set "
                              "teacher: shuffled or marginal)")
+        if self.teacher_from == "clients" and not self.llm_training:
+            raise ValueError("teacher_from: 'clients': with llm_training: false (as under "
+                             "llm2slm the clients send the LLM nothing) a control of what they "
+                             "send would change nothing; use teacher_from: server (or both)")
         self.receiving.check(self.knowledge, self.teacher)
         return self
 
@@ -169,11 +173,3 @@ class LLM2SLMConfig(FedMKTConfig):
 
     name: Literal["llm2slm"] = "llm2slm"  # type: ignore[assignment]
     llm_training: bool = False
-
-    @model_validator(mode="after")
-    def _one_sender(self) -> LLM2SLMConfig:
-        if self.teacher_from == "clients":
-            raise ValueError("teacher_from: 'clients': under llm2slm the clients send the LLM "
-                             "nothing, so a control of what they send would change nothing; "
-                             "use teacher_from: server (or both)")
-        return self
