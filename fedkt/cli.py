@@ -226,7 +226,8 @@ def cmd_suite_power(args: argparse.Namespace) -> int:
 
     floor, half = suite_targets(args.pilot)
     return _table(lambda: power_report(args.pilot, args.target_floor or floor or 0.10,
-                                       args.half_width or half or 0.06), args.output)
+                                       args.half_width or half or 0.06, args.seeds),
+                  args.output)
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
@@ -473,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--half-width", type=float, default=None,
                    help="95%% half-width to reach (default: the suite's target_half_width, "
                         "or 0.06)")
+    q.add_argument("--seeds", type=int, default=None,
+                   help="plan with this many training seeds a fold (default: the pilot's); "
+                        "needs a pilot with several seeds a fold, whose fold SD it splits")
     q.add_argument("-o", "--output", help="also write the table to this file")
     q.set_defaults(func=cmd_suite_power)
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")

@@ -144,6 +144,15 @@ def _check_claim(claim: Any, where: str) -> None:
             raise ValueError(f"{where}.per_seed: expected a mapping of seed to difference")
         for seed, value in per_seed.items():
             _finite(value, f"{where}.per_seed[{seed}]")
+    per_run = claim.get("per_run")
+    if per_run is not None:
+        if not isinstance(per_run, dict) or not all(isinstance(v, dict)
+                                                    for v in per_run.values()):
+            raise ValueError(f"{where}.per_run: expected a mapping of fold to a mapping of "
+                             "seed to difference")
+        for fold, seeds in per_run.items():
+            for seed, value in seeds.items():
+                _finite(value, f"{where}.per_run[{fold}][{seed}]")
     for part in str(claim.get("per_seed_text") or "-").split(";"):
         if part.strip() not in ("-", ""):
             for k, value in enumerate(part.split(",")):

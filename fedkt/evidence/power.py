@@ -18,7 +18,12 @@ From a pilot (a finished suite folder, or one fold of one), per claim:
   times (their ``metrics.jsonl`` rows, or the pilot's "Where the time went" table).
 
 More seeds inside a fold average only the seeds' part of ``s``, never the fold's or its
-items'; so the fold count is what the targets buy.
+items'. Where the pilot ran several seeds in a fold (its claims' ``per_run``), the fold SD
+is split as a one-way random-effects model (method of moments, :func:`seed_split`): the
+**seed SD** ``s_w``, the spread of training seeds on one fold's items, pooled over the
+folds, and the **between-fold SD** ``s_b``, what the fold itself adds (its items, its
+classes and data), from ``s² = s_b² + s_w² / m`` with ``m`` seeds a fold.  A plan with
+``m'`` seeds a fold then has the fold SD ``√(s_b² + s_w² / m')`` (``--seeds``).
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ from fedkt.evidence.claims import MIN_SEEDS
 from fedkt.evidence.stats import DEFAULT_LEVEL, DEFAULT_POWER, _normal_quantile
 from fedkt.tracking.tables import format_table
 
-__all__ = ["ClaimPower", "claim_power", "folds_needed", "item_se", "pilot_power",
-           "power_report", "suite_targets"]
+__all__ = ["ClaimPower", "SeedSplit", "claim_power", "folds_needed", "item_se", "pilot_power",
+           "power_report", "seed_split", "suite_targets"]
 
 MAX_FOLDS = 1000
 
@@ -73,6 +78,41 @@ def item_se(half_width: float, folds: int, fold_sd: float | None,
 
 
 @dataclass(frozen=True)
+class SeedSplit:
+    """A fold SD split into its seeds' and its folds' parts (:func:`seed_split`)."""
+
+    seed_sd: float  # training seeds on one fold's items, pooled over the folds
+    between_sd: float | None  # what a fold adds; None with one fold
+    seeds_per_fold: float  # the harmonic mean of the folds' seed counts
+
+    def fold_sd(self, seeds: float) -> float | None:
+        """The SD of a fold's mean over ``seeds`` seeds (None: the fold part unknown)."""
+        if self.between_sd is None:
+            return None
+        return math.sqrt(self.between_sd ** 2 + self.seed_sd ** 2 / seeds)
+
+
+def seed_split(per_run: dict[str, dict[str, float]]) -> SeedSplit | None:
+    """The seed SD within folds and the SD between folds of a claim's per-run differences
+    (``{fold: {seed: difference}}``), by one-way ANOVA's method of moments: ``s_w²`` the
+    pooled within-fold variance, ``s_b² = max(var(fold means) − s_w² / m, 0)`` with ``m``
+    the harmonic mean of the seeds a fold.  None where no fold has two seeds."""
+    folds = [[float(v) for v in seeds.values()] for seeds in per_run.values() if seeds]
+    dof = sum(len(f) - 1 for f in folds)
+    if dof < 1:
+        return None
+    within = sum(sum((v - sum(f) / len(f)) ** 2 for v in f) for f in folds) / dof
+    m = len(folds) / sum(1 / len(f) for f in folds)
+    between = None
+    if len(folds) >= 2:
+        means = [sum(f) / len(f) for f in folds]
+        grand = sum(means) / len(means)
+        var = sum((x - grand) ** 2 for x in means) / (len(means) - 1)
+        between = math.sqrt(max(var - within / m, 0.0))
+    return SeedSplit(math.sqrt(within), between, m)
+
+
+@dataclass(frozen=True)
 class ClaimPower:
     """One claim's (or part's) numbers and the folds its targets need."""
 
@@ -84,6 +124,8 @@ class ClaimPower:
     folds_for_floor: int | None
     folds_for_half: int | None
     lower_bound: bool  # one fold: the item SE stood in for the fold SD
+    split: SeedSplit | None = None  # the fold SD's seed and fold parts (several seeds a fold)
+    plan_seeds: float | None = None  # seeds a fold the folds needed assume (None: the pilot's)
 
     @property
     def folds_needed(self) -> int | None:
@@ -97,17 +139,25 @@ def _numbers(text: str) -> list[float]:
 
 def claim_power(claim: str, per_fold: list[float], low: float, high: float,
                 floor: float | None, target_floor: float, target_half: float,
-                level: float = DEFAULT_LEVEL) -> ClaimPower:
-    """:class:`ClaimPower` from a claim's per-fold differences and bootstrap interval."""
+                level: float = DEFAULT_LEVEL, per_run: dict[str, dict[str, float]] | None = None,
+                seeds: int | None = None) -> ClaimPower:
+    """:class:`ClaimPower` from a claim's per-fold differences and bootstrap interval;
+    ``per_run`` (``{fold: {seed: difference}}``) splits the fold SD, and ``seeds`` plans
+    with that many seeds a fold instead of the pilot's (it needs the split)."""
     k = len(per_fold)
     mean = sum(per_fold) / k if k else 0.0
     sd = math.sqrt(sum((v - mean) ** 2 for v in per_fold) / (k - 1)) if k >= 2 else None
     se = item_se((high - low) / 2, k, sd, level)
     plan_sd = sd if sd is not None else se
+    split = seed_split(per_run) if per_run else None
+    planned = None
+    if seeds is not None and split is not None and split.fold_sd(seeds) is not None:
+        plan_sd, planned = split.fold_sd(seeds), float(seeds)  # type: ignore[assignment]
     return ClaimPower(claim, k, sd, se, floor,
                       folds_needed(plan_sd, target_floor, factor=floor_factor(level),
                                    level=level),
-                      folds_needed(plan_sd, target_half, level=level), sd is None)
+                      folds_needed(plan_sd, target_half, level=level), sd is None, split,
+                      planned)
 
 
 def _wall_per_fold(folder: Path, seeds: int) -> float | None:
@@ -142,10 +192,12 @@ def _wall_per_fold(folder: Path, seeds: int) -> float | None:
     return sum(per_arm) if per_arm else None
 
 
-def pilot_power(folder: str | Path, target_floor: float, target_half: float
+def pilot_power(folder: str | Path, target_floor: float, target_half: float,
+                seeds: int | None = None
                 ) -> tuple[list[ClaimPower], dict[str, float | int | None]]:
     """Per claim (a joint claim: per part) :class:`ClaimPower`, and the pilot's design:
-    seeds per fold, arms, seconds per fold (all arms and seeds)."""
+    seeds per fold, arms, seconds per fold (all arms and seeds).  ``seeds``: plan with
+    that many seeds a fold (:func:`claim_power`)."""
     folder = Path(folder)
     result = read_suite_result(folder)
     rows: list[ClaimPower] = []
@@ -163,8 +215,11 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float
             if not isinstance(floor, int | float):
                 got = _numbers(str(part.get("floor_text", "")))
                 floor = got[0] if got else None
+            per_run = part.get("per_run")
             rows.append(claim_power(part.get("claim", text), values, ci[0], ci[1], floor,
-                                    target_floor, target_half))
+                                    target_floor, target_half,
+                                    per_run=per_run if isinstance(per_run, dict) else None,
+                                    seeds=seeds))
     import json
 
     data = {}
@@ -172,11 +227,17 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float
         data = json.loads((folder / "suite.json").read_text())
     seeds = len(data.get("seeds") or []) or (rows[0].folds if rows else 1)
     folds = data.get("folds") or {}
-    n_folds = len(set(folds.values())) if folds else seeds
+    if folds:  # the suite's design: seeds inside folds
+        declared = len(set(folds.values()))
+        per = max(1, len(folds) // declared)
+        # a suite stopped part-way: the folds that have results
+        n_folds = min(declared, max(r.folds for r in rows)) if rows else declared
+    else:  # each seed its own unit
+        n_folds, per = seeds, 1
     per_fold = _wall_per_fold(folder, n_folds)
     arms = len({r.get("arm") for r in data.get("table", []) if not
                 str(r.get("arm", "")).startswith("round 0")}) or None
-    return rows, {"seeds_per_fold": max(1, seeds // max(1, n_folds)), "arms": arms,
+    return rows, {"seeds_per_fold": per, "arms": arms,
                   "seconds_per_fold": per_fold, "folds": n_folds}
 
 
@@ -197,38 +258,64 @@ def suite_targets(folder: str | Path) -> tuple[float | None, float | None]:
     return out[0], out[1]
 
 
+def _sd(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def power_report(folder: str | Path, target_floor: float = 0.10,
-                 target_half: float = 0.06) -> str:
-    """The table ``fedkt suite power`` prints."""
+                 target_half: float = 0.06, seeds: int | None = None) -> str:
+    """The table ``fedkt suite power`` prints (``seeds``: plan with that many seeds a fold)."""
     if target_floor <= 0 or target_half <= 0:
         raise ValueError("--target-floor and --half-width must be positive")
-    rows, design = pilot_power(folder, target_floor, target_half)
+    if seeds is not None and seeds < 1:
+        raise ValueError("--seeds must be at least 1")
+    rows, design = pilot_power(folder, target_floor, target_half, seeds)
     if not rows:
         raise ValueError(f"{folder}: no claim with per-fold differences and an interval")
-    m, arms, sec = design["seeds_per_fold"], design["arms"], design["seconds_per_fold"]
+    pilot_m, arms, sec = design["seeds_per_fold"], design["arms"], design["seconds_per_fold"]
     table = []
+    unplanned = []
     for r in rows:
         need = r.folds_needed
         bound = "≥" if r.lower_bound else ""
+        m = pilot_m
+        if seeds is not None and r.plan_seeds is not None:
+            m = seeds
+        elif seeds is not None and seeds != pilot_m:
+            unplanned.append(r.claim)
+        per_fold = sec * m / pilot_m if sec and pilot_m else sec
         runs = need * m * arms if need is not None and arms else None
-        hours = need * sec / 3600 if need is not None and sec else None
-        table.append([r.claim, str(r.folds), "-" if r.fold_sd is None else f"{r.fold_sd:.3f}",
-                      f"{r.item_se:.3f}", "-" if r.floor is None else f"{r.floor:.3f}",
+        hours = need * per_fold / 3600 if need is not None and per_fold else None
+        split = r.split
+        table.append([r.claim, str(r.folds), _sd(r.fold_sd), f"{r.item_se:.3f}",
+                      _sd(split.seed_sd if split else None),
+                      _sd(split.between_sd if split else None),
+                      "-" if r.floor is None else f"{r.floor:.3f}",
                       f"{bound}{r.folds_for_floor}" if r.folds_for_floor else f">{MAX_FOLDS}",
                       f"{bound}{r.folds_for_half}" if r.folds_for_half else f">{MAX_FOLDS}",
                       f"{bound}{need} x {m}" if need else "-",
                       f"{bound}{runs}" if runs else "-",
                       f"{bound}{hours:.1f}" if hours is not None else "-"])
+    plan = (f"- planned with {seeds} seed(s) per fold: the fold SD √(between² + seed SD² / "
+            f"{seeds})" + (f"; {len(unplanned)} of {len(rows)} claim(s) kept at the pilot's "
+                           f"{pilot_m}: no between-folds part to plan with (one fold, or one "
+                           "seed a fold)" if unplanned else "")
+            ) if seeds is not None else None
     lines = [f"# Power from the pilot {folder}", "",
              f"- targets: detection floor {target_floor:.3f}, 95% half-width {target_half:.3f}",
-             f"- pilot: {design['folds']} fold(s), {m} seed(s) per fold, {arms or '?'} arms; "
+             f"- pilot: {design['folds']} fold(s), {pilot_m} seed(s) per fold, "
+             f"{arms or '?'} arms; "
              + (f"{sec / 3600:.2f} h per fold (all arms and seeds, one after another)"
                 if sec else "no recorded wall times"),
              "- fold SD: of the per-fold differences; item SE: one fold's, from its test items; "
              "folds for a target: the smallest K >= 4 whose folds' t-interval reaches it "
-             "(≥: one fold, the item SE standing in for the fold SD, a lower bound); runs: "
-             "folds x seeds per fold x arms (docs/evidence.md, \"Power before the run\")", "",
-             format_table(["claim", "folds", "fold SD", "item SE", "floor",
+             "(≥: one fold, the item SE standing in for the fold SD, a lower bound); seed SD: "
+             "training seeds on one fold's items; between folds: what a fold adds beyond its "
+             "seeds' mean (several seeds a fold); runs: folds x seeds per fold x arms "
+             "(docs/evidence.md, \"Power before the run\")",
+             *([plan] if plan else []), "",
+             format_table(["claim", "folds", "fold SD", "item SE", "seed SD",
+                           "between folds", "floor",
                            f"folds for floor {target_floor:.2f}",
                            f"folds for half-width {target_half:.2f}", "folds x seeds", "runs",
                            "hours"], table, markdown=True)]

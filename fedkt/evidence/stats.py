@@ -225,6 +225,10 @@ class Difference:
     # "seeds, items" (each seed its own unit) or "folds, seeds within a fold, items" (the
     # fold the unit: per_seed then holds each fold's mean over its seeds, in fold order)
     resampling: str = "seeds, items"
+    # each run's own difference, in the order given, and each run's fold (empty where the
+    # seed is the unit): what splits a fold's spread into its seeds' and its own
+    per_run: tuple[float, ...] = ()
+    units: tuple[int, ...] = ()
 
     def seed_interval(self) -> tuple[float, float] | None:
         """The t-interval over :attr:`per_seed` at :attr:`level` (None below 2 seeds)."""
@@ -296,7 +300,9 @@ def bootstrap_difference(
                           min(sizes) if sizes else 0, len(fold_point),
                           float(np.mean([np.mean(np.asarray(a_vals)[i]) for i in members])),
                           float(np.mean([np.mean(np.asarray(b_vals)[i]) for i in members])),
-                          tuple(fold_point), "folds, seeds within a fold, items")
+                          tuple(fold_point), "folds, seeds within a fold, items",
+                          tuple(float(v) for v in per_seed_point),
+                          tuple(int(u) for u in units))
     if k == 1:
         replicates = stacked[0]
     else:
@@ -306,7 +312,8 @@ def bootstrap_difference(
     low, high = np.quantile(replicates, [alpha, 1 - alpha])
     return Difference(float(np.mean(per_seed_point)), float(low), float(high), level,
                       min(sizes) if sizes else 0, k, float(np.mean(a_vals)),
-                      float(np.mean(b_vals)), tuple(float(v) for v in per_seed_point))
+                      float(np.mean(b_vals)), tuple(float(v) for v in per_seed_point),
+                      per_run=tuple(float(v) for v in per_seed_point))
 
 
 def _shrink(points: np.ndarray, within: float, between: float | None = None) -> float:

@@ -788,7 +788,10 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
     common = set.intersection(*(set(g.seeds) for g in (lhs, *largest)))
     seed_labels = [r.seed for r in paired(Group([r for r in lhs.runs if r.seed in common]),
                                           rhs)[0]]
+    per_run: dict[str, dict[str, float]] = {}
     if suite.fold_of:  # per_seed holds each fold's mean over its seeds, in fold order
+        for run_seed, value in zip(seed_labels, d.per_run, strict=False):
+            per_run.setdefault(str(suite.fold_of[run_seed]), {})[str(run_seed)] = value
         seed_labels = sorted({suite.fold_of[s] for s in seed_labels})
     return {"claim": claim.text, "estimate": f"{d.estimate:+.4f}",
             "ci": f"[{d.low:+.4f}, {d.high:+.4f}]", "verdict": decision.verdict,
@@ -799,7 +802,7 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
             "half_width": max((d.high - d.low) / 2, (seeds[1] - seeds[0]) / 2 if seeds else 0.0),
             "seed_ci": f"[{seeds[0]:+.3f}, {seeds[1]:+.3f}]" if seeds else "-",
             "per_seed_text": ", ".join(f"{v:+.3f}" for v in d.per_seed),
-            "floor_text": f"{floor:.3f}"}
+            "floor_text": f"{floor:.3f}", **({"per_run": per_run} if per_run else {})}
 
 
 def suite_status(path: str | Path) -> list[tuple[str, int, str]]:

@@ -39,6 +39,7 @@ def test_the_fold_is_the_unit():
     runs = [float(s.value()) for s in a]
     assert d.per_seed == pytest.approx([np.mean(runs[2 * f: 2 * f + 2]) for f in range(4)])
     assert d.estimate == pytest.approx(np.mean(runs))
+    assert d.per_run == pytest.approx(runs) and d.units == tuple(units)
     flat = bootstrap_difference(a, b, reps=300)  # without units: each seed its own unit
     assert flat.seeds == 8 and flat.resampling == "seeds, items"
     with pytest.raises(ValueError, match="units"):
@@ -197,6 +198,10 @@ def test_a_fold_suites_report_counts_folds(tmp_path):
     assert list(claim["per_seed"]) == ["0", "1", "2", "3"]
     assert list(claim["per_seed"].values()) == pytest.approx(want)
     assert claim["resampling"] == "folds, seeds within a fold, items"
+    # each run's own difference under its fold and seed: a's seed r of fold f has
+    # 20 + 4f + r right against b's 10 + f
+    assert claim["per_run"] == {str(f): {str(1000 * (r + 1) + f): pytest.approx(
+        (10 + 3 * f + r) / 40) for r in range(2)} for f in range(4)}
     assert claim["verdict"] == "reproduced" and claim["value"] == pytest.approx(np.mean(want))
     assert claim["targets"] == {"floor": 0.5, "floor_met": True, "half_width": 0.01,
                                 "half_width_met": False}

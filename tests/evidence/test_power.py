@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedkt.cli import main
-from fedkt.evidence.power import claim_power, floor_factor, folds_needed, item_se
+from fedkt.evidence.power import claim_power, floor_factor, folds_needed, item_se, seed_split
 from fedkt.evidence.suite import target_rows
 
 Z = 1.959963984540054
@@ -76,9 +76,10 @@ def test_power_command_by_hand(tmp_path, capsys):
     # by hand: floor t/sqrt(K) <= 0.2 / (1.4294 * 0.1291) = 1.084: K=5 1.241, K=6 1.050;
     # half-width t/sqrt(K) <= 0.1 / 0.1291 = 0.775: K=8 0.836, K=9 0.769
     assert (k_floor, k_half) == (6, 9)
-    assert cells[5:8] == ["6", "9", "9 x 1"]
+    assert cells[4:6] == ["-", "-"]  # one seed a fold: no seed split
+    assert cells[7:10] == ["6", "9", "9 x 1"]
     # runs: 9 folds x 1 seed x 2 arms; hours: 9 folds x (1800 + 900) s a fold
-    assert cells[8:] == ["18", f"{9 * 2700 / 3600:.1f}"]
+    assert cells[10:] == ["18", f"{9 * 2700 / 3600:.1f}"]
     assert "0.75 h per fold" in out
 
 
@@ -100,3 +101,79 @@ def test_design_targets_table():
     assert verdicts[0]["targets"] == {"floor": 0.10, "floor_met": True, "half_width": 0.06,
                                       "half_width_met": False}
     assert target_rows(None, None, verdicts) == []
+
+
+PER_RUN = {"0": {"1000": 0.1, "2000": 0.3}, "1": {"1001": 0.5, "2001": 0.5},
+           "2": {"1002": 0.2, "2002": 0.4}}
+
+
+def test_seed_split_by_hand():
+    # within: fold 0 mean 0.2, squares 0.01 + 0.01; fold 1 none; fold 2 0.01 + 0.01:
+    # 0.04 over 3 degrees of freedom. Fold means 0.2, 0.5, 0.3: variance 0.023333, less
+    # 0.013333 / 2 seeds = 0.016667 between folds
+    got = seed_split(PER_RUN)
+    assert got.seed_sd == pytest.approx((0.04 / 3) ** 0.5)
+    assert got.between_sd == pytest.approx(0.016667 ** 0.5, rel=1e-4)
+    assert got.seeds_per_fold == 2
+    assert got.fold_sd(2) == pytest.approx(0.023333 ** 0.5, rel=1e-4)  # the pilot's own
+    assert got.fold_sd(4) == pytest.approx(0.02 ** 0.5, rel=1e-4)
+    one = seed_split({"0": {"1": 0.1, "2": 0.3}})
+    assert one.between_sd is None and one.fold_sd(4) is None
+    assert seed_split({"0": {"1": 0.1}, "1": {"2": 0.3}}) is None  # no fold with 2 seeds
+    # a fold that varies less than its seeds say: no between-fold part, not a negative one
+    assert seed_split({"0": {"1": 0.0, "2": 1.0}, "1": {"3": 0.0, "4": 1.0}}).between_sd == 0
+
+
+def test_power_plans_with_more_seeds_a_fold(tmp_path, capsys):
+    folder = tmp_path / "pilot"
+    folder.mkdir()
+    per = {f: sum(v.values()) / 2 for f, v in PER_RUN.items()}
+    claim = {"claim": "a.server.accuracy > b.server.accuracy", "role": "primary",
+             "estimate": "+0.3333", "ci": "[+0.2000, +0.4500]", "verdict": "fragile",
+             "reason": "x", "per_seed": per, "per_run": PER_RUN, "floor": 0.2,
+             "per_seed_text": "+0.200, +0.500, +0.300"}
+    (folder / "suite.json").write_text(json.dumps({
+        "name": "p", "seeds": [1000, 2000, 1001, 2001, 1002, 2002], "claims": [claim],
+        "folds": {"1000": 0, "2000": 0, "1001": 1, "2001": 1, "1002": 2, "2002": 2},
+        "table": [{"arm": "a"}, {"arm": "b"}]}))
+    for args, seeds, sd in (([], 2, 0.023333 ** 0.5), (["--seeds", "4"], 4, 0.02 ** 0.5),
+                            (["--seeds", "1"], 1, (0.016667 + 0.013333) ** 0.5)):
+        assert main(["suite", "power", str(folder), "--half-width", "0.1", *args]) == 0
+        out = capsys.readouterr().out
+        cells = [c.strip() for c in next(x for x in out.splitlines()
+                                         if x.startswith("| a.server")).strip("|").split("|")]
+        assert cells[4:6] == [f"{(0.04 / 3) ** 0.5:.3f}", f"{0.016667 ** 0.5:.3f}"]
+        need = max(folds_needed(sd, 0.1), folds_needed(sd, 0.10, factor=floor_factor()))
+        assert cells[9] == f"{need} x {seeds}"
+        assert cells[10] == str(need * seeds * 2)
+    assert "planned with 1 seed(s) per fold" in out
+    assert main(["suite", "power", str(folder), "--seeds", "0"]) == 2
+
+
+def test_a_suite_stopped_after_one_fold_counts_that_fold(tmp_path, capsys):
+    """A fold suite declared with 4 folds x 2 seeds, reported after fold 0: its hours are
+    that fold's, and its seeds per fold the design's 2, not the 8 declared seeds."""
+    folder = tmp_path / "pilot"
+    folder.mkdir()
+    claim = {"claim": "a.server.accuracy > b.server.accuracy", "role": "primary",
+             "estimate": "+0.2000", "ci": "[+0.1000, +0.3000]", "verdict": "fragile",
+             "reason": "x", "per_seed": {"0": 0.2}, "per_run": {"0": {"1000": 0.1, "2000": 0.3}},
+             "floor": 0.2, "per_seed_text": "+0.200"}
+    seeds = [1000 * r + f for f in range(4) for r in (1, 2)]
+    (folder / "suite.json").write_text(json.dumps({
+        "name": "p", "seeds": seeds, "folds": {str(s): s % 1000 for s in seeds},
+        "claims": [claim], "table": [{"arm": "a"}, {"arm": "b"}]}))
+    for arm, wall in (("a", 3000.0), ("b", 600.0)):
+        for seed in (1000, 2000):
+            run = folder / arm / "fold_0" / f"seed_{seed}"
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text(json.dumps(
+                {"round": 1, "participant": "server", "split": "train", "wall_time": wall})
+                + "\n")
+    assert main(["suite", "power", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "1 fold(s), 2 seed(s) per fold, 2 arms; 2.00 h per fold" in out  # 2 x 3600 s
+    cells = [c.strip() for c in next(x for x in out.splitlines()
+                                     if x.startswith("| a.server")).strip("|").split("|")]
+    assert cells[4:6] == [f"{0.02 ** 0.5:.3f}", "-"]  # seeds split, no fold part yet
+    assert cells[9].startswith("≥") and cells[9].endswith(" x 2")
