@@ -28,6 +28,8 @@ from contextlib import AbstractContextManager, contextmanager
 from functools import wraps
 from typing import NamedTuple, ParamSpec, TypeVar
 
+from fedkt.infra.memory import release_memory
+
 __all__ = ["PHASES", "SAVED", "Clock", "clocks", "eval_clock", "evaluating", "now", "phase",
            "phase_seconds", "saved", "timed", "timed_evaluation"]
 
@@ -84,7 +86,10 @@ def phase_seconds(before: dict[str, Clock], after: dict[str, Clock]) -> dict[str
 
 @contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Count the block's time as phase ``name``, unless an outer phase already counts it."""
+    """Count the block's time as phase ``name``, unless an outer phase already counts it.
+
+    When the outermost phase ends, the heap it freed goes back to the OS
+    (:func:`fedkt.infra.memory.release_memory`), outside the phase's clock."""
     if name not in PHASES:
         raise ValueError(f"unknown phase {name!r}; one of {', '.join(PHASES)}")
     if getattr(_state, "active", None) is not None:
@@ -100,6 +105,7 @@ def phase(name: str) -> Iterator[None]:
         if totals is None:
             totals = _state.totals = {}
         totals[name] = totals.get(name, Clock()) + (now() - start)
+        release_memory()
 
 
 def saved(name: str, seconds: float) -> None:

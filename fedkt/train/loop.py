@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from fedkt.errors import NonFiniteError
+from fedkt.infra.memory import release_memory
 from fedkt.infra.timing import timed
 
 __all__ = ["LoopStats", "run_steps"]
@@ -70,6 +71,7 @@ def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], fl
     ``total`` (the number of batches, when known) shows a progress bar for loops of 20
     steps or more.  ``modules`` are left in eval mode.  Its time is the ``train`` phase
     unless the caller's phase (``distill``) already counts it (:mod:`fedkt.infra.timing`).
+    After each step the heap it freed goes back to the OS (:mod:`fedkt.infra.memory`).
     """
     stats = LoopStats()
     torch.manual_seed(seed)  # dropout and any other in-model randomness
@@ -88,6 +90,7 @@ def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], fl
         for name, part in parts.items():
             stats.parts[name] = stats.parts.get(name, 0.0) + float(
                 part.detach() if isinstance(part, Tensor) else part)
+        release_memory()  # the step's activations: each step's shapes differ
     stats.seconds = time.perf_counter() - started
     for module in modules:
         module.eval()

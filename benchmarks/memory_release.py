@@ -1,0 +1,95 @@
+"""A run's peak memory with and without giving freed heap back between steps and phases.
+
+Runs one run of a suite (by default ``suites/clinc150_fedmkt_transfer``'s ``fedmkt`` arm,
+fold 0, seed 1000: SmolLM2-135M and two 12-layer clients, 30 CLINC150 intents) twice,
+each in its own process with one torch thread and no reuse store, and prints side by
+side its wall seconds, its peak resident memory (the process's own, from ``wait4``) and
+whether every metric row matches:
+
+* ``kept``: ``FEDKT_MALLOC_TRIM=0``: freed heap stays with the process (glibc's default);
+* ``released``: freed heap goes back to the OS after each training step and when each
+  phase ends (:mod:`fedkt.infra.memory`), fedkt's default.
+
+``--small`` cuts the run to 120 test items, 100 public records and one local epoch (the
+same models and phases, minutes instead of half an hour):
+
+    python benchmarks/memory_release.py [--small] [--suite suites/...] [--arm fedmkt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMALL = ["data.max_test=120", "data.max_public=100", "data.require.min_test=100",
+         "data.require.min_public=100", "training.local_epochs=1"]
+TIMING = ("seconds", "time", "cpu")  # row keys that measure time, not results
+
+
+def _run(config: Path, out: Path, trim: bool, overrides: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one run in its own process."""
+    env = {**os.environ, "FEDKT_MALLOC_TRIM": "1" if trim else "0"}
+    env = {k: v for k, v in env.items() if not k.startswith("MALLOC_")}  # glibc's defaults
+    cmd = [sys.executable, "-m", "fedkt.cli", "run", str(config), "--output-dir", str(out), "-q",
+           "--set", "runtime.torch_threads=1", "--set", "training.reuse=false",
+           "--set", "eval.reuse=false", *(x for o in overrides for x in ("--set", o))]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)}: exit {proc.returncode}")
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024
+
+
+def _rows(out: Path) -> list[dict]:
+    rows = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.append({k: v for k, v in row.items() if not any(t in k for t in TIMING)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default="suites/clinc150_fedmkt_transfer")
+    parser.add_argument("--arm", default="fedmkt")
+    parser.add_argument("--small", action="store_true", help="120 test items, 100 public "
+                        "records, one local epoch")
+    args = parser.parse_args()
+    import torch
+
+    from fedkt.evidence.suite import load_suite
+
+    suite = load_suite(args.suite)
+    (arm, seed), cfg = next(((k, c) for k, c in suite.runs.items() if k[0] == args.arm), (None,
+                                                                                          None))
+    if cfg is None:
+        raise SystemExit(f"{args.suite}: no arm {args.arm!r}")
+    flags = sorted(k for k, v in torch.cpu.get_capabilities().items()
+                   if v and k.startswith(("amx", "avx512_bf16")))
+    print(f"# {args.suite}, arm {arm}, seed {seed}{', --small' if args.small else ''}; "
+          f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} "
+          f"({', '.join(flags) or 'no bf16 flags'}), {os.cpu_count()} cores, one torch thread")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "run.yaml"
+        config.write_text(cfg.to_yaml())
+        results = {}
+        for name, trim in (("kept", False), ("released", True)):
+            wall, peak = _run(config, Path(tmp) / name, trim, SMALL if args.small else [])
+            results[name] = (wall, peak, _rows(Path(tmp) / name))
+            print(f"{name:>9}: {wall:7.1f} s wall, peak RSS {peak:7.0f} MB", flush=True)
+        same = results["kept"][2] == results["released"][2]
+        print(f"peak RSS: {results['released'][1] - results['kept'][1]:+.0f} MB; wall: "
+              f"{results['released'][0] - results['kept'][0]:+.1f} s; every metric row "
+              f"{'identical' if same else 'DIFFERS'} ({len(results['kept'][2])} rows)")
+
+
+if __name__ == "__main__":
+    main()
