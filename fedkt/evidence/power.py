@@ -160,9 +160,10 @@ def claim_power(claim: str, per_fold: list[float], low: float, high: float,
                       planned)
 
 
-def _wall_per_fold(folder: Path, seeds: int) -> float | None:
+def _wall_per_fold(folder: Path, seeds: int, per_fold: int = 1) -> float | None:
     """Seconds one fold of the pilot took, all arms and seeds together: from the runs'
-    metrics rows where the folder has them, else its "Where the time went" table."""
+    metrics rows where the folder has them (``seeds``: the folds they make up), else its
+    "Where the time went" table (an arm's mean run, times ``per_fold`` seeds a fold)."""
     from fedkt.tracking.rows import read_rows, run_wall_time
 
     walls = []
@@ -189,7 +190,7 @@ def _wall_per_fold(folder: Path, seeds: int) -> float | None:
         if len(cells) > 2 and cells[0] and cells[0] not in ("all runs",) and \
                 re.fullmatch(r"\d+(\.\d+)?", cells[1]):
             per_arm.append(float(cells[1]))  # an arm's mean wall seconds per run
-    return sum(per_arm) if per_arm else None
+    return sum(per_arm) * per_fold if per_arm else None
 
 
 def pilot_power(folder: str | Path, target_floor: float, target_half: float,
@@ -234,7 +235,7 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float,
         n_folds = min(declared, max(r.folds for r in rows)) if rows else declared
     else:  # each seed its own unit
         n_folds, per = seeds, 1
-    per_fold = _wall_per_fold(folder, n_folds)
+    per_fold = _wall_per_fold(folder, n_folds, per)
     arms = len({r.get("arm") for r in data.get("table", []) if not
                 str(r.get("arm", "")).startswith("round 0")}) or None
     return rows, {"seeds_per_fold": per, "arms": arms,

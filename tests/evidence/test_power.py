@@ -177,3 +177,23 @@ def test_a_suite_stopped_after_one_fold_counts_that_fold(tmp_path, capsys):
                                      if x.startswith("| a.server")).strip("|").split("|")]
     assert cells[4:6] == [f"{0.02 ** 0.5:.3f}", "-"]  # seeds split, no fold part yet
     assert cells[9].startswith("≥") and cells[9].endswith(" x 2")
+
+
+def test_a_published_fold_suite_counts_every_seed_of_a_fold(tmp_path, capsys):
+    """A published folder keeps only suite.md's "Where the time went" table, an arm's mean
+    run: one fold of 2 seeds a fold costs twice the arms' sum."""
+    folder = tmp_path / "pilot"
+    folder.mkdir()
+    claim = {"claim": "a.server.accuracy > b.server.accuracy", "role": "primary",
+             "estimate": "+0.2000", "ci": "[+0.1000, +0.3000]", "verdict": "fragile",
+             "reason": "x", "per_seed": {"0": 0.2, "1": 0.2}, "floor": 0.2,
+             "per_seed_text": "+0.200, +0.200"}
+    (folder / "suite.json").write_text(json.dumps({
+        "name": "p", "seeds": [1000, 2000, 1001, 2001], "claims": [claim],
+        "folds": {"1000": 0, "2000": 0, "1001": 1, "2001": 1},
+        "table": [{"arm": "a"}, {"arm": "b"}]}))
+    (folder / "suite.md").write_text(
+        "# Suite p\n\n## Where the time went\n\n| | wall (s) | eval (s, %) |\n|---|---:|---:|\n"
+        "| a | 1800.0 | 1.0 (0%) |\n| b | 900.0 | 1.0 (0%) |\n| all runs | 10800.0 | 8 |\n")
+    assert main(["suite", "power", str(folder)]) == 0
+    assert "2 fold(s), 2 seed(s) per fold, 2 arms; 1.50 h per fold" in capsys.readouterr().out
