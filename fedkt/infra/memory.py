@@ -4,11 +4,12 @@ On CPU, torch allocates a forward's and a backward's activations with ``malloc``
 serves blocks under its mmap threshold (which rises to 32 MB once such a block is freed)
 from its heap, and freed heap stays with the process unless it is at the heap's top. Each
 phase leaves a differently shaped hole, so a FedMKT run on CLINC150 grew by 0.2-0.6 GB for
-every model it trained, none given back, to 3.1 GB (docs/records/testbed.md).
+every model it trained, none given back (docs/records/testbed.md).
 :func:`release_memory`, called after each training step (:func:`fedkt.train.loop.run_steps`)
 and when an outermost phase ends (:func:`fedkt.infra.timing.phase`), returns the free pages
-with glibc's ``malloc_trim(0)``; what a process holds is then what it uses plus the current
-step's peak. It changes no number a run computes (``benchmarks/memory_release.py``).
+with glibc's ``malloc_trim(0)``: about 1 GB less held between steps in that run, its peak
+unchanged (one distillation step of the LLM sets it; docs/records/performance.md). It
+changes no number a run computes (``benchmarks/memory_release.py``).
 Elsewhere (macOS, musl, Windows) it does nothing; ``FEDKT_MALLOC_TRIM=0`` turns it off.
 """
 
