@@ -19,7 +19,6 @@ same models and phases, minutes instead of half an hour):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +28,6 @@ from pathlib import Path
 
 SMALL = ["data.max_test=120", "data.max_public=100", "data.require.min_test=100",
          "data.require.min_public=100", "training.local_epochs=1"]
-TIMING = ("seconds", "time", "cpu")  # row keys that measure time, not results
 
 
 def _run(config: Path, out: Path, trim: bool, overrides: list[str]) -> tuple[float, float]:
@@ -49,11 +47,10 @@ def _run(config: Path, out: Path, trim: bool, overrides: list[str]) -> tuple[flo
 
 
 def _rows(out: Path) -> list[dict]:
-    rows = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rows.append({k: v for k, v in row.items() if not any(t in k for t in TIMING)})
-    return rows
+    """The run's metric rows without their timing keys (what identical runs share)."""
+    from fedkt.tracking.rows import read_rows, without_timings
+
+    return without_timings(read_rows(out / "metrics.jsonl"))
 
 
 def main() -> None:
@@ -68,10 +65,10 @@ def main() -> None:
     from fedkt.evidence.suite import load_suite
 
     suite = load_suite(args.suite)
-    (arm, seed), cfg = next(((k, c) for k, c in suite.runs.items() if k[0] == args.arm), (None,
-                                                                                          None))
-    if cfg is None:
+    runs = [(key, c) for key, c in suite.runs.items() if key[0] == args.arm]
+    if not runs:
         raise SystemExit(f"{args.suite}: no arm {args.arm!r}")
+    (arm, seed), cfg = runs[0]
     flags = sorted(k for k, v in torch.cpu.get_capabilities().items()
                    if v and k.startswith(("amx", "avx512_bf16")))
     print(f"# {args.suite}, arm {arm}, seed {seed}{', --small' if args.small else ''}; "

@@ -225,10 +225,9 @@ class Difference:
     # "seeds, items" (each seed its own unit) or "folds, seeds within a fold, items" (the
     # fold the unit: per_seed then holds each fold's mean over its seeds, in fold order)
     resampling: str = "seeds, items"
-    # each run's own difference, in the order given, and each run's fold (empty where the
-    # seed is the unit): what splits a fold's spread into its seeds' and its own
+    # each run's own difference, in the order given: what splits a fold's spread into its
+    # seeds' and its own (fedkt.evidence.power.seed_split)
     per_run: tuple[float, ...] = ()
-    units: tuple[int, ...] = ()
 
     def seed_interval(self) -> tuple[float, float] | None:
         """The t-interval over :attr:`per_seed` at :attr:`level` (None below 2 seeds)."""
@@ -301,8 +300,7 @@ def bootstrap_difference(
                           float(np.mean([np.mean(np.asarray(a_vals)[i]) for i in members])),
                           float(np.mean([np.mean(np.asarray(b_vals)[i]) for i in members])),
                           tuple(fold_point), "folds, seeds within a fold, items",
-                          tuple(float(v) for v in per_seed_point),
-                          tuple(int(u) for u in units))
+                          tuple(float(v) for v in per_seed_point))
     if k == 1:
         replicates = stacked[0]
     else:

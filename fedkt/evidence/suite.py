@@ -790,7 +790,7 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
                                           rhs)[0]]
     per_run: dict[str, dict[str, float]] = {}
     if suite.fold_of:  # per_seed holds each fold's mean over its seeds, in fold order
-        for run_seed, value in zip(seed_labels, d.per_run, strict=False):
+        for run_seed, value in zip(seed_labels, d.per_run, strict=True):
             per_run.setdefault(str(suite.fold_of[run_seed]), {})[str(run_seed)] = value
         seed_labels = sorted({suite.fold_of[s] for s in seed_labels})
     return {"claim": claim.text, "estimate": f"{d.estimate:+.4f}",
