@@ -36,7 +36,6 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.config import RunConfig, apply_overrides, parse_config
-from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.base import default_state_root as client_state_root
 from fedkt.runtime.faults import (
@@ -47,6 +46,7 @@ from fedkt.runtime.faults import (
     persistent_plan,
     transient_plan,
 )
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, format_table, without_timings
 from fedkt.tracking.folder import SERVER_STATE

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from fedkt.config import apply_overrides, parse_config
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.faults import run_attacks
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 

@@ -28,8 +28,8 @@ import fedkt.train.lm
 from fedkt.config import load_config
 from fedkt.configs.catalog import resolve_config
 from fedkt.models.install import check_installed, run_script
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -179,8 +179,8 @@ def record_fedkd_run(config: Path, overrides: Sequence[str] = (), keep: Path | N
     from fedkt.config import load_config  # noqa: PLC0415
     from fedkt.configs.catalog import resolve_config  # noqa: PLC0415
     from fedkt.models.install import check_installed  # noqa: PLC0415
-    from fedkt.runner import run_job  # noqa: PLC0415
     from fedkt.runtime.base import default_state_root  # noqa: PLC0415
+    from fedkt.runtime.job import run_job  # noqa: PLC0415
     from fedkt.runtime.local import LocalTransport  # noqa: PLC0415
 
     cfg = load_config(resolve_config(str(config)), list(overrides))

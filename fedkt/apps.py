@@ -3,9 +3,9 @@
 A FAB (``flower_app/pyproject.toml``, or the one ``fedkt run`` writes for
 ``runtime.name: flower``) names ``fedkt.apps:server_app`` and ``fedkt.apps:client_app``.
 The ServerApp reads the fedkt config from Flower's run config and runs
-:func:`fedkt.runner.run_job` on the SuperLink's grid; the ClientApp answers as a fedkt
-client (:func:`fedkt.runtime.flower_app.make_client_app`).  They live at the top of the
-package, beside the runner they run, so that no runtime module imports the runner.
+:func:`fedkt.runtime.job.run_job` on the SuperLink's grid; the ClientApp answers as a fedkt
+client (:func:`fedkt.runtime.flower_app.make_client_app`).  They are entry points (a FAB
+names them), at the top of the package beside ``fedkt.cli``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from flwr.serverapp import Grid
 
 from fedkt.config import load_config, parse_config
 from fedkt.infra.plugins import import_plugins
-from fedkt.runner import run_job
 from fedkt.runtime.flower_app import (
     CFG_CONNECT_TIMEOUT,
     CFG_PATH,
@@ -30,6 +29,7 @@ from fedkt.runtime.flower_app import (
     make_client_app,
     make_server_app,
 )
+from fedkt.runtime.job import run_job
 
 __all__ = ["client_app", "server_app", "server_job"]
 

@@ -89,8 +89,8 @@ def final_test_rows(rows: list[dict]) -> dict[str, dict]:
 def finished_run(tmp_path_factory, *overrides: str) -> Path:
     """A finished FedAvg run on tiny models (``small_config`` with ``overrides``), run once
     per module by the run-folder tests, which copy its folder."""
-    from fedkt.runner import run_job
     from fedkt.runtime.base import default_state_root
+    from fedkt.runtime.job import run_job
     from fedkt.runtime.local import LocalTransport
 
     cfg = small_config(tmp_path_factory.mktemp("runs") / "done", *overrides)

@@ -123,3 +123,15 @@ def test_deferred_imports_of_a_higher_layer_are_listed():
     new = sorted(deferred - set(DEFERRED))
     assert not new, "deferred imports of a higher layer, not in DEFERRED:\n" + "\n".join(
         f"{a} -> {b}" for a, b in new)
+
+
+def test_the_runner_only_runs():
+    """``fedkt.runner`` picks a runtime and hands it the job: only entry points import it,
+    and it imports only the config, the runtime registry and the job (which the runtimes
+    and the deployed ServerApp call, never the runner)."""
+    graph = import_graph()
+    importers = {a for a, targets in graph.items() if "fedkt.runner" in targets}
+    assert importers <= {m for m in graph if layer_of(m) == len(LAYERS) - 1}, importers
+    assert graph["fedkt.runner"] == {"fedkt.config", "fedkt.runtime.registry",
+                                     "fedkt.runtime.job"}
+    assert "fedkt.runner" not in graph["fedkt.runtime.job"]

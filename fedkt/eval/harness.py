@@ -270,7 +270,7 @@ def run_harness(
 
 def run_after_job(cfg: RunConfig, run_dir: Path, server: Server, *, quiet: bool = False
                   ) -> dict[str, dict[str, dict[str, float]]]:
-    """The ``eval.harness`` keys at the end of a run (``fedkt.runner.run_job``)."""
+    """The ``eval.harness`` keys at the end of a run (``fedkt.runtime.job.run_job``)."""
     e = cfg.eval
     results = run_harness(cfg, run_dir, e.harness, server=server, clients=e.harness_clients,
                           include=[e.harness_include] if e.harness_include else (),

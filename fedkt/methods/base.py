@@ -49,6 +49,19 @@ def clients_per_round(cfg: RunConfig) -> int:
                                                                      * len(ids)))
 
 
+
+def privacy_spent(cfg: RunConfig, rnd: int) -> dict[str, float]:
+    """The privacy budget each client has spent after round ``rnd`` (``dp_epsilon``, and
+    with distributed noise ``dp_epsilon_upload``: :func:`fedkt.federated.privacy.budget`),
+    from the settings its :meth:`ClientContext.privatize` noise comes from; empty with
+    ``differential_privacy`` off."""
+    dp = cfg.differential_privacy
+    if not dp.enabled:
+        return {}
+    from fedkt.federated.privacy import budget
+
+    return budget(dp, rnd, clients_per_round(cfg), cfg.clients.min_replies)
+
 # --------------------------------------------------------------------------- client side
 
 

@@ -151,7 +151,7 @@ class _DropDeprecation(logging.Filter):
 
 def run_simulation_job(cfg: RunConfig, job: Any, *, resume: bool = False,
                        quiet: bool = False) -> list[dict[str, Any]]:
-    """Run (or resume) ``job`` (the runner passes :func:`fedkt.runner.run_job`) in
+    """Run (or resume) ``job`` (the runner passes :func:`fedkt.runtime.job.run_job`) in
     Flower's simulation engine; returns its metrics rows."""
     from flwr.app import Context
     from flwr.serverapp import Grid

@@ -1,7 +1,7 @@
 """Runtimes by name: ``runtime.name`` -> the function that runs a job on that transport.
 
 A runtime is ``start(cfg, job, *, resume, quiet) -> rows``: it builds its transport and
-calls ``job(cfg, transport, resume=, quiet=)`` (:func:`fedkt.runner.run_job`) where the
+calls ``job(cfg, transport, resume=, quiet=)`` (:func:`fedkt.runtime.job.run_job`) where the
 server procedure must run: in this process (``local``, ``flower-sim``), or it hands the
 config to a process that runs the job itself (``flower``: the SuperLink's ServerApp).
 Built-in runtimes are named as ``"module:function"`` and imported on first use, so

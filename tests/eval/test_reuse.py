@@ -15,8 +15,8 @@ import torch
 
 from fedkt.eval import predictions, reuse
 from fedkt.eval.evaluate import evaluate_causal_lm
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import time_breakdown, without_timings
 from tests.conftest import run_data_of

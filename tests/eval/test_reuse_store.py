@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from fedkt.eval import reuse
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 

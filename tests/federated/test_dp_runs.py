@@ -9,8 +9,8 @@ import torch
 
 from fedkt.config import ConfigError
 from fedkt.federated.payload import loads
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from fedkt import runner
 from fedkt.evidence.suite import environment_lines
 from fedkt.infra.environment import describe, environment, kernels
 from fedkt.runner import run
+from fedkt.runtime import job
 from fedkt.tracking.summary import read_environment, summary_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +34,11 @@ def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_co
 def test_a_run_resumed_elsewhere_records_a_second_environment(make_config, monkeypatch):
     cfg = make_config("rounds=2")
     run(cfg, quiet=True)
-    runner._record_environment(cfg.run_dir, 2, cfg)  # resumed on the same machine: no new entry
+    job._record_environment(cfg.run_dir, 2, cfg)  # resumed on the same machine: no new entry
     assert len(read_environment(cfg.run_dir)) == 1
     other = {**environment(), "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}  # no AMX
-    monkeypatch.setattr(runner, "environment", lambda: other)
-    runner._record_environment(cfg.run_dir, 2, cfg)
+    monkeypatch.setattr(job, "environment", lambda: other)
+    job._record_environment(cfg.run_dir, 2, cfg)
     first, second = read_environment(cfg.run_dir)
     assert (first["from_round"], second["from_round"]) == (1, 2)
     text = summary_markdown([], {"name": "x"}, cfg.run_dir)

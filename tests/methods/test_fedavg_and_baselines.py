@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from fedkt.methods import get_method
-from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 

@@ -17,8 +17,8 @@ from fedkt.methods.fedcollm.cotune import (
     kd_mask,
     mutual_kl,
 )
-from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
 from fedkt.tracking.folder import SERVER_STATE

@@ -24,8 +24,8 @@ from fedkt.methods import get_method
 from fedkt.methods.base import ClientContext
 from fedkt.methods.fedkd.losses import fedkd_losses
 from fedkt.methods.fedkd.models import FedKDModels, layer_pairs
-from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, RuntimeClients, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.encoder import text_batches, trainable_state
 from tests.conftest import load_benchmark, needs_models

@@ -27,8 +27,8 @@ from fedkt.methods import get_method
 from fedkt.methods.fedmkt.config import FedMKTConfig
 from fedkt.methods.fedmkt.distill import distill, dual_min_ce
 from fedkt.methods.fedmkt.knowledge import other_losses
-from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.lm import client_lm, lm_batches
 from fedkt.train.optim import grad_norm

@@ -32,8 +32,8 @@ from fedkt.models.auxiliary import (
     prompts_into_llm,
 )
 from fedkt.models.causal_lm import load_causal_lm
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.train.lm import LM
 from tests.conftest import needs_models, run_data_of

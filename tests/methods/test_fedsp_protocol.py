@@ -20,8 +20,8 @@ from fedkt.methods.fedsp.training import (
     stage_optimizer,
 )
 from fedkt.models.auxiliary import prompts_averaged, prompts_repeated
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from tests.methods.test_fedsp import fedsp_config
 

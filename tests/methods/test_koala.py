@@ -26,8 +26,8 @@ from fedkt.methods.koala.losses import (
     koala_refine_logits,
 )
 from fedkt.models.vision import build_model, pool_features
-from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 from fedkt.train.losses import kl_div_from_probs

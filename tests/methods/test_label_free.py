@@ -18,8 +18,8 @@ from fedkt.data.splits import run_data
 from fedkt.federated.payload import Payload, dumps
 from fedkt.methods import get_method
 from fedkt.methods.fedavg.algorithm import average_client_adapters
-from fedkt.runner import run_job
 from fedkt.runtime.base import RuntimeClients, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 torch.set_num_threads(1)

@@ -181,7 +181,7 @@ for path in sorted([*Path("configs").rglob("*.yaml"), *Path("fedkt/configs").rgl
 from fedkt.config.method_catalog import BUILT_IN
 modules = {*(e.method.split(":")[0] for e in BUILT_IN.values()), "fedkt.runtime.base",
            "fedkt.runtime.local", "fedkt.runtime.flower_sim", "fedkt.runtime.flower_deploy",
-           "fedkt.runner"}
+           "fedkt.runtime.job", "fedkt.runner"}
 out["modules"] = sorted(modules & set(sys.modules))
 print(json.dumps(out))
 """)

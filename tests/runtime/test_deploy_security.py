@@ -19,7 +19,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedkt.runner import run_job
 from fedkt.runtime import certs
 from fedkt.runtime.flower_deploy import (
     TLS,
@@ -36,6 +35,7 @@ from fedkt.runtime.flower_deploy import (
     supernode_command,
     write_cli_config,
 )
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 _sim = importlib.import_module(__name__.rpartition(".")[0] + ".test_flower_sim"

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
-from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.base import default_state_root as client_state_root
 from fedkt.runtime.faults import FaultyTransport, persistent_plan
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder
 from fedkt.tracking.folder import SERVER_STATE

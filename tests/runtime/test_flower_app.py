@@ -8,8 +8,8 @@ from uuid import uuid4
 import pytest
 from flwr.app import Context, Message, RecordDict
 
-from fedkt.runner import run_job
 from fedkt.runtime.flower_app import FlowerTransportError, GridTransport, make_client_app
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 _sim = importlib.import_module(__name__.rpartition(".")[0] + ".test_flower_sim"

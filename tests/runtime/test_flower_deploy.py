@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from fedkt.runner import run_job
 from fedkt.runtime.flower_deploy import (
     flower_child_env,
     free_port,
@@ -21,6 +20,7 @@ from fedkt.runtime.flower_deploy import (
     start_supernode,
     submit_job,
 )
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import without_timings
 

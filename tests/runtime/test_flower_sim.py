@@ -20,7 +20,7 @@ from fedkt.config import MethodConfig, RunConfig, parse_config
 from fedkt.config import method_catalog as catalog
 from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext, Method, Server, broadcast
-from fedkt.runner import run_job
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import is_timing
 
@@ -155,7 +155,7 @@ def _run_capped(tmp_path, limit: int, timeout: float):
 
     code = (
         "import sys; from tests.runtime import test_flower_sim as t; t.install()\n"
-        "from fedkt.runner import run_job\n"
+        "from fedkt.runtime.job import run_job\n"
         "from fedkt.runtime.flower_sim import run_simulation_job\n"
         "cfg = t.probe_config(sys.argv[1]).model_copy(update={'rounds': 1})\n"
         "rows = run_simulation_job(cfg, run_job, quiet=True)\n"

@@ -21,9 +21,9 @@ import torch
 
 from fedkt.eval import predictions
 from fedkt.federated.payload import Payload, dumps
-from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.envelope import ENVELOPE, ERROR, PREDICTIONS
+from fedkt.runtime.job import run_job
 from fedkt.tracking import without_timings
 from tests.runtime.test_malformed_replies import (
     BAD,

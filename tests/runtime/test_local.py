@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError
 from fedkt.runtime.base import default_state_root as client_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport, start
 from fedkt.tracking import is_timing, without_timings
 from tests.conftest import final_test_rows

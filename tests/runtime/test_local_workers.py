@@ -24,7 +24,8 @@ from fedkt.config import MethodConfig, RunConfig, load_config, parse_config
 from fedkt.config import method_catalog as catalog
 from fedkt.federated.payload import Payload
 from fedkt.methods.base import ClientContext, Method, broadcast
-from fedkt.runner import run, run_job
+from fedkt.runner import run
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import (
     client_threads,
     client_workers,

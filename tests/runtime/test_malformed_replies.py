@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from fedkt.federated.payload import Payload, dumps
-from fedkt.runner import run_job
 from fedkt.runtime.base import RoundError, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from tests.support.trust_helpers import (
     ReplayTransport,

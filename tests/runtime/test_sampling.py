@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedkt.config import ConfigError
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root, sample_clients
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 
 

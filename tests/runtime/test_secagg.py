@@ -11,8 +11,9 @@ from safetensors.torch import load_file
 
 from fedkt.config import ConfigError
 from fedkt.federated.payload import loads
-from fedkt.runner import run, run_job
+from fedkt.runner import run
 from fedkt.runtime.base import RoundError, default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.runtime.secagg import REST
 from fedkt.tracking.folder import SERVER_STATE

@@ -33,8 +33,8 @@ from safetensors.torch import load_file
 from fedkt.config import RunConfig
 from fedkt.methods import get_method
 from fedkt.methods.base import SHARED_HANDLERS, Method
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import HOLDINGS, SERVER_STATE, RunRecorder, without_timings
 from tests.support.inspection import check_reply, private_needles

@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root as client_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import RunRecorder, read_rows, without_timings
 from fedkt.tracking.folder import SERVER_STATE

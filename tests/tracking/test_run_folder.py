@@ -24,8 +24,8 @@ import torch
 
 from fedkt.cli import main
 from fedkt.errors import CheckpointError
-from fedkt.runner import run_job
 from fedkt.runtime.base import default_state_root
+from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import LOCK_FILE, RunFolderBusy, read_rows, run_lock
 from tests.conftest import ROOT, copy_of, finished_run, small_config

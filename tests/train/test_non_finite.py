@@ -63,8 +63,8 @@ def test_a_server_whose_model_went_non_finite_writes_no_checkpoint(tmp_path, mon
     from safetensors.torch import load_file
 
     from fedkt.config import load_config
-    from fedkt.runner import run_job
     from fedkt.runtime.base import default_state_root
+    from fedkt.runtime.job import run_job
     from fedkt.runtime.local import LocalTransport
 
     distill = importlib.import_module("fedkt.methods.fedmkt.distill")  # the module

@@ -112,7 +112,7 @@ def submit_job(cfg: RunConfig, job: Any = None, *, resume: bool = False, quiet: 
     """Run (or resume) a job on the SuperLink at ``runtime.flower.superlink``; returns its rows.
 
     ``job`` is not called here: the SuperLink's ServerApp process runs
-    :func:`fedkt.runner.run_job` itself (``fedkt.apps:server_app``).
+    :func:`fedkt.runtime.job.run_job` itself (``fedkt.apps:server_app``).
 
     Raises :class:`fedkt.runtime.base.RoundError` when a round failed (the run
     folder keeps the completed rounds) and :class:`DeploymentError` for other
