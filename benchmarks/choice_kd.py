@@ -122,7 +122,8 @@ def measure_one(model: str, layout: str, public: int, out: str,
 
     torch.set_num_threads(1)
     cfg = _config(model, public)
-    records = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).public
+    data = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
+    records = data.public
     base = _rss()
     lm = client_lm(cfg, 0)
     # The loaded weights become resident as they are first read: read them all now, so
@@ -136,7 +137,7 @@ def measure_one(model: str, layout: str, public: int, out: str,
         choices.choice_logprobs = grouped_logprobs
     else:
         choices.choice_logprobs = functools.partial(plain, layout=layout)
-    encoded = choices.encode(cfg, lm.tokenizer, records)
+    encoded = choices.encode(cfg, lm.tokenizer, records, data=data)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     vocab = lm.model.get_output_embeddings().weight.shape[0]
     saved = {"all": 0, "vocab": 0}
@@ -159,8 +160,8 @@ def measure_one(model: str, layout: str, public: int, out: str,
     resets = _reset_pass_peak()
     start, cpu = time.perf_counter(), time.process_time()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stats = choices.distill_choices(cfg, lm, records, target, taken, epochs=1, lr=1e-3,
-                                        seed=0, kd_weight=1.0, max_steps=max_steps)
+        stats = choices.distill_choices(cfg, lm, records, target, taken, data=data, epochs=1,
+                                        lr=1e-3, seed=0, kd_weight=1.0, max_steps=max_steps)
     steps = max(1, stats["steps"])
     step_s, step_cpu_s = (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
     pass_peak = (_pass_peak() - before) / MB if resets else float("nan")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from fedkt.train.lm import LM
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import Accumulate, make_optimizer, step, trainable
 
+if TYPE_CHECKING:
+    from fedkt.data.splits import FederatedData
+
 __all__ = ["FIELD", "choice_knowledge", "choice_logprobs", "distill_choices", "encode", "entropy",
            "marginal", "pack", "require_choice_task", "select", "sent", "shuffled", "unpack"]
 
@@ -63,29 +66,29 @@ def require_choice_task(task: str) -> None:
                           f"is a {task} task")
 
 
-def _views(cfg: RunConfig, records: Sequence[dict], tokenizer: Any
+def _views(cfg: RunConfig, records: Sequence[dict], tokenizer: Any, data: FederatedData
            ) -> list[tuple[str, list[str]]]:
     """(context, continuations) of each record, as the evaluation shows them to the model
-    of ``tokenizer`` (its chat template with ``data.chat_template``); reads no label."""
+    of ``tokenizer`` (its chat template with ``data.chat_template``), with the task,
+    labels and template of ``data``, the run's data; reads no label."""
     from fedkt.data.formatting import chat_format, choice_view
-    from fedkt.data.splits import run_data
 
-    fd = run_data(cfg.data, cfg.clients.num_clients, cfg.seed)
-    require_choice_task(fd.task)
+    require_choice_task(data.task)
     chat = chat_format(cfg.data.chat_template, tokenizer)
-    return [choice_view(r, fd.task, fd.label_names, fd.template, chat) for r in records]
+    return [choice_view(r, data.task, data.label_names, data.template, chat) for r in records]
 
 
 Encoded = list[list[tuple[list[int], int]]]  # [sample][choice] -> (token ids, choice length)
 
 
-def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict]) -> Encoded:
-    """Every record's choices tokenized exactly as the scorer tokenizes them
-    (:func:`fedkt.eval.inputs.encode_scored`); reads no label."""
+def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict], *,
+           data: FederatedData) -> Encoded:
+    """Every record's choices (of ``data``'s task) tokenized exactly as the scorer
+    tokenizes them (:func:`fedkt.eval.inputs.encode_scored`); reads no label."""
     from fedkt.eval.inputs import encode_scored
 
     return [[encode_scored(tokenizer, ctx, cont, cfg.data.max_length) for cont in conts]
-            for ctx, conts in _views(cfg, records, tokenizer)]
+            for ctx, conts in _views(cfg, records, tokenizer, data)]
 
 
 def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
@@ -313,14 +316,15 @@ def _groups(model: torch.nn.Module, rows: Sequence[tuple[int, list[int], int]], 
 
 
 @timed("knowledge")
-def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *,
+def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *, data: FederatedData,
                      temperature: float = 1.0) -> Tensor:
-    """[N, C] posteriors of ``lm`` over the choices of each record (float32, no gradient);
+    """[N, C] posteriors of ``lm`` over the choices of each record of ``data`` (the run's
+    data: its task, labels and template; float32, no gradient);
     with ``eval.reuse``, those of the same model, texts and settings computed before."""
     from fedkt.eval import reuse
     from fedkt.eval.scorer import score_choices
 
-    views = _views(cfg, records, lm.tokenizer)
+    views = _views(cfg, records, lm.tokenizer, data)
 
     def compute() -> dict[str, Tensor]:
         scores = score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
@@ -424,7 +428,7 @@ def unpack(packed: Any, n: int, c: int, source: str) -> Tensor:
 
 @timed("distill")
 def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
-                    taken: Tensor, *, epochs: float, lr: float | None, seed: int,
+                    taken: Tensor, *, data: FederatedData, epochs: float, lr: float | None, seed: int,
                     kd_weight: float, ft_weight: float = 0.0, temperature: float = 1.0,
                     max_steps: int | None = None, desc: str = "kd", scale: float = 1.0,
                     anchor: Tensor | None = None, anchor_weight: float = 0.0,
@@ -432,7 +436,8 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
                     ) -> dict[str, float]:
     """Train ``lm`` on ``records``: ``scale * kd_weight * KL(target || student)`` over the
     choices of the samples ``taken``, plus ``ft_weight * CE`` on the gold choice of every
-    sample (only where labels exist: ``ft_weight`` 0 reads none).
+    sample (only where labels exist: ``ft_weight`` 0 reads none); ``data``, the run's data,
+    gives the task, labels and template the choices are shown with.
 
     Receiving-side options (:mod:`fedkt.alignment.receiving`, all off by default):
     ``scale`` multiplies the KD and anchoring terms (T**2: :func:`~.receiving.kd_scale`);
@@ -454,7 +459,7 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
            "kd_taken": float(taken.float().mean()) if n else 0.0}
     if not use:
         return out
-    encoded = encode(cfg, lm.tokenizer, records)
+    encoded = encode(cfg, lm.tokenizer, records, data=data)
     gold = (torch.tensor([int(r["label"]) for r in records]) if ft_weight > 0 else None)
     bs = cfg.training.batch_size
     passes = max(1, math.ceil(epochs))
@@ -465,7 +470,7 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
     total = min(len(batches), max(1, math.ceil(epochs * math.ceil(len(use) / bs))),
                 max_steps or len(batches))
     plan = interleave(batches[:total], len(rehearse), rehearsal_ratio, bs, seed)
-    own_enc = encode(cfg, lm.tokenizer, rehearse) if len(plan) > total else []
+    own_enc = encode(cfg, lm.tokenizer, rehearse, data=data) if len(plan) > total else []
     own_gold = torch.tensor([int(r["label"]) for r in rehearse]) if own_enc else None
     model = lm.model
     params = trainable(model)

@@ -13,6 +13,7 @@ from fedkt.alignment import choices
 from fedkt.data.splits import run_data
 from fedkt.eval.inputs import encode_scored
 from fedkt.train.lm import client_lm
+from tests.conftest import run_data_of
 
 torch.set_num_threads(1)
 
@@ -86,7 +87,8 @@ def test_shared_layout_equals_whole_sequences(make_config, model):
     others)."""
     cfg, lm = _lm(make_config, model)
     public = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).public
-    for encoded in (_hand_made(lm.tokenizer, 64), choices.encode(cfg, lm.tokenizer, public)):
+    for encoded in (_hand_made(lm.tokenizer, 64), choices.encode(cfg, lm.tokenizer, public,
+                                                                            data=run_data_of(cfg))):
         b, c = len(encoded), len(encoded[0])
         target = torch.softmax(torch.randn(b, c, generator=torch.Generator().manual_seed(1)),
                                -1)
@@ -177,7 +179,7 @@ def test_distillation_trains_the_same_adapter_in_either_layout(make_config, monk
                             functools.partial(plain, layout=layout))
         rows, handle = _forward_rows(lm.model)
         try:
-            stats = choices.distill_choices(cfg, lm, public, target, taken, epochs=2,
+            stats = choices.distill_choices(cfg, lm, public, target, taken, data=run_data_of(cfg), epochs=2,
                                             lr=5e-3, seed=0, kd_weight=1.0)
         finally:
             handle.remove()

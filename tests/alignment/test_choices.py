@@ -11,6 +11,7 @@ from fedkt.data.splits import run_data
 from fedkt.eval.scorer import score_choices
 from fedkt.federated.payload import PayloadError, dumps
 from fedkt.train.lm import client_lm
+from tests.conftest import run_data_of
 
 torch.set_num_threads(1)
 
@@ -28,18 +29,18 @@ def test_training_posteriors_are_the_scorers(setting):
     """The differentiable log-posteriors a student trains on are the scorer's: the choice
     the student is trained towards is the one its accuracy counts."""
     cfg, lm, public = setting
-    p = choices.choice_knowledge(cfg, lm, public)
+    p = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     assert p.shape == (len(public), 7) and torch.allclose(p.sum(-1), torch.ones(len(public)))
     with torch.no_grad():
-        logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public),
+        logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public, data=run_data_of(cfg)),
                                        lm.tokenizer.pad_token_id or 0)
     assert torch.allclose(logq.exp(), p, atol=1e-5)
-    views = choices._views(cfg, public, lm.tokenizer)
+    views = choices._views(cfg, public, lm.tokenizer, run_data_of(cfg))
     scores = torch.tensor(score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
                                         [v[1] for v in views], max_length=cfg.data.max_length))
     assert torch.equal(scores.argmax(-1), p.argmax(-1))
     # a temperature flattens the posterior without changing its order
-    hot = choices.choice_knowledge(cfg, lm, public, temperature=4.0)
+    hot = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg), temperature=4.0)
     assert torch.equal(hot.argmax(-1), p.argmax(-1))
     assert bool((choices.entropy(hot) >= choices.entropy(p) - 1e-6).all())
 
@@ -47,8 +48,9 @@ def test_training_posteriors_are_the_scorers(setting):
 def test_records_without_labels_are_scored(setting):
     cfg, lm, public = setting
     stripped = [{k: v for k, v in r.items() if k != "label"} for r in public]
-    assert torch.equal(choices.choice_knowledge(cfg, lm, stripped),
-                       choices.choice_knowledge(cfg, lm, public))
+    data = run_data_of(cfg)
+    assert torch.equal(choices.choice_knowledge(cfg, lm, stripped, data=data),
+                       choices.choice_knowledge(cfg, lm, public, data=data))
 
 
 def test_select_rules_on_a_hand_made_case():
@@ -110,19 +112,19 @@ def test_unpack_names_the_sender_and_the_field():
 
 def test_distillation_moves_the_student_towards_the_teacher(setting):
     cfg, lm, public = setting
-    before = choices.choice_knowledge(cfg, lm, public)
+    before = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     target = torch.zeros_like(before)
     target[:, 3] = 1.0  # a teacher sure of class 3 everywhere
     taken = torch.ones(len(public), dtype=torch.bool)
-    stats = choices.distill_choices(cfg, lm, public, target, taken, epochs=3, lr=5e-3, seed=0,
+    stats = choices.distill_choices(cfg, lm, public, target, taken, data=run_data_of(cfg), epochs=3, lr=5e-3, seed=0,
                                     kd_weight=1.0)
-    after = choices.choice_knowledge(cfg, lm, public)
+    after = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     assert stats["steps"] == 9 and stats["kd_taken"] == 1.0
     assert after[:, 3].mean() > before[:, 3].mean() + 0.1
     # nothing taken and no label loss: no step, the adapter unchanged
     lm.reset()
     initial = {k: v.clone() for k, v in lm.trainable().items()}
-    stats = choices.distill_choices(cfg, lm, public, target, ~taken, epochs=1, lr=5e-3, seed=0,
+    stats = choices.distill_choices(cfg, lm, public, target, ~taken, data=run_data_of(cfg), epochs=1, lr=5e-3, seed=0,
                                     kd_weight=1.0)
     assert stats["steps"] == 0
     assert all(torch.equal(v, initial[k]) for k, v in lm.trainable().items())

@@ -12,6 +12,7 @@ from fedkt.alignment import choices, receiving
 from fedkt.config.method_settings import ReceivingOptions
 from fedkt.data.splits import run_data
 from fedkt.train.lm import client_lm
+from tests.conftest import run_data_of
 
 torch.set_num_threads(1)
 
@@ -123,12 +124,12 @@ def test_rehearsal_steps_use_the_receivers_own_records_and_no_public_label(setti
     seen: list[list[dict]] = []
     real_encode = choices.encode
     monkeypatch.setattr(choices, "encode",
-                        lambda c, tok, records: seen.append(list(records)) or real_encode(
-                            c, tok, records))
+                        lambda c, tok, records, data: seen.append(list(records)) or real_encode(
+                            c, tok, records, data=data))
     teacher = torch.zeros(len(public), 7)
     teacher[:, 2] = 1.0
     got = choices.distill_choices(cfg, lm, withheld, teacher, torch.ones(len(public), dtype=bool),
-                                  epochs=2, lr=None, seed=1, kd_weight=1.0, rehearse=own,
+                                  data=run_data_of(cfg), epochs=2, lr=None, seed=1, kd_weight=1.0, rehearse=own,
                                   rehearsal_ratio=1.5)
     assert seen == [withheld, own]  # the KD steps' public samples, then the own records
     assert got["kd_steps"] == 4 and got["rehearsal_steps"] == 6 and got["steps"] == 10
@@ -141,10 +142,10 @@ def test_anchoring_starts_at_zero_and_holds_the_student_near_its_posteriors(sett
     a teacher sure of one class it keeps the student closer to its own posteriors than KD
     alone does."""
     cfg, lm, public, _ = setting
-    own = choices.choice_knowledge(cfg, lm, public)
+    own = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     taken = torch.ones(len(public), dtype=bool)
     with torch.no_grad():
-        logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public),
+        logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public, data=run_data_of(cfg)),
                                        lm.tokenizer.pad_token_id or 0)
     assert float(receiving.kl_rows(own, logq).abs().max()) < 1e-5
     teacher = torch.zeros_like(own)
@@ -152,9 +153,9 @@ def test_anchoring_starts_at_zero_and_holds_the_student_near_its_posteriors(sett
     drift = {}
     for weight in (0.0, 5.0):
         lm.reset(None)
-        choices.distill_choices(cfg, lm, public, teacher, taken, epochs=3, lr=None, seed=1,
+        choices.distill_choices(cfg, lm, public, teacher, taken, data=run_data_of(cfg), epochs=3, lr=None, seed=1,
                                 kd_weight=1.0, anchor=own, anchor_weight=weight)
-        after = choices.choice_knowledge(cfg, lm, public)
+        after = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
         drift[weight] = float(receiving.kl_rows(own, after.double().clamp_min(1e-30).log()).mean())
     assert drift[5.0] < drift[0.0]
 
@@ -175,8 +176,8 @@ def test_micro_batches_accumulate_the_same_update_as_the_whole_batch(make_config
         lm.reset(start)
         run = cfg.model_copy(update={"training": cfg.training.model_copy(
             update={"kd_micro_batch": micro})})
-        stats = choices.distill_choices(run, lm, public, teacher, taken, epochs=2, lr=None,
-                                        seed=1, kd_weight=1.0, ft_weight=0.5, anchor=anchor,
+        stats = choices.distill_choices(run, lm, public, teacher, taken, data=run_data_of(run),
+                                        epochs=2, lr=None, seed=1, kd_weight=1.0, ft_weight=0.5, anchor=anchor,
                                         anchor_weight=0.7, rehearse=own, rehearsal_ratio=0.5)
         trained[micro] = (stats, lm.trainable())
     whole_stats, whole = trained[None]

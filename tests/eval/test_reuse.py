@@ -367,14 +367,14 @@ def test_choice_posteriors_are_reused_for_the_same_model_texts_and_temperature(m
     lm = client_lm(cfg, 0)
     records = run_data(cfg.data, cfg.clients.num_clients, cfg.seed).test[:6]
     before = reuse.stats()
-    p = choice_knowledge(cfg, lm, records)
-    q = choice_knowledge(cfg, lm, records)
+    p = choice_knowledge(cfg, lm, records, data=run_data_of(cfg))
+    q = choice_knowledge(cfg, lm, records, data=run_data_of(cfg))
     assert reuse.stats()["reused"] == before["reused"] + 1 and torch.equal(p, q)
-    warmer = choice_knowledge(cfg, lm, records, temperature=2.0)
+    warmer = choice_knowledge(cfg, lm, records, data=run_data_of(cfg), temperature=2.0)
     assert reuse.stats()["computed"] == before["computed"] + 2
     assert not torch.equal(warmer, p)
     off = make_config("eval.reuse=false", name="off")
-    assert torch.equal(choice_knowledge(off, lm, records), p)
+    assert torch.equal(choice_knowledge(off, lm, records, data=run_data_of(off)), p)
 
 
 def test_saved_seconds_are_their_own_clock_reported_beside_the_phases():

@@ -17,7 +17,7 @@ import torch
 
 from fedkt.config import load_config
 from fedkt.eval.predictions import prediction_files, read_predictions
-from tests.conftest import needs_models
+from tests.conftest import needs_models, run_data_of
 from tests.suites.smoke import run_suite, shipped_suite
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600),
@@ -97,7 +97,7 @@ def test_fedmkt_hetero_suite_smoke(tmp_path):
     files = prediction_files(run)
     for who, lm in (("server", lambda: server_lm(cfg)), ("client_0", lambda: client_lm(cfg, 0)),
                     ("client_1", lambda: client_lm(cfg, 1))):
-        post = choice_knowledge(cfg, lm(), test)
+        post = choice_knowledge(cfg, lm(), test, data=run_data_of(cfg))
         assert post.shape == (len(test), 7), (who, post.shape)
         assert bool((post >= 0).all()) and math.isclose(float(post.sum(-1).min()), 1.0,
                                                          abs_tol=1e-4), who

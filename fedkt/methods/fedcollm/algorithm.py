@@ -113,7 +113,7 @@ class FedCoLLMServer(Server[FedCoLLMConfig]):
         if self.method.teacher == "none":  # the no-exchange control: no co-tuning
             stats = {"cotune_steps": 0}
         elif self.method.knowledge == "choices":  # an extension: KL over the task's choices
-            stats = cotune_choices(self.cfg, llm, slm, self.data().public,
+            stats = cotune_choices(self.cfg, llm, slm, self.data().public, data=self.data(),
                                    seed=self.seed(rnd, "cotune"), rehearse=self.data().server)
         else:
             stats = cotune(self.cfg, llm, slm, self.data().public, data=self.data(),

@@ -207,8 +207,8 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, data: FederatedDa
 
 
 @timed("distill")
-def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int,
-                   rehearse: Sequence[dict] = ()) -> dict[str, float]:
+def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, data: FederatedData,
+                   seed: int, rehearse: Sequence[dict] = ()) -> dict[str, float]:
     """Step 4 with ``knowledge: choices`` (an extension, for an unlabelled D_a): each model's
     posteriors over the task's choices on D_a, computed once, are the other's target:
     omega descends ``ft_weight L_FT^f + lambda KL(g || f)``, theta ``ft_weight L_FT^g +
@@ -220,15 +220,15 @@ def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, seed: int
     and let the LLM rehearse on ``rehearse``, the server's own records (the SLM has none
     on the server)."""
     m: FedCoLLMConfig = cfg.method
-    p_f = choice_knowledge(cfg, llm, records, temperature=m.temperature)
-    p_g = choice_knowledge(cfg, slm, records, temperature=m.temperature)
+    p_f = choice_knowledge(cfg, llm, records, data=data, temperature=m.temperature)
+    p_g = choice_knowledge(cfg, slm, records, data=data, temperature=m.temperature)
     if m.teacher == "self":
         t_f, t_g = p_f, p_g
     else:  # L_KD^f = KL(g || f): the LLM learns from the SLM, and back
         t_f = sent(p_g, m.teacher, derive_seed(seed, "g"))
         t_g = sent(p_f, m.teacher, derive_seed(seed, "f"))
     every = torch.ones(len(records), dtype=torch.bool)
-    common = {"epochs": m.cotune_epochs, "seed": seed, "kd_weight": m.kd_weight,
+    common = {"data": data, "epochs": m.cotune_epochs, "seed": seed, "kd_weight": m.kd_weight,
               "ft_weight": m.ft_weight, "temperature": m.temperature,
               "max_steps": m.cotune_max_steps}
     f = distill_choices(cfg, llm, records, t_f, receiving.taken(m.receiving, t_f, p_f, every),

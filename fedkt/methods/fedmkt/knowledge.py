@@ -122,7 +122,7 @@ def knowledge_for(cfg: RunConfig, tokenizer: Any, records: list[dict], *,
     """The learner's knowledge (``method.knowledge``), with its ``tokenizer`` and D_p
     ``records`` (of ``data``, the run's data)."""
     if cfg.method.knowledge == "choices":
-        return ChoiceKnowledge(cfg, records)
+        return ChoiceKnowledge(cfg, records, data=data)
     return TopKKnowledge(cfg, tokenizer, records, data=data)
 
 
@@ -271,12 +271,13 @@ class ChoiceKnowledge:
     field = choices.FIELD
     finite = True
 
-    def __init__(self, cfg: RunConfig, records: list[dict]) -> None:
-        self.cfg, self.method, self.records = cfg, cfg.method, records
+    def __init__(self, cfg: RunConfig, records: list[dict], *, data: FederatedData) -> None:
+        self.cfg, self.method, self.records, self.data = cfg, cfg.method, records, data
 
     def compute(self, lm: LM) -> Tensor:
         m: FedMKTConfig = self.method
-        return choices.choice_knowledge(self.cfg, lm, self.records, temperature=m.temperature)
+        return choices.choice_knowledge(self.cfg, lm, self.records, data=self.data,
+                                       temperature=m.temperature)
 
     def sent(self, own: Tensor, seed: int, sender: Side) -> Tensor:
         """Permuted across D_p (``shuffled``), every row the mean (``marginal``), or as it
@@ -315,7 +316,7 @@ class ChoiceKnowledge:
         targets, chosen = choices.select(own, others, rule, gold)
         taken = receiving.taken(m.receiving, targets, own, chosen)
         stats = choices.distill_choices(
-            self.cfg, lm, self.records, targets, taken, epochs=step.epochs, lr=step.lr,
+            self.cfg, lm, self.records, targets, taken, data=self.data, epochs=step.epochs, lr=step.lr,
             seed=step.seed, kd_weight=1.0 - m.ft_weight, ft_weight=m.ft_weight,
             temperature=m.temperature, desc=step.desc,
             **receiving.distill_options(m.receiving, m.temperature, own, step.rehearse,
