@@ -1,19 +1,25 @@
-"""A run's peak memory with and without giving freed heap back between steps and phases.
+"""A run's peak memory with and without one of fedkt's two memory savings.
 
 Runs one run of a suite (by default ``suites/clinc150_fedmkt_transfer``'s ``fedmkt`` arm,
 fold 0, seed 1000: SmolLM2-135M and two 12-layer clients, 30 CLINC150 intents) twice,
 each in its own process with one torch thread and no reuse store, and prints side by
 side its wall seconds, its peak resident memory (the process's own, from ``wait4``) and
-whether every metric row matches:
+whether every metric row matches. ``--toggle`` picks what differs:
 
-* ``kept``: ``FEDKT_MALLOC_TRIM=0``: freed heap stays with the process (glibc's default);
-* ``released``: freed heap goes back to the OS after each training step and when each
-  phase ends (:mod:`fedkt.infra.memory`), fedkt's default.
+* ``trim`` (the default): ``kept`` (``FEDKT_MALLOC_TRIM=0``: freed heap stays with the
+  process, glibc's default) against ``released`` (freed heap goes back to the OS after
+  each training step and when each phase ends, :mod:`fedkt.infra.memory`, fedkt's default);
+* ``frozen_cast``: ``recast`` (``FEDKT_FROZEN_CAST=0``: autocast casts each frozen weight
+  afresh in every forward and keeps each cast for the backward) against ``cast once``
+  (frozen linear weights held in bf16 during a training loop,
+  :func:`fedkt.infra.precision.frozen_linears_as`, fedkt's default). Without bf16
+  (``precision: auto`` on an AVX2 machine) the two are the same run.
 
 ``--small`` cuts the run to 120 test items, 100 public records and one local epoch (the
 same models and phases, minutes instead of half an hour):
 
-    python benchmarks/memory_release.py [--small] [--suite suites/...] [--arm fedmkt]
+    python benchmarks/memory_release.py [--small] [--toggle trim|frozen_cast]
+        [--suite suites/...] [--arm fedmkt]
 """
 
 from __future__ import annotations
@@ -26,13 +32,19 @@ import tempfile
 import time
 from pathlib import Path
 
+# --toggle -> (its environment variable, (the name of "0", the name of "1")); "1" is fedkt's default
+TOGGLES = {"trim": ("FEDKT_MALLOC_TRIM", ("kept", "released")),
+           "frozen_cast": ("FEDKT_FROZEN_CAST", ("recast", "cast once"))}
+
 SMALL = ["data.max_test=120", "data.max_public=100", "data.require.min_test=100",
          "data.require.min_public=100", "training.local_epochs=1"]
 
 
-def _run(config: Path, out: Path, trim: bool, overrides: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one run in its own process."""
-    env = {**os.environ, "FEDKT_MALLOC_TRIM": "1" if trim else "0"}
+def _run(config: Path, out: Path, setting: dict[str, str], overrides: list[str]
+         ) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one run in its own process, with ``setting`` in
+    its environment."""
+    env = {**os.environ, **setting}
     env = {k: v for k, v in env.items() if not k.startswith("MALLOC_")}  # glibc's defaults
     cmd = [sys.executable, "-m", "fedkt.cli", "run", str(config), "--output-dir", str(out), "-q",
            "--set", "runtime.torch_threads=1", "--set", "training.reuse=false",
@@ -57,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default="suites/clinc150_fedmkt_transfer")
     parser.add_argument("--arm", default="fedmkt")
+    parser.add_argument("--toggle", choices=sorted(TOGGLES), default="trim",
+                        help="what the two runs differ in (default: trim)")
     parser.add_argument("--small", action="store_true", help="120 test items, 100 public "
                         "records, one local epoch")
     args = parser.parse_args()
@@ -73,19 +87,23 @@ def main() -> None:
                    if v and k.startswith(("amx", "avx512_bf16")))
     print(f"# {args.suite}, arm {arm}, seed {seed}{', --small' if args.small else ''}; "
           f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} "
-          f"({', '.join(flags) or 'no bf16 flags'}), {os.cpu_count()} cores, one torch thread")
+          f"({', '.join(flags) or 'no bf16 flags'}), {os.cpu_count()} cores, one torch thread; "
+          f"--toggle {args.toggle}")
+    variable, names = TOGGLES[args.toggle]
+    off, on = names
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "run.yaml"
         config.write_text(cfg.to_yaml())
         results = {}
-        for name, trim in (("kept", False), ("released", True)):
-            wall, peak = _run(config, Path(tmp) / name, trim, SMALL if args.small else [])
-            results[name] = (wall, peak, _rows(Path(tmp) / name))
+        for name, value in ((off, "0"), (on, "1")):
+            folder = Path(tmp) / name.replace(" ", "_")
+            wall, peak = _run(config, folder, {variable: value}, SMALL if args.small else [])
+            results[name] = (wall, peak, _rows(folder))
             print(f"{name:>9}: {wall:7.1f} s wall, peak RSS {peak:7.0f} MB", flush=True)
-        same = results["kept"][2] == results["released"][2]
-        print(f"peak RSS: {results['released'][1] - results['kept'][1]:+.0f} MB; wall: "
-              f"{results['released'][0] - results['kept'][0]:+.1f} s; every metric row "
-              f"{'identical' if same else 'DIFFERS'} ({len(results['kept'][2])} rows)")
+        same = results[off][2] == results[on][2]
+        print(f"peak RSS: {results[on][1] - results[off][1]:+.0f} MB; wall: "
+              f"{results[on][0] - results[off][0]:+.1f} s; every metric row "
+              f"{'identical' if same else 'DIFFERS'} ({len(results[off][2])} rows)")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from fedkt.errors import NonFiniteError
 from fedkt.infra.memory import release_memory
+from fedkt.infra.precision import frozen_linears_as
 from fedkt.infra.timing import timed
 
 __all__ = ["LoopStats", "run_steps"]
@@ -65,13 +66,16 @@ def _where(desc: str, i: int, total: int | None, parts: dict[str, Tensor | float
 @timed("train")
 def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], float], *,
               modules: Sequence[nn.Module], seed: int, total: int | None = None,
-              desc: str = "train") -> LoopStats:
+              desc: str = "train", cast: torch.dtype | None = None) -> LoopStats:
     """Train on ``batches``: ``step(loss(i, batch))`` for each, ``modules`` in train mode.
 
     ``total`` (the number of batches, when known) shows a progress bar for loops of 20
     steps or more.  ``modules`` are left in eval mode.  Its time is the ``train`` phase
     unless the caller's phase (``distill``) already counts it (:mod:`fedkt.infra.timing`).
     After each step the heap it freed goes back to the OS (:mod:`fedkt.infra.memory`).
+    ``cast``: the autocast type the steps run under (None: fp32); the frozen linear
+    weights of ``modules`` are held in it meanwhile
+    (:func:`fedkt.infra.precision.frozen_linears_as`: the same numbers, less memory).
     """
     stats = LoopStats()
     torch.manual_seed(seed)  # dropout and any other in-model randomness
@@ -79,18 +83,19 @@ def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], fl
         module.train()
     show = total is not None and total >= 20
     started = time.perf_counter()
-    for i, batch in enumerate(tqdm(batches, desc=desc, total=total, leave=False,
-                                   disable=None if show else True)):
-        out = loss(i, batch)
-        value, parts = out if isinstance(out, tuple) else (out, {})
-        try:
-            stats.losses.append(step(value))
-        except NonFiniteError as exc:
-            raise NonFiniteError(_where(desc, i, total, parts) + str(exc)) from None
-        for name, part in parts.items():
-            stats.parts[name] = stats.parts.get(name, 0.0) + float(
-                part.detach() if isinstance(part, Tensor) else part)
-        release_memory()  # the step's activations: each step's shapes differ
+    with frozen_linears_as(modules, cast):
+        for i, batch in enumerate(tqdm(batches, desc=desc, total=total, leave=False,
+                                       disable=None if show else True)):
+            out = loss(i, batch)
+            value, parts = out if isinstance(out, tuple) else (out, {})
+            try:
+                stats.losses.append(step(value))
+            except NonFiniteError as exc:
+                raise NonFiniteError(_where(desc, i, total, parts) + str(exc)) from None
+            for name, part in parts.items():
+                stats.parts[name] = stats.parts.get(name, 0.0) + float(
+                    part.detach() if isinstance(part, Tensor) else part)
+            release_memory()  # the step's activations: each step's shapes differ
     stats.seconds = time.perf_counter() - started
     for module in modules:
         module.eval()
