@@ -200,3 +200,97 @@ def test_import_fedkt_makes_openmp_wait_passively_unless_the_user_chose(preset, 
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[-1] == expected
+
+
+def _tiny_lora(tied: bool) -> torch.nn.Module:
+    """A 2-layer Llama from a config, LoRA on every linear layer, its base frozen."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied))
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                           lora_dropout=0.0))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_frozen_linears_are_held_in_bf16_and_put_back_bit_for_bit(tied, monkeypatch):
+    model = _tiny_lora(tied)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    head = model.get_output_embeddings().weight
+    with precision.frozen_linears_as(model, torch.bfloat16) as n:
+        frozen = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
+                  and not m.weight.requires_grad and m.weight is not head]
+        assert n == len(frozen) + (0 if tied else 1) == 14 + (0 if tied else 1)
+        assert all(w.dtype == torch.bfloat16 for w in frozen)
+        # the tied output layer is the embedding: it stays fp32 (so do the adapters)
+        assert (head.dtype == torch.float32) is tied
+        assert model.get_input_embeddings().weight.dtype == torch.float32
+        assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+    after = dict(model.named_parameters())
+    assert all(after[k].dtype == torch.float32 and torch.equal(after[k], v)
+               for k, v in before.items())
+    with precision.frozen_linears_as(model, None) as n:  # fp32: nothing to hold
+        assert n == 0
+    monkeypatch.setenv(precision.FROZEN_CAST_ENV, "0")
+    with precision.frozen_linears_as(model, torch.bfloat16) as n:
+        assert n == 0 and all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def _frozen_numel(model: torch.nn.Module) -> int:
+    head = model.get_output_embeddings().weight
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
+               and not m.weight.requires_grad and m.weight is not head)
+
+
+def _bf16_loop(cast: torch.dtype | None, ids: torch.Tensor, steps: int
+               ) -> tuple[list[float], list[torch.Tensor], int]:
+    """``steps`` LoRA steps of a tiny tied Llama under bf16 autocast through ``run_steps``:
+    the losses, the adapter, and the bytes autograd kept that are no parameter's own."""
+    from fedkt.train.loop import run_steps
+
+    model = _tiny_lora(tied=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    own: set[int] = set()  # the parameters' storages, as the loop holds them
+    seen: set[int] = set()  # this forward's kept storages (addresses recur between steps)
+    kept = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own | seen:
+            seen.add(storage.data_ptr())
+            kept[0] += storage.nbytes()
+        return t
+
+    def loss(i: int, batch: torch.Tensor) -> torch.Tensor:
+        seen.clear()
+        own.clear()
+        own.update(p.untyped_storage().data_ptr() for p in model.parameters())
+        with torch.autocast("cpu", dtype=torch.bfloat16), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return model(input_ids=batch, labels=batch).loss.float()
+
+    def step(value: torch.Tensor) -> float:
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        return float(value.detach())
+
+    stats = run_steps([ids] * steps, loss, step, modules=[model], seed=0, cast=cast)
+    return stats.losses, [p.detach().clone() for p in params], kept[0]
+
+
+def test_a_bf16_loop_with_frozen_weights_cast_once_is_the_same_loop_keeping_less():
+    """The same losses and adapters to the bit, and what autograd keeps for a backward no
+    longer holds a fresh bf16 copy of every frozen weight in each forward."""
+    ids = torch.randint(0, 96, (4, 12), generator=torch.Generator().manual_seed(1))
+    recast, once = _bf16_loop(None, ids, 3), _bf16_loop(torch.bfloat16, ids, 3)
+    assert recast[0] == once[0]
+    assert all(torch.equal(a, b) for a, b in zip(recast[1], once[1], strict=True))
+    copies = 3 * 2 * _frozen_numel(_tiny_lora(tied=True))  # 3 forwards, 2 bytes a value
+    # The first layer's q, k, v, gate and up projections keep nothing either way (their
+    # input needs no gradient): a third of the weights; the rest kept a copy per forward.
+    assert 0.6 * copies <= recast[2] - once[2] <= copies, (recast[2], once[2], copies)
