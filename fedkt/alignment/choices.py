@@ -434,8 +434,8 @@ def unpack(packed: Any, n: int, c: int, source: str) -> Tensor:
 
 @timed("distill")
 def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
-                    taken: Tensor, *, data: FederatedData, epochs: float, lr: float | None, seed: int,
-                    kd_weight: float, ft_weight: float = 0.0, temperature: float = 1.0,
+                    taken: Tensor, *, data: FederatedData, epochs: float, lr: float | None,
+                    seed: int, kd_weight: float, ft_weight: float = 0.0, temperature: float = 1.0,
                     max_steps: int | None = None, desc: str = "kd", scale: float = 1.0,
                     anchor: Tensor | None = None, anchor_weight: float = 0.0,
                     rehearse: Sequence[dict] = (), rehearsal_ratio: float = 0.0

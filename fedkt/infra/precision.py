@@ -4,10 +4,10 @@
 generation under :func:`torch.autocast`: matrix products run in the low-precision
 type while master weights, adapters and optimiser state stay fp32 (models are
 never cast; during a training loop a frozen linear layer's weight is held in the
-low-precision type it is computed in, :func:`frozen_linears_as`).  ``auto`` is bf16 where the hardware does it natively (a CPU with
-AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else fp32; a CPU whose oneDNN is capped
-below AVX512-BF16 (``ONEDNN_MAX_CPU_ISA=AVX2``, to emulate a lower machine kind) counts as
-one without.  fp16 needs CUDA and trains with loss scaling (:func:`grad_scaler`).
+low-precision type it is computed in, :func:`frozen_linears_as`).  ``auto`` is bf16
+where the hardware does it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU with bf16
+support), else fp32; a CPU whose oneDNN is capped below AVX512-BF16
+(``ONEDNN_MAX_CPU_ISA=AVX2``, to emulate a lower machine kind) counts as one without.  fp16 needs CUDA and trains with loss scaling (:func:`grad_scaler`).
 
 ``runtime.torch_threads: null`` means one torch thread per physical core
 (:func:`default_threads`).

@@ -316,8 +316,8 @@ class ChoiceKnowledge:
         targets, chosen = choices.select(own, others, rule, gold)
         taken = receiving.taken(m.receiving, targets, own, chosen)
         stats = choices.distill_choices(
-            self.cfg, lm, self.records, targets, taken, data=self.data, epochs=step.epochs, lr=step.lr,
-            seed=step.seed, kd_weight=1.0 - m.ft_weight, ft_weight=m.ft_weight,
+            self.cfg, lm, self.records, targets, taken, data=self.data, epochs=step.epochs,
+            lr=step.lr, seed=step.seed, kd_weight=1.0 - m.ft_weight, ft_weight=m.ft_weight,
             temperature=m.temperature, desc=step.desc,
             **receiving.distill_options(m.receiving, m.temperature, own, step.rehearse,
                                         client=step.client))
