@@ -179,8 +179,9 @@ def test_distillation_trains_the_same_adapter_in_either_layout(make_config, monk
                             functools.partial(plain, layout=layout))
         rows, handle = _forward_rows(lm.model)
         try:
-            stats = choices.distill_choices(cfg, lm, public, target, taken, data=run_data_of(cfg), epochs=2,
-                                            lr=5e-3, seed=0, kd_weight=1.0)
+            stats = choices.distill_choices(cfg, lm, public, target, taken,
+                                            data=run_data_of(cfg), epochs=2, lr=5e-3,
+                                            seed=0, kd_weight=1.0)
         finally:
             handle.remove()
         assert stats["steps"] == 4

@@ -32,8 +32,8 @@ def test_training_posteriors_are_the_scorers(setting):
     p = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     assert p.shape == (len(public), 7) and torch.allclose(p.sum(-1), torch.ones(len(public)))
     with torch.no_grad():
-        logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public, data=run_data_of(cfg)),
-                                       lm.tokenizer.pad_token_id or 0)
+        encoded = choices.encode(cfg, lm.tokenizer, public, data=run_data_of(cfg))
+        logq = choices.choice_logprobs(lm.model, encoded, lm.tokenizer.pad_token_id or 0)
     assert torch.allclose(logq.exp(), p, atol=1e-5)
     views = choices._views(cfg, public, lm.tokenizer, run_data_of(cfg))
     scores = torch.tensor(score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
@@ -116,15 +116,15 @@ def test_distillation_moves_the_student_towards_the_teacher(setting):
     target = torch.zeros_like(before)
     target[:, 3] = 1.0  # a teacher sure of class 3 everywhere
     taken = torch.ones(len(public), dtype=torch.bool)
-    stats = choices.distill_choices(cfg, lm, public, target, taken, data=run_data_of(cfg), epochs=3, lr=5e-3, seed=0,
-                                    kd_weight=1.0)
+    stats = choices.distill_choices(cfg, lm, public, target, taken, data=run_data_of(cfg),
+                                    epochs=3, lr=5e-3, seed=0, kd_weight=1.0)
     after = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     assert stats["steps"] == 9 and stats["kd_taken"] == 1.0
     assert after[:, 3].mean() > before[:, 3].mean() + 0.1
     # nothing taken and no label loss: no step, the adapter unchanged
     lm.reset()
     initial = {k: v.clone() for k, v in lm.trainable().items()}
-    stats = choices.distill_choices(cfg, lm, public, target, ~taken, data=run_data_of(cfg), epochs=1, lr=5e-3, seed=0,
-                                    kd_weight=1.0)
+    stats = choices.distill_choices(cfg, lm, public, target, ~taken, data=run_data_of(cfg),
+                                    epochs=1, lr=5e-3, seed=0, kd_weight=1.0)
     assert stats["steps"] == 0
     assert all(torch.equal(v, initial[k]) for k, v in lm.trainable().items())

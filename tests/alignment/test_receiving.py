@@ -129,8 +129,8 @@ def test_rehearsal_steps_use_the_receivers_own_records_and_no_public_label(setti
     teacher = torch.zeros(len(public), 7)
     teacher[:, 2] = 1.0
     got = choices.distill_choices(cfg, lm, withheld, teacher, torch.ones(len(public), dtype=bool),
-                                  data=run_data_of(cfg), epochs=2, lr=None, seed=1, kd_weight=1.0, rehearse=own,
-                                  rehearsal_ratio=1.5)
+                                  data=run_data_of(cfg), epochs=2, lr=None, seed=1,
+                                  kd_weight=1.0, rehearse=own, rehearsal_ratio=1.5)
     assert seen == [withheld, own]  # the KD steps' public samples, then the own records
     assert got["kd_steps"] == 4 and got["rehearsal_steps"] == 6 and got["steps"] == 10
     assert math.isfinite(got["rehearsal_loss"]) and got["rehearsal_loss"] > 0
@@ -145,16 +145,17 @@ def test_anchoring_starts_at_zero_and_holds_the_student_near_its_posteriors(sett
     own = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
     taken = torch.ones(len(public), dtype=bool)
     with torch.no_grad():
-        logq = choices.choice_logprobs(lm.model, choices.encode(cfg, lm.tokenizer, public, data=run_data_of(cfg)),
-                                       lm.tokenizer.pad_token_id or 0)
+        encoded = choices.encode(cfg, lm.tokenizer, public, data=run_data_of(cfg))
+        logq = choices.choice_logprobs(lm.model, encoded, lm.tokenizer.pad_token_id or 0)
     assert float(receiving.kl_rows(own, logq).abs().max()) < 1e-5
     teacher = torch.zeros_like(own)
     teacher[:, 5] = 1.0
     drift = {}
     for weight in (0.0, 5.0):
         lm.reset(None)
-        choices.distill_choices(cfg, lm, public, teacher, taken, data=run_data_of(cfg), epochs=3, lr=None, seed=1,
-                                kd_weight=1.0, anchor=own, anchor_weight=weight)
+        choices.distill_choices(cfg, lm, public, teacher, taken, data=run_data_of(cfg),
+                                epochs=3, lr=None, seed=1, kd_weight=1.0, anchor=own,
+                                anchor_weight=weight)
         after = choices.choice_knowledge(cfg, lm, public, data=run_data_of(cfg))
         drift[weight] = float(receiving.kl_rows(own, after.double().clamp_min(1e-30).log()).mean())
     assert drift[5.0] < drift[0.0]
@@ -177,8 +178,9 @@ def test_micro_batches_accumulate_the_same_update_as_the_whole_batch(make_config
         run = cfg.model_copy(update={"training": cfg.training.model_copy(
             update={"kd_micro_batch": micro})})
         stats = choices.distill_choices(run, lm, public, teacher, taken, data=run_data_of(run),
-                                        epochs=2, lr=None, seed=1, kd_weight=1.0, ft_weight=0.5, anchor=anchor,
-                                        anchor_weight=0.7, rehearse=own, rehearsal_ratio=0.5)
+                                        epochs=2, lr=None, seed=1, kd_weight=1.0,
+                                        ft_weight=0.5, anchor=anchor, anchor_weight=0.7,
+                                        rehearse=own, rehearsal_ratio=0.5)
         trained[micro] = (stats, lm.trainable())
     whole_stats, whole = trained[None]
     moved = max(float((whole[k] - start[k]).abs().max()) for k in whole)
