@@ -362,7 +362,7 @@ def test_cross_check_with_opacus():
 
 
 def test_budget_and_client_noise_follow_the_noise_share():
-    """What the runner logs and what a client adds, from the dp settings alone: local noise
+    """What the job logs and what a client adds, from the dp settings alone: local noise
     is m = 1; distributed noise over 4 asked clients with min_replies 2 is m = 2."""
     from types import SimpleNamespace
 

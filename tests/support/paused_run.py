@@ -20,7 +20,7 @@ PAUSE_LINE = "fedkt: paused in round {rnd} before the checkpoint"
 
 
 def pause_before_checkpoint(rnd: int, seconds: float = PAUSE_SECONDS) -> None:
-    """Make the runner stop for ``seconds`` in round ``rnd`` just before its checkpoint."""
+    """Make the job stop for ``seconds`` in round ``rnd`` just before its checkpoint."""
     from fedkt.tracking import checkpoint
 
     mark = checkpoint.mark_checkpoint
