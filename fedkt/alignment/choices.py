@@ -43,13 +43,7 @@ from fedkt.alignment.receiving import OWN, interleave, kl_rows
 from fedkt.config import RunConfig
 from fedkt.errors import ConfigError
 from fedkt.federated.payload import Payload, PayloadError, check_tensor
-from fedkt.infra.precision import (
-    autocast,
-    grad_scaler,
-    precision_name,
-    resolve_precision,
-    upcast,
-)
+from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler, upcast
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM
 from fedkt.train.loop import run_steps
@@ -544,7 +538,7 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
                       lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
                                         max_grad_norm=cfg.training.max_grad_norm, scaler=scaler),
                       modules=[model], seed=seed, total=len(plan), desc=desc,
-                      cast=resolve_precision(precision_name(cfg.training), device))
+                      cast=autocast_dtype(cfg.training, device))
     out.update(loss=stats.loss, kd_loss=kd_sums["kd_loss"] / total, steps=stats.steps)
     if rehearsal_ratio > 0:
         out.update(kd_steps=total, rehearsal_steps=len(own_sums))

@@ -7,7 +7,8 @@ never cast; during a training loop a frozen linear layer's weight is held in the
 low-precision type it is computed in, :func:`frozen_linears_as`).  ``auto`` is bf16
 where the hardware does it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU with bf16
 support), else fp32; a CPU whose oneDNN is capped below AVX512-BF16
-(``ONEDNN_MAX_CPU_ISA=AVX2``, to emulate a lower machine kind) counts as one without.  fp16 needs CUDA and trains with loss scaling (:func:`grad_scaler`).
+(``ONEDNN_MAX_CPU_ISA=AVX2``, to emulate a lower machine kind) counts as one without.
+fp16 needs CUDA and trains with loss scaling (:func:`grad_scaler`).
 
 ``runtime.torch_threads: null`` means one torch thread per physical core
 (:func:`default_threads`).
@@ -29,6 +30,7 @@ from fedkt.errors import ConfigError
 __all__ = [
     "PRECISIONS",
     "autocast",
+    "autocast_dtype",
     "cpu_supports_bf16",
     "default_threads",
     "frozen_linears_as",
@@ -141,6 +143,13 @@ def _warn_emulated_bf16() -> None:
                 "AVX2 CPU); 'auto' picks fp32 here and bf16 where it is native")
 
 
+def autocast_dtype(cfg_or_name: Any, device: torch.device | str | torch.nn.Module | None
+                   ) -> torch.dtype | None:
+    """The type :func:`autocast` computes in on ``device`` (None: fp32, no autocast);
+    arguments as :func:`autocast`."""
+    return resolve_precision(precision_name(cfg_or_name), device)
+
+
 @contextlib.contextmanager
 def autocast(cfg_or_name: Any, device: torch.device | str | torch.nn.Module | None
              ) -> Iterator[torch.dtype | None]:
@@ -149,7 +158,7 @@ def autocast(cfg_or_name: Any, device: torch.device | str | torch.nn.Module | No
     ``cfg_or_name``: a RunConfig, a TrainingConfig or a precision name; ``device``: a
     device, its name or a model (its parameters' device).  Yields the dtype (or None).
     """
-    dtype = resolve_precision(precision_name(cfg_or_name), device)
+    dtype = autocast_dtype(cfg_or_name, device)
     if dtype is None:
         yield None
         return
@@ -183,16 +192,14 @@ def frozen_linears_as(modules: Any, dtype: torch.dtype | None) -> Iterator[int]:
         for _, p in m.named_parameters(remove_duplicate=False):
             owners[p.data_ptr()] = owners.get(p.data_ptr(), 0) + 1
     kept: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-    seen: set[int] = set()
     try:
         for m in mods:
-            for layer in m.modules():
-                w = getattr(layer, "weight", None)
-                if (not isinstance(layer, torch.nn.Linear) or w is None or w.requires_grad
-                        or w.dtype != torch.float32 or id(w) in seen
-                        or owners.get(w.data_ptr(), 0) > 1):
+            for layer in m.modules():  # a layer reached twice has its weight counted twice
+                if not isinstance(layer, torch.nn.Linear):
                     continue
-                seen.add(id(w))
+                w = layer.weight
+                if w.requires_grad or w.dtype != torch.float32 or owners[w.data_ptr()] > 1:
+                    continue
                 kept.append((w, w.data))
                 w.data = w.data.to(dtype)
         yield len(kept)
@@ -204,7 +211,7 @@ def frozen_linears_as(modules: Any, dtype: torch.dtype | None) -> Iterator[int]:
 def grad_scaler(cfg_or_name: Any, device: torch.device | str | torch.nn.Module | None
                 ) -> torch.amp.GradScaler:
     """A loss scaler for fp16 training (disabled, i.e. a pass-through, otherwise)."""
-    dtype = resolve_precision(precision_name(cfg_or_name), device)
+    dtype = autocast_dtype(cfg_or_name, device)
     kind = _device_type(device)
     return torch.amp.GradScaler(kind, enabled=dtype == torch.float16)
 

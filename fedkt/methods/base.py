@@ -49,7 +49,6 @@ def clients_per_round(cfg: RunConfig) -> int:
                                                                      * len(ids)))
 
 
-
 def privacy_spent(cfg: RunConfig, rnd: int) -> dict[str, float]:
     """The privacy budget each client has spent after round ``rnd`` (``dp_epsilon``, and
     with distributed noise ``dp_epsilon_upload``: :func:`fedkt.federated.privacy.budget`),
@@ -61,6 +60,7 @@ def privacy_spent(cfg: RunConfig, rnd: int) -> dict[str, float]:
     from fedkt.federated.privacy import budget
 
     return budget(dp, rnd, clients_per_round(cfg), cfg.clients.min_replies)
+
 
 # --------------------------------------------------------------------------- client side
 

@@ -24,13 +24,7 @@ import torch
 from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.infra.placement import client_device, pick_device, server_device
-from fedkt.infra.precision import (
-    autocast,
-    grad_scaler,
-    precision_name,
-    resolve_precision,
-    upcast,
-)
+from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler, upcast
 from fedkt.train.logits import forward_kept, keeps_positions, kept_positions, target_mask
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
@@ -278,7 +272,7 @@ def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, data: FederatedDat
                       lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
                                         max_grad_norm=tcfg.max_grad_norm, scaler=scaler),
                       modules=[model], seed=seed, total=total, desc=desc,
-                      cast=resolve_precision(precision_name(tcfg), device))
+                      cast=autocast_dtype(tcfg, device))
     return {"loss": stats.loss, "steps": total, "num_examples": len(records)}
 
 

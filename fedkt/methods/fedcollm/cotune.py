@@ -28,7 +28,7 @@ from fedkt.alignment.choices import choice_knowledge, distill_choices, sent
 from fedkt.alignment.introspect import vocab_hash
 from fedkt.alignment.receiving import kd_scale
 from fedkt.data.lm_batches import IGNORE_INDEX
-from fedkt.infra.precision import autocast, grad_scaler, precision_name, resolve_precision
+from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler
 from fedkt.infra.seeds import derive_seed
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM, lm_batches
@@ -201,8 +201,7 @@ def cotune(cfg: Any, llm: LM, slm: LM, records: list[dict], *, data: FederatedDa
                                         scaler=scaler, schedules=[sched_f, sched_g]),
                       modules=[llm.model, slm.model], seed=seed, total=total,
                       desc="fedcollm co-tune",
-                      cast=(resolve_precision(precision_name(cfg), f_dev)
-                            if f_dev.type == g_dev.type else None))
+                      cast=autocast_dtype(cfg, f_dev) if f_dev.type == g_dev.type else None)
     # cotune_llm = L^f (the LLM's CE and its own KD term), cotune_kd_slm = KL(f || g), ...
     return ({f"cotune_{k}": v for k, v in stats.means().items()} | {"cotune_steps": total}
             | {f"cotune_{k}": v for k, v in ratios.items()})
