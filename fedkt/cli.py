@@ -260,6 +260,8 @@ paired confidence intervals decide. A suite file:
   # folds: [0, 1, 2, 3]         # instead of seeds: test folds (base data.split.folds)
   # seeds_per_fold: 2           # training seeds inside each fold; the fold is the unit
   # target_floor: 0.10          # design targets, checked per claim in the table
+  # paper: {source: ..., rows: [{row: 'server, FedCoLLM', paper: 0.595,
+  #         fedkt: fedcollm.server.accuracy}]}   # a paper's numbers beside the suite's
   metrics: [accuracy]           # optional: table columns
   groups: [server, clients]     # optional: participant groups (clients = mean, paired per client)
 

@@ -45,6 +45,7 @@ class SuiteResult:
     name: str
     claims: dict[str, dict[str, Any]]
     environment: list[str]
+    paper: dict[str, Any] | None = None  # the paper's numbers beside the suite's, if any
 
 
 def _table_lines(table: Path) -> list[str]:
@@ -203,7 +204,25 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     elif not isinstance(env, list) or not all(isinstance(x, str) for x in env):
         raise ValueError(f"{result}: environment: expected a list of lines, got "
                          f"{type(env).__name__}")
-    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env])
+    paper = data.get("paper")
+    if paper is not None:
+        _check_paper(paper, f"{result}: paper")
+    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper)
+
+
+def _check_paper(paper: Any, where: str) -> None:
+    """Refuse a ``paper`` entry of suite.json that the results page could not render."""
+    if not isinstance(paper, dict) or not isinstance(paper.get("rows"), list):
+        raise ValueError(f"{where}: expected a mapping with a list of rows")
+    for i, row in enumerate(paper["rows"]):
+        ok = (isinstance(row, dict) and isinstance(row.get("row"), str)
+              and isinstance(row.get("fedkt_ref"), str)
+              and all(isinstance(row.get(k), (int, float)) for k in ("paper", "runs"))
+              and all(row.get(k) is None or isinstance(row.get(k), (int, float))
+                      for k in ("mean", "std", "difference")))
+        if not ok:
+            raise ValueError(f"{where}.rows[{i}]: expected row, fedkt_ref, paper, runs, "
+                             "mean, std and difference")
 
 
 def _one_line(text: Any) -> str:

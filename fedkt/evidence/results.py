@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedkt.evidence.across import SuiteResult, read_suite_result
+from fedkt.evidence.paper import paper_markdown
 from fedkt.tracking.tables import format_table
 
 __all__ = ["DEMO_END", "DEMO_START", "README_END", "README_START", "Provenance",
@@ -189,6 +190,10 @@ def results_markdown(root: Path, command: str = "python -m fedkt.evidence.result
             _claims_table(suite.result),
             "",
         ]
+        paper = suite.result.paper
+        if paper:
+            lines += [paper_markdown(paper.get("source", "-"), paper.get("scale"),
+                                     paper["rows"]), ""]
     return "\n".join(lines)
 
 

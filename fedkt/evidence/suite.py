@@ -66,6 +66,7 @@ from fedkt.evidence.claims import (
     ClaimError,
     Decision,
     Joint,
+    Ref,
     decide,
     decide_joint,
     parse_claim,
@@ -75,6 +76,7 @@ from fedkt.evidence.method_table import (
     check_comparison,
     comparison_report,
 )
+from fedkt.evidence.paper import PaperReference, check_paper, paper_markdown, paper_rows
 from fedkt.evidence.runs import (
     Group,
     Run,
@@ -134,6 +136,9 @@ class SuiteConfig(_Strict):
     # and seed, in one MLflow experiment (the suite's name; store SUITE/mlruns unless
     # $MLFLOW_TRACKING_URI) and under SUITE/tensorboard/ARM/seed_N.
     tracking: list[str] | dict[str, Any] | None = None
+    # A paper's table this suite runs at reduced scale: its numbers beside the suite's
+    # (fedkt.evidence.paper); they decide nothing.
+    paper: PaperReference | None = None
 
     @field_validator("arms")
     @classmethod
@@ -250,6 +255,11 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
     if cfg.comparison is not None:
         try:
             check_comparison(cfg.comparison, list(cfg.arms))
+        except ValueError as exc:
+            raise ConfigError(f"suite {path}: {exc}") from None
+    if cfg.paper is not None:
+        try:
+            check_paper(cfg.paper, set(cfg.arms), cfg.groups)
         except ValueError as exc:
             raise ConfigError(f"suite {path}: {exc}") from None
     if cfg.seeds_per_fold is not None and cfg.folds is None:
@@ -624,6 +634,12 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
                               ("all runs", sum_breakdown([time_breakdown(r.info.rows)
                                                           for g in present.values()
                                                           for r in g.runs]))]), ""]
+    paper = None
+    if cfg.paper is not None:
+        paper = {"source": cfg.paper.source, "scale": cfg.paper.scale,
+                 "rows": paper_rows(cfg.paper, lambda ref: _paper_value(suite, ref))}
+        text += ["## The paper's numbers beside the suite's", "",
+                 paper_markdown(paper["source"], paper["scale"], paper["rows"]), ""]
     if cfg.comparison is not None:
         text += [comparison_report(folder, cfg.comparison, present, reps=cfg.bootstrap,
                                    level=cfg.level, seed=cfg.bootstrap_seed)]
@@ -632,10 +648,20 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     (folder / SUITE_JSON).write_text(json.dumps(
         {"name": cfg.name, "seeds": suite.seeds, "folds": suite.fold_of, "metrics": metrics,
          "table": rows_json,
-         "claims": verdicts, "missing": missing, "environment": env_lines},
+         "claims": verdicts, "missing": missing, "environment": env_lines,
+         **({"paper": paper} if paper is not None else {})},
         indent=2, default=float) + "\n")
     suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
     return out
+
+
+def _paper_value(suite: Suite, ref: Ref) -> tuple[float, float, int] | None:
+    """The suite's mean, std and run count for a paper row's ``ARM[@ROUND].GROUP.METRIC``."""
+    group = _arm_group(suite, ref.arm, ref.round)
+    try:
+        return group.mean_std(ref.group, ref.metric) if group.runs else None
+    except ValueError:  # e.g. an arm without that group
+        return None
 
 
 def environment_lines(folders: list[Path]) -> list[str]:

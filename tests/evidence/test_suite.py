@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,3 +234,61 @@ def test_report_takes_round0_from_an_arm_that_has_it(finished, tmp_path):
     assert verdicts[bad].startswith("error:") and "round 0" in verdicts[bad]
     good = "fedavg.server.accuracy > fedavg@0.server.accuracy"
     assert verdicts[good] in ("reproduced", "not resolved", "contradicted")
+
+
+def test_the_papers_numbers_stand_beside_the_suites_own(finished, tmp_path):
+    """``paper:`` rows: the suite's mean over seeds (from the prediction files, by hand)
+    beside the paper's value, in suite.md, suite.json and docs/results.md's section."""
+    import shutil
+
+    import yaml
+
+    from fedkt.evidence.results import results_markdown
+    from fedkt.evidence.suite import report_suite
+
+    root = tmp_path / "suites"
+    folder = root / "quick"
+    shutil.copytree(finished, folder)
+    raw = yaml.safe_load((folder / "suite.yaml").read_text())
+    raw["paper"] = {"source": "A paper, Table 9", "scale": "tiny models",
+                    "rows": [{"row": "clients, FedAvg", "paper": 0.5,
+                              "fedkt": "fedavg.clients.accuracy"},
+                             {"row": "server, Zero-Shot", "paper": 0.25,
+                              "fedkt": "fedavg@0.server.accuracy"}]}
+    (folder / "suite.yaml").write_text(yaml.safe_dump(raw))
+    report_suite(folder)
+    got = json.loads((folder / "suite.json").read_text())["paper"]
+    seeds = raw["seeds"]
+    clients = [_correct(folder, "fedavg", s, None, "clients")[1].mean() for s in seeds]
+    zero = [_correct(folder, "fedavg", s, 0, "server")[1].mean() for s in seeds]
+    for row, values, paper in zip(got["rows"], (clients, zero), (0.5, 0.25), strict=True):
+        assert row["runs"] == len(seeds)
+        assert row["mean"] == pytest.approx(np.mean(values), abs=1e-12)
+        assert row["std"] == pytest.approx(np.std(values, ddof=1), abs=1e-12)
+        assert row["difference"] == pytest.approx(np.mean(values) - paper, abs=1e-12)
+    assert got["source"] == "A paper, Table 9"
+    first = f"| clients, FedAvg | `fedavg.clients.accuracy` | 0.500 | {np.mean(clients):.3f}"
+    assert first in (folder / "suite.md").read_text()
+    assert first in results_markdown(root)
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"row": "x", "paper": 0.5, "fedkt": "fedprox.clients.accuracy"},
+     "paper.rows[0] ('x'): arm 'fedprox' is not an arm"),
+    ({"row": "x", "paper": 0.5, "fedkt": "fedavg.global_slm.accuracy"},
+     "paper.rows[0] ('x'): group 'global_slm' is not one of the suite's groups"),
+    ({"row": "x", "paper": 0.5, "fedkt": "fedavg accuracy"}, "paper.rows.0.fedkt"),
+    ({"row": "x", "paper": float("nan"), "fedkt": "fedavg.clients.accuracy"},
+     "paper.rows.0.paper"),
+])
+def test_a_paper_row_the_suite_cannot_show_is_refused_by_name(tmp_path, row, message):
+    import yaml
+
+    from fedkt.config import ConfigError
+
+    raw = yaml.safe_load(QUICK.read_text())
+    raw["paper"] = {"source": "A paper", "rows": [row]}
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_suite(path, tmp_path / "out")
