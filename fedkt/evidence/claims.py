@@ -58,7 +58,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ClaimError", "Decision", "Joint", "Ref", "decide", "decide_joint",
+__all__ = ["Claim", "ClaimError", "Decision", "Joint", "Ref", "decide", "decide_joint", "is_ref",
            "parse_claim", "verdict"]
 
 REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradicted"
@@ -147,6 +147,11 @@ class Joint:
 
 
 _AND = re.compile(r"\s+and\s+")
+
+
+def is_ref(text: str) -> bool:
+    """Whether ``text`` is one side of a claim, ``ARM[@ROUND].GROUP.METRIC``."""
+    return re.fullmatch(_REF, re.sub(r"\s+", "", text or "")) is not None
 
 
 def parse_claim(text: str, arms: set[str] | None = None) -> Claim | Joint:

@@ -17,14 +17,13 @@ paper's models, data and scale are not the suite's, so its verdicts stay with it
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from fedkt.config import _Strict
-from fedkt.evidence.claims import _REF, Ref
+from fedkt.evidence.claims import Ref, is_ref
 from fedkt.tracking.tables import format_table
 
 
@@ -45,7 +44,7 @@ class PaperRow(_Strict):
     @field_validator("fedkt")
     @classmethod
     def _ref(cls, text: str) -> str:
-        if not re.fullmatch(_REF, re.sub(r"\s+", "", text)):
+        if not is_ref(text):
             raise ValueError(f"{text!r}: write ARM[@ROUND].GROUP.METRIC, e.g. "
                              "'fedcollm@0.server.accuracy'")
         return text
@@ -71,7 +70,7 @@ def check_paper(paper: PaperReference, arms: set[str], groups: list[str]) -> Non
                              f"of the suite's groups ({groups})")
 
 
-Value = Callable[[Ref], "tuple[float, float, int] | None"]  # mean, std, runs
+Value = Callable[[Ref], tuple[float, float, int] | None]  # mean, std, runs
 
 
 def paper_rows(paper: PaperReference, value: Value) -> list[dict[str, Any]]:
