@@ -73,28 +73,30 @@ def check_paper(paper: PaperReference, arms: set[str], groups: list[str]) -> Non
 Value = Callable[[Ref], tuple[float, float, int] | None]  # mean, std, runs
 
 
-def paper_rows(paper: PaperReference, value: Value) -> list[dict[str, Any]]:
-    """Each row with the suite's mean, std and run count (None where no run has it)."""
-    out = []
+def paper_result(paper: PaperReference, value: Value) -> dict[str, Any]:
+    """suite.json's ``paper``: the source, the scale and each row with the suite's mean,
+    std and run count (None where no run has it)."""
+    rows = []
     for row in paper.rows:
         got = value(Ref.parse(row.fedkt))
         mean, std, n = got if got is not None else (None, None, 0)
-        out.append({"row": row.row, "paper": row.paper, "fedkt_ref": row.fedkt,
-                    "mean": mean, "std": std, "runs": n,
-                    "difference": None if mean is None else mean - row.paper})
-    return out
+        rows.append({"row": row.row, "paper": row.paper, "fedkt_ref": row.fedkt,
+                     "mean": mean, "std": std, "runs": n,
+                     "difference": None if mean is None else mean - row.paper})
+    return {"source": paper.source, "scale": paper.scale, "rows": rows}
 
 
-def paper_markdown(source: str, scale: str | None, rows: list[dict[str, Any]]) -> str:
-    """The section of ``suite.md`` (and docs/results.md) that sets the rows side by side."""
-    lines = [f"The paper: {source}."]
-    if scale:
-        lines.append(f"fedkt's scale: {scale}.")
+def paper_markdown(result: dict[str, Any]) -> str:
+    """The section of ``suite.md`` (and docs/results.md) that sets a :func:`paper_result`'s
+    rows side by side."""
+    lines = [f"The paper: {result.get('source') or '-'}."]
+    if result.get("scale"):
+        lines.append(f"fedkt's scale: {result['scale']}.")
     lines += ["The paper's models, data and scale are not the suite's: these rows set the "
               "numbers side by side and decide nothing (the claims above do).", ""]
     table = [[r["row"], f"`{r['fedkt_ref']}`", f"{r['paper']:.3f}",
               "-" if r["mean"] is None else f"{r['mean']:.3f} ± {r['std']:.3f} ({r['runs']})",
-              "-" if r["difference"] is None else f"{r['difference']:+.3f}"] for r in rows]
+              "-" if r["difference"] is None else f"{r['difference']:+.3f}"] for r in result["rows"]]
     lines.append(format_table(["the paper's row", "fedkt", "paper", "fedkt: mean ± std (runs)",
                                "fedkt − paper"], table, markdown=True))
     return "\n".join(lines)

@@ -190,10 +190,8 @@ def results_markdown(root: Path, command: str = "python -m fedkt.evidence.result
             _claims_table(suite.result),
             "",
         ]
-        paper = suite.result.paper
-        if paper:
-            lines += [paper_markdown(paper.get("source", "-"), paper.get("scale"),
-                                     paper["rows"]), ""]
+        if suite.result.paper:
+            lines += [paper_markdown(suite.result.paper), ""]
     return "\n".join(lines)
 
 

@@ -76,7 +76,7 @@ from fedkt.evidence.method_table import (
     check_comparison,
     comparison_report,
 )
-from fedkt.evidence.paper import PaperReference, check_paper, paper_markdown, paper_rows
+from fedkt.evidence.paper import PaperReference, check_paper, paper_markdown, paper_result
 from fedkt.evidence.runs import (
     Group,
     Run,
@@ -636,10 +636,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
                                                           for r in g.runs]))]), ""]
     paper = None
     if cfg.paper is not None:
-        paper = {"source": cfg.paper.source, "scale": cfg.paper.scale,
-                 "rows": paper_rows(cfg.paper, lambda ref: _paper_value(suite, ref))}
-        text += ["## The paper's numbers beside the suite's", "",
-                 paper_markdown(paper["source"], paper["scale"], paper["rows"]), ""]
+        paper = paper_result(cfg.paper, lambda ref: _paper_value(suite, groups, ref))
+        text += ["## The paper's numbers beside the suite's", "", paper_markdown(paper), ""]
     if cfg.comparison is not None:
         text += [comparison_report(folder, cfg.comparison, present, reps=cfg.bootstrap,
                                    level=cfg.level, seed=cfg.bootstrap_seed)]
@@ -655,9 +653,11 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
     return out
 
 
-def _paper_value(suite: Suite, ref: Ref) -> tuple[float, float, int] | None:
-    """The suite's mean, std and run count for a paper row's ``ARM[@ROUND].GROUP.METRIC``."""
-    group = _arm_group(suite, ref.arm, ref.round)
+def _paper_value(suite: Suite, finals: dict[str, Group], ref: Ref
+                 ) -> tuple[float, float, int] | None:
+    """The suite's mean, std and run count for a paper row's ``ARM[@ROUND].GROUP.METRIC``;
+    ``finals``: each arm's runs at their last round, as the table already opened them."""
+    group = finals[ref.arm] if ref.round is None else _arm_group(suite, ref.arm, ref.round)
     try:
         return group.mean_std(ref.group, ref.metric) if group.runs else None
     except ValueError:  # e.g. an arm without that group
