@@ -85,3 +85,19 @@ def test_suite_split_has_disjoint_sides_and_its_counts() -> None:
         assert min(Counter(r["label"] for r in fd.server).values()) >= 10
     pilot = yaml.safe_load((SUITES / "clinc150_fedmkt_pilot.yaml").read_text())
     assert pilot["base"] == raw  # the pilot runs the suite's own runs
+
+
+def test_variance_pilot_runs_the_suites_fedmkt_arm_with_one_change_each() -> None:
+    suite = yaml.safe_load((SUITES / "clinc150_fedmkt_transfer.yaml").read_text())
+    pilot = yaml.safe_load((SUITES / "clinc150_fedmkt_variance_pilot.yaml").read_text())
+    base = {k: v for k, v in pilot["base"].items() if k != "method"}
+    assert base == suite["base"] and pilot["base"]["method"] == suite["arms"]["fedmkt"]["method"]
+    assert pilot["arms"]["fedmkt"] == {} and pilot["arms"]["fedmkt_rounds2"] == {"rounds": 2}
+    data = {**base["data"], **pilot["arms"]["fedmkt_public750"]["data"],
+            "require": {**base["data"]["require"], "min_public": 750}}
+    cfg = DataConfig.model_validate({**data, "split": {**data["split"], "fold": 1}})
+    fd = client_splits(cfg, 2, 1001)
+    public = {r["text"] for r in fd.public}
+    assert len(fd.public) == 750 == len(public) and not any("label" in r for r in fd.public)
+    others = {r["text"] for r in [*fd.server, *fd.test, *(r for p in fd.private for r in p)]}
+    assert not public & others
