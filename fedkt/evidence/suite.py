@@ -603,6 +603,10 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         text.append(f"- not finished: {', '.join(missing)}")
     env_lines = environment_lines([r.path for g in present.values() for r in g.runs])
     text += env_lines
+    peaks = peak_memory({arm: [r.path for r in g.runs] for arm, g in present.items()})
+    if peaks:
+        text.append("- peak memory of a run, per arm (the largest, MB resident): " + ", ".join(
+            f"{arm} {mb:,.0f}" for arm, mb in peaks.items()))
     text += ["", format_table(header, table, markdown=True), ""]
     if verdicts:
         pct = int(cfg.level * 100)
@@ -647,6 +651,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         {"name": cfg.name, "seeds": suite.seeds, "folds": suite.fold_of, "metrics": metrics,
          "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines,
+         **({"peak_rss_mb": peaks} if peaks else {}),
          **({"paper": paper} if paper is not None else {})},
         indent=2, default=float) + "\n")
     suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
@@ -662,6 +667,18 @@ def _paper_value(suite: Suite, finals: dict[str, Group], ref: Ref
         return group.mean_std(ref.group, ref.metric) if group.runs else None
     except ValueError:  # e.g. an arm without that group
         return None
+
+
+def peak_memory(folders: dict[str, list[Path]]) -> dict[str, float]:
+    """Per arm, the largest peak resident memory its runs recorded (``environment.json``'s
+    ``peak_rss_mb``, in MB); an arm none of whose runs recorded one is left out."""
+    out = {}
+    for arm, paths in folders.items():
+        peaks = [float(e["peak_rss_mb"]) for p in paths for e in read_environment(p)
+                 if isinstance(e.get("peak_rss_mb"), int | float)]
+        if peaks:
+            out[arm] = max(peaks)
+    return out
 
 
 def environment_lines(folders: list[Path]) -> list[str]:

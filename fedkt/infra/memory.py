@@ -11,6 +11,7 @@ with glibc's ``malloc_trim(0)``: about 1 GB less held between steps in that run,
 unchanged (one distillation step of the LLM sets it; docs/records/performance.md). It
 changes no number a run computes (``benchmarks/memory_release.py``).
 Elsewhere (macOS, musl, Windows) it does nothing; ``FEDKT_MALLOC_TRIM=0`` turns it off.
+:func:`peak_rss_mb` is the process's high-water mark, which each run records.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["release_memory", "trim_available"]
+__all__ = ["peak_rss_mb", "release_memory", "trim_available"]
 
 
 @functools.cache
@@ -48,3 +49,14 @@ def release_memory() -> bool:
     """Return the heap's free pages to the OS; True when something was given back."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far, in MB (10**6 bytes); None where the
+    platform does not report it (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak * (1 if sys.platform == "darwin" else 1024) / 1e6, 1)

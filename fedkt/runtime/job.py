@@ -23,6 +23,7 @@ from fedkt.eval.harness import run_after_job
 from fedkt.evidence.paired_table import round0_summary
 from fedkt.infra import progress
 from fedkt.infra.environment import ENVIRONMENT_FILE, environment
+from fedkt.infra.memory import peak_rss_mb
 from fedkt.infra.precision import resolve_precision, set_threads
 from fedkt.infra.timing import Clock, clocks, eval_clock, now, phase_seconds
 from fedkt.methods import get_method
@@ -139,6 +140,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         recorder.log_rows(report.rows())
         _client_predictions(cfg, server, recorder, rnd, traffic)
         checkpoint.mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
+        _record_peak_memory(run_dir)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
     summary = recorder.summary()
@@ -244,6 +246,22 @@ def _client_threads(cfg: RunConfig) -> dict[str, Any]:
         "machine's physical cores)")}
 
 
+_PER_PROCESS = ("from_round", "peak_rss_mb")  # not the environment's: what a process did
+
+
+def _record_peak_memory(run_dir: Path) -> None:
+    """After each round: the last ``environment.json`` entry's ``peak_rss_mb``, the largest
+    resident memory of the processes that computed its rounds (this one's so far). Under
+    the local runtime with one client worker that is every participant's; otherwise the
+    server process's."""
+    entries = read_environment(run_dir)
+    peak = peak_rss_mb()
+    if not entries or peak is None:
+        return
+    entries[-1]["peak_rss_mb"] = max(peak, float(entries[-1].get("peak_rss_mb") or 0.0))
+    atomic_write(run_dir / ENVIRONMENT_FILE, json.dumps(entries, indent=1) + "\n")
+
+
 def _record_environment(run_dir: Path, start: int, cfg: RunConfig | None = None) -> None:
     """``environment.json``: where the rounds from ``start`` on are computed (a list: a run
     resumed elsewhere gets a second entry; rounds before it came from the first). It is
@@ -253,7 +271,7 @@ def _record_environment(run_dir: Path, start: int, cfg: RunConfig | None = None)
     entries = [e for e in read_environment(run_dir) if start > 1
                and int(e.get("from_round", 1)) < start]
     here = environment() | (_client_threads(cfg) if cfg is not None else {})
-    if entries and {k: v for k, v in entries[-1].items() if k != "from_round"} == here:
+    if entries and {k: v for k, v in entries[-1].items() if k not in _PER_PROCESS} == here:
         return
     entries.append({"from_round": start, **here})
     atomic_write(run_dir / ENVIRONMENT_FILE, json.dumps(entries, indent=1) + "\n")

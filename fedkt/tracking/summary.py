@@ -39,8 +39,17 @@ def environment_facts(run_dir: Path) -> list[str]:
     """``- environment: ...`` lines of summary.md (one per entry of a run resumed elsewhere)."""
     entries = read_environment(run_dir)
     if len(entries) == 1:
-        return [f"- environment: {describe(entries[0])}"]
-    return [f"- environment from round {e.get('from_round')}: {describe(e)}" for e in entries]
+        return [f"- environment: {describe(entries[0])}", *_peak(entries[0], "")]
+    return [line for e in entries for line in (
+        f"- environment from round {e.get('from_round')}: {describe(e)}",
+        *_peak(e, f" from round {e.get('from_round')}"))]
+
+
+def _peak(entry: dict[str, Any], where: str) -> list[str]:
+    """The peak-memory line of one ``environment.json`` entry (none if it kept none)."""
+    peak = entry.get("peak_rss_mb")
+    return [f"- peak memory{where}: {peak:,.0f} MB resident (the largest process that "
+            "computed these rounds)"] if is_number(peak) else []
 
 
 def summary_markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any], run_dir: Path) -> str:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch
 
-from fedkt.evidence.suite import environment_lines
+from fedkt.evidence.suite import environment_lines, peak_memory
 from fedkt.infra.environment import describe, environment, kernels
+from fedkt.infra.memory import peak_rss_mb
 from fedkt.runner import run
 from fedkt.runtime import job
 from fedkt.tracking.summary import read_environment, summary_markdown
@@ -29,6 +30,28 @@ def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_co
     assert set(entry["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16",
                                        "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
     assert f"- environment: torch {torch.__version__}" in (cfg.run_dir / "summary.md").read_text()
+
+
+def test_a_run_records_its_peak_memory_and_a_resume_keeps_the_larger(make_config):
+    cfg = make_config("rounds=2")
+    run(cfg, quiet=True)
+    [entry] = read_environment(cfg.run_dir)
+    now = peak_rss_mb()
+    assert now is not None and 0 < entry["peak_rss_mb"] <= now  # this process ran the run
+    summary = (cfg.run_dir / "summary.md").read_text()
+    assert f"- peak memory: {entry['peak_rss_mb']:,.0f} MB resident" in summary
+    path = cfg.run_dir / "environment.json"
+    path.write_text(json.dumps([{**entry, "peak_rss_mb": 1e9}]))  # an earlier, larger process
+    job._record_environment(cfg.run_dir, 2, cfg)  # resumed on the same machine: no new entry
+    job._record_peak_memory(cfg.run_dir)
+    assert [e["peak_rss_mb"] for e in read_environment(cfg.run_dir)] == [1e9]
+    path.write_text(json.dumps([{**entry, "peak_rss_mb": 0.5}]))
+    before = peak_rss_mb()
+    job._record_peak_memory(cfg.run_dir)
+    [kept] = [e["peak_rss_mb"] for e in read_environment(cfg.run_dir)]
+    assert before <= kept <= peak_rss_mb()  # this process's, not the smaller one kept
+    assert environment_lines([cfg.run_dir]) == [f"- environment: {describe(entry)}"]
+    assert peak_memory({"a": [cfg.run_dir], "b": [cfg.run_dir.parent]}) == {"a": kept}
 
 
 def test_a_run_resumed_elsewhere_records_a_second_environment(make_config, monkeypatch):
