@@ -246,7 +246,7 @@ def _client_threads(cfg: RunConfig) -> dict[str, Any]:
         "machine's physical cores)")}
 
 
-_PER_PROCESS = ("from_round", "peak_rss_mb")  # not the environment's: what a process did
+_PER_PROCESS = ("from_round", "peak_rss_mb")  # an entry's keys that are not the machine's
 
 
 def _record_peak_memory(run_dir: Path) -> None:
