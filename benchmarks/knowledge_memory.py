@@ -5,7 +5,8 @@ Builds a suite run's server (by default ``suites/fedmkt_table4_arc_easy``'s ``fe
 seed 0: Qwen2.5-Coder-0.5B, a 151,936-token vocabulary, ARC-Easy) and computes the
 knowledge set of its first ``--rows`` public records at the run's ``eval.batch_size``,
 twice, each in its own process with one torch thread. It prints side by side the peak
-resident memory of each process (``ru_maxrss``), the knowledge set's seconds and whether
+resident memory of each process (:func:`fedkt.infra.memory.peak_rss_mb`, MB = 10**6
+bytes), the knowledge set's seconds and whether
 the losses and top-K values are the same to the bit:
 
 * ``whole batch``: the per-sample losses on the whole batch's logits at once (their fp32
@@ -26,11 +27,12 @@ import sys
 import tempfile
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import torch
 torch.set_num_threads(1)
 from fedkt.alignment import knowledge as K
 from fedkt.evidence.suite import load_suite
+from fedkt.infra.memory import peak_rss_mb
 from fedkt.infra.precision import autocast
 from fedkt.methods import get_method
 mode, suite_path, arm, rows, out, folder = sys.argv[1:7]
@@ -47,7 +49,7 @@ with autocast(cfg, server.llm.model):
     s = K.knowledge_set(server.llm, sub, cfg.method.top_k, batch_size=cfg.eval.batch_size)
 seconds = time.perf_counter() - start
 torch.save({"losses": s.losses, "values": s.values}, out)
-print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"peak_mb": peak_rss_mb(),
                   "seconds": seconds, "rows": len(sub), "width": max(sub.lengths)}))
 """
 

@@ -160,7 +160,7 @@ def test_fedmkt_config_defaults_follow_the_paper():
 def test_knowledge_losses_take_a_few_rows_at_a_time_and_are_the_same_to_the_bit(
         make_config, monkeypatch):
     """The per-sample losses of a knowledge set are computed on chunks of rows (a whole
-    batch of a 152k-token vocabulary took 18 GB), with each row's loss unchanged."""
+    batch of a 152k-token vocabulary took 12-15 GB), with each row's loss unchanged."""
     from fedkt.alignment import knowledge as knowledge_module
 
     cfg = mkt_config(make_config)
