@@ -43,7 +43,7 @@ from fedkt.alignment.receiving import OWN, interleave, kl_rows
 from fedkt.config import RunConfig
 from fedkt.errors import ConfigError
 from fedkt.federated.payload import Payload, PayloadError, check_tensor
-from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler, upcast
+from fedkt.infra.precision import autocast, autocast_dtype, frozen_cast, grad_scaler, upcast
 from fedkt.infra.timing import timed
 from fedkt.train.lm import LM
 from fedkt.train.loop import run_steps
@@ -326,10 +326,11 @@ def choice_knowledge(cfg: RunConfig, lm: LM, records: Sequence[dict], *, data: F
 
     views = _views(cfg, records, lm.tokenizer, data)
 
-    def compute() -> dict[str, Tensor]:
-        scores = score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
-                               [v[1] for v in views], batch_size=cfg.eval.batch_size,
-                               max_length=cfg.data.max_length)
+    def compute() -> dict[str, Tensor]:  # inside the store's digest of the fp32 weights
+        with frozen_cast(cfg, lm.model):
+            scores = score_choices(lm.model, lm.tokenizer, [v[0] for v in views],
+                                   [v[1] for v in views], batch_size=cfg.eval.batch_size,
+                                   max_length=cfg.data.max_length)
         p = (torch.tensor(scores, dtype=torch.float64) / temperature).softmax(-1).float()
         return {"posteriors": p}
 

@@ -24,7 +24,7 @@ import torch
 from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.errors import ConfigError
 from fedkt.infra.placement import client_device, pick_device, server_device
-from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler, upcast
+from fedkt.infra.precision import autocast, autocast_dtype, frozen_cast, grad_scaler, upcast
 from fedkt.train.logits import forward_kept, keeps_positions, kept_positions, target_mask
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
@@ -296,10 +296,12 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict], *,
                 "class_groups": drawn_groups(cfg.eval.class_groups, fd.class_order),
                 "layout": cfg.eval.scoring}
     key = {"records": records, **settings, "chat_template": cfg.data.chat_template}
+    def compute() -> dict[str, float]:  # inside the store's digest of the fp32 weights
+        with frozen_cast(cfg, lm.model):
+            return evaluate_causal_lm(lm.model, lm.tokenizer, records, chat=chat, **settings)
+
     with autocast(cfg, lm.model):
-        return reuse.evaluation(
-            cfg.eval.reuse, lm.model, lm.tokenizer, key,
-            lambda: evaluate_causal_lm(lm.model, lm.tokenizer, records, chat=chat, **settings))
+        return reuse.evaluation(cfg.eval.reuse, lm.model, lm.tokenizer, key, compute)
 
 
 def prefix_init_text(cfg: RunConfig, records: list[dict] | None = None, *,

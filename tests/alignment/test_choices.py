@@ -128,3 +128,45 @@ def test_distillation_moves_the_student_towards_the_teacher(setting):
                                     epochs=1, lr=5e-3, seed=0, kd_weight=1.0)
     assert stats["steps"] == 0
     assert all(torch.equal(v, initial[k]) for k, v in lm.trainable().items())
+
+
+def test_evaluation_and_knowledge_run_on_frozen_weights_cast_once(make_config, monkeypatch):
+    """Under bf16 an evaluation's and a knowledge pass's forwards see every frozen linear
+    weight already in bf16 (cast once, not in every forward), give the numbers of the
+    per-forward cast, and leave the fp32 weights, so the reuse store's key, as they were."""
+    from fedkt.infra import precision
+    from fedkt.train.lm import evaluate_lm
+
+    cfg = make_config("data.split={scheme: fedmkt, test_size: 16}", "data.max_public=10",
+                      "clients.models=[{name: tiny-llama}]", "training.peft=lora",
+                      "training.precision=bf16", "eval.reuse=false", method="fedavg")
+    data = run_data_of(cfg)
+    lm = client_lm(cfg, 0)
+    with torch.no_grad():  # adapters that change the output, as after training
+        for name, p in lm.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    frozen = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)
+              and not m.weight.requires_grad and m.weight.dtype == torch.float32]
+    assert frozen
+    seen: list[torch.dtype] = []
+    handles = [m.register_forward_pre_hook(lambda m, _: seen.append(m.weight.dtype))
+               for m in frozen]
+    before = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+
+    def both() -> tuple[dict[str, float], torch.Tensor]:
+        return (evaluate_lm(cfg, lm, data.test, data=data),
+                choices.choice_knowledge(cfg, lm, data.public, data=data))
+
+    metrics, knowledge = both()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(torch.equal(p, before[n]) and p.dtype == torch.float32
+               for n, p in lm.model.named_parameters())
+    seen.clear()
+    monkeypatch.setenv(precision.FROZEN_CAST_ENV, "0")  # autocast casts in every forward
+    metrics_uncast, knowledge_uncast = both()
+    assert set(seen) == {torch.float32}
+    for h in handles:
+        h.remove()
+    assert metrics == metrics_uncast
+    assert torch.equal(knowledge, knowledge_uncast)

@@ -43,7 +43,7 @@ from fedkt.alignment.topk import TENSOR_FIELDS, TopKLogits
 from fedkt.config import ModelConfig, RunConfig
 from fedkt.eval import reuse
 from fedkt.federated.payload import Payload, PayloadError
-from fedkt.infra.precision import autocast
+from fedkt.infra.precision import autocast, frozen_cast
 from fedkt.train.lm import LM
 
 from .config import FedMKTConfig, Side
@@ -183,9 +183,10 @@ class TopKKnowledge:
         seen before: ``eval.reuse``)."""
         cfg, m = self.cfg, self.method
 
-        def compute() -> dict[str, Tensor]:
-            s = knowledge_set(lm, self.public, m.top_k, batch_size=cfg.eval.batch_size,
-                              reduction=m.selection_loss)
+        def compute() -> dict[str, Tensor]:  # inside the store's digest of the fp32 weights
+            with frozen_cast(cfg, lm.model):
+                s = knowledge_set(lm, self.public, m.top_k, batch_size=cfg.eval.batch_size,
+                                  reduction=m.selection_loss)
             return {**{f: getattr(s, f) for f in TENSOR_FIELDS},
                     "vocab_size": torch.tensor([s.vocab_size])}
 
