@@ -101,3 +101,44 @@ def test_variance_pilot_runs_the_suites_fedmkt_arm_with_one_change_each() -> Non
     assert len(fd.public) == 750 == len(public) and not any("label" in r for r in fd.public)
     others = {r["text"] for r in [*fd.server, *fd.test, *(r for p in fd.private for r in p)]}
     assert not public & others
+
+
+def test_the_other_transfer_suites_run_on_the_same_testbed() -> None:
+    """The FedMKT (LLM -> clients), LLM2SLM and FedCoLLM suites share the transfer suite's
+    testbed: its base (FedCoLLM's with its own learning-rate keys at the same rates, and no
+    client evaluation), folds and targets; the FedMKT suite's arms are the transfer suite's."""
+    import copy
+
+    from fedkt.evidence.suite import load_suite
+
+    suite = yaml.safe_load((SUITES / "clinc150_fedmkt_transfer.yaml").read_text())
+    lr = suite["arms"]["fedmkt"]["method"]
+    loaded = {}
+    for name in ("clinc150_fedmkt_to_clients", "clinc150_llm2slm_transfer",
+                 "clinc150_fedcollm_transfer"):
+        other = yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+        assert other["folds"] == suite["folds"] and other["seeds_per_fold"] == 3
+        assert (other["target_floor"], other["target_half_width"]) == (0.10, 0.06)
+        loaded[name] = other
+    assert loaded["clinc150_fedmkt_to_clients"]["base"] == suite["base"]
+    assert loaded["clinc150_llm2slm_transfer"]["base"] == suite["base"]
+    for arm, spec in loaded["clinc150_fedmkt_to_clients"]["arms"].items():
+        assert spec == suite["arms"][arm], arm
+    llm2slm = loaded["clinc150_llm2slm_transfer"]["arms"]["llm2slm"]["method"]
+    assert (llm2slm["client_kd_epochs"], llm2slm["client_kd_lr"]) == (
+        lr["client_kd_epochs"], lr["client_kd_lr"])
+    expected = copy.deepcopy(suite["base"])
+    server_lr = expected["server"].pop("lr")
+    client_lr = expected["clients"]["models"][0].pop("lr")
+    expected["training"]["lr"] = client_lr
+    expected["eval"]["clients"] = False
+    fedcollm = loaded["clinc150_fedcollm_transfer"]
+    assert fedcollm["base"] == expected
+    method = fedcollm["arms"]["fedcollm"]["method"]
+    assert method["llm_lr"] == server_lr and method["slm_lr"] == lr["client_kd_lr"]
+    # the same runs: fold 2's data and the seeds a fold
+    for name in loaded:
+        s = load_suite(SUITES / f"{name}.yaml")
+        assert s.seeds == [1000 * k + f for f in range(4) for k in (1, 2, 3)]
+        cfg = next(iter(s.runs.values()))
+        assert cfg.data.dataset.classes == "0-29" and cfg.data.max_test == 1000
