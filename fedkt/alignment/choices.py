@@ -451,7 +451,68 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
     passes cut at ``epochs`` of them (and at ``max_steps``), with the run's AdamW and
     schedule over all the steps, rehearsal included.
     Returns the mean loss and KL, the steps and the share of samples taken.
+
+    Under ``training.reuse`` a distillation of an adapter (LoRA, prefix) is reused: the
+    adapter it trains, torch's
+    random state after it and its stats are stored under a key of everything that decides
+    them (the model as it starts, its tokenizer, the choices' tokens, the targets, the
+    samples taken, the gold choices and rehearsal records it reads, the anchor, every
+    argument above, the training settings, precision and code: :mod:`fedkt.eval.reuse`).
+    So a control arm that repeats another arm's distillation of one side (FedMKT's LLM
+    learning from the real clients while the control replaces what it sends back) computes
+    it once; a reuse reports the seconds it spared as ``distill_saved_seconds``.
     """
+    from fedkt.eval import reuse
+
+    settings = {"epochs": epochs, "seed": seed, "kd_weight": kd_weight, "ft_weight": ft_weight,
+                "temperature": temperature, "max_steps": max_steps, "scale": scale,
+                "anchor_weight": anchor_weight, "rehearsal_ratio": rehearsal_ratio}
+    anchored = anchor is not None and anchor_weight > 0
+    if not cfg.training.reuse or cfg.training.peft not in ("lora", "prefix") or not records \
+            or not (ft_weight > 0 or anchored or bool(taken.any())):
+        return _distill_choices(cfg, lm, records, targets, taken, data=data, lr=lr, desc=desc,
+                                anchor=anchor, rehearse=rehearse, **settings)
+    encoded = encode(cfg, lm.tokenizer, records, data=data)
+    own = encode(cfg, lm.tokenizer, rehearse, data=data) if rehearsal_ratio > 0 else []
+    labels = [int(r["label"]) for r in records] if ft_weight > 0 else None
+    parts = {"encoded": encoded, "targets": targets, "taken": taken, "labels": labels,
+             "anchor": anchor if anchored else None, "rehearse": own,
+             "rehearse_labels": [int(r["label"]) for r in rehearse] if own else None,
+             "lr": lr if lr is not None else lm.lr, **settings,
+             "training": cfg.training.model_dump(mode="json")}
+
+    def compute() -> dict[str, Tensor]:
+        stats = _distill_choices(cfg, lm, records, targets, taken, data=data, lr=lr,
+                                 desc=desc, anchor=anchor, rehearse=rehearse,
+                                 encoded=encoded, **settings)
+        return {**lm.trainable(), _RNG: torch.get_rng_state(),
+                **{_STAT + k: torch.tensor([float(v)], dtype=torch.float64)
+                   for k, v in stats.items()}}
+
+    got = reuse.tensors(True, "choices", lm.model, lm.tokenizer, parts, compute,
+                        phase_name="distill")
+    # The computation's end state (a no-op right after computing it): weights, torch's RNG
+    lm.reset({k: v for k, v in got.items() if k != _RNG and not k.startswith(_STAT)})
+    torch.set_rng_state(got[_RNG])
+    lm.model.eval()
+    return {k[len(_STAT):]: (int(v.item()) if k[len(_STAT):] in _COUNTS else float(v.item()))
+            for k, v in got.items() if k.startswith(_STAT)}
+
+
+_RNG = "__torch_rng_state__"  # entries of a reused distillation beside the weights
+_STAT = "__stat__/"  # its stats, one entry each
+_COUNTS = ("steps", "kd_steps", "rehearsal_steps")  # stats that are counts (ints)
+
+
+def _distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
+                     taken: Tensor, *, data: FederatedData, epochs: float, lr: float | None,
+                     seed: int, kd_weight: float, ft_weight: float, temperature: float,
+                     max_steps: int | None, desc: str, scale: float, anchor: Tensor | None,
+                     anchor_weight: float, rehearse: Sequence[dict], rehearsal_ratio: float,
+                     encoded: Encoded | None = None) -> dict[str, float]:
+    """:func:`distill_choices` itself (the computation, never reused); ``encoded``: the
+    records' choices when the caller has encoded them already (the same :func:`encode`)."""
+
     n = len(records)
     anchored = anchor is not None and anchor_weight > 0
     use = (list(range(n)) if ft_weight > 0 or anchored
@@ -460,7 +521,8 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
            "kd_taken": float(taken.float().mean()) if n else 0.0}
     if not use:
         return out
-    encoded = encode(cfg, lm.tokenizer, records, data=data)
+    if encoded is None:
+        encoded = encode(cfg, lm.tokenizer, records, data=data)
     gold = (torch.tensor([int(r["label"]) for r in records]) if ft_weight > 0 else None)
     bs = cfg.training.batch_size
     passes = max(1, math.ceil(epochs))

@@ -37,8 +37,10 @@ class TrainingConfig(_Strict):
         "local epochs, an LLM's own-data epochs before any exchange) when the model, tokenizer, "
         "batches, training settings, learning rate, seed, precision and fedkt code were all "
         "seen before: the suite arms of one seed then compute it once (stored in "
-        "$FEDKT_CACHE/reuse/train). Rows equal those of a run with reuse: false, but for "
-        "timings (train_saved_seconds)."))
+        "$FEDKT_CACHE/reuse/train); so is a choice distillation of an adapter (knowledge: "
+        "choices) whose model, targets, samples and settings were seen before (a control arm "
+        "repeating one side's distillation; $FEDKT_CACHE/reuse/distill). Rows equal those of a "
+        "run with reuse: false, but for timings (train_saved_seconds, distill_saved_seconds)."))
     peft: Literal["lora", "prefix", "full", "none"] = Field("lora", description=(
         "What trains: a LoRA adapter, a prefix (prefix tuning), every weight (full), or nothing "
         "(none: a frozen model)."))

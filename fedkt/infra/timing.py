@@ -37,7 +37,7 @@ __all__ = ["PHASES", "SAVED", "Clock", "clocks", "eval_clock", "evaluating", "no
 PHASES = ("eval", "train", "distill", "knowledge", "align", "comm", "checkpoint")
 # What reused results saved (fedkt.eval.reuse): the seconds their computation took when it ran,
 # reported as ``<phase>_saved_seconds``; not part of the run's wall time.
-SAVED = ("eval_saved", "knowledge_saved", "train_saved")
+SAVED = ("eval_saved", "knowledge_saved", "train_saved", "distill_saved")
 
 _state = threading.local()
 

@@ -460,3 +460,43 @@ def test_training_before_the_exchange_is_reused_with_identical_rows(
     assert {r["participant"] for r in spared} == {"server", "client_0", "client_1"}
     assert after["reused"] > before["reused"]
     assert not any(r.get("train_saved_seconds") for r in rows_off)
+
+
+def test_a_repeated_distillation_is_reused_with_identical_rows(
+        make_config, reuse_store, monkeypatch, tmp_path):
+    """A control that replaces only what the LLM sends (teacher_from: server) repeats the
+    real arm's distillation of the LLM: it reads that from the store (distill_saved_seconds
+    on the server's row only), computes the clients' own, and its rows and prediction files
+    equal the same arm's from an empty store and with training.reuse off."""
+    common = ("server={name: tiny-llama, tiny: {hidden_size: 96, num_layers: 3}}",
+              "clients.models=[{name: tiny-llama}]",
+              "data.split={scheme: fedmkt, test_size: 16, server_size: 16}",
+              "data.max_public=8", "data.max_private_per_client=8", "data.public_labels=false",
+              "method.knowledge=choices", "method.selection=always", "method.ft_weight=0",
+              "rounds=1", "training.reuse=true")
+    control = ("method.teacher=shuffled", "method.teacher_from=server")
+    _run(make_config(*common, method="fedmkt", name="real"))
+    entries = {p.name for p in (reuse_store / "distill").glob("*.safetensors")}
+    assert len(entries) == 3  # the LLM's distillation and each client's
+    on = make_config(*common, *control, method="fedmkt", name="on")
+    rows_on = _run(on)
+    added = {p.name for p in (reuse_store / "distill").glob("*.safetensors")} - entries
+    assert len(added) == 2  # the clients learn from the shuffled LLM: their own
+    spared = {r["participant"] for r in rows_on if r.get("distill_saved_seconds")}
+    assert spared == {"server"}
+    monkeypatch.setenv("FEDKT_REUSE_CACHE", str(tmp_path / "empty"))
+    fresh = make_config(*common, *control, method="fedmkt", name="fresh")
+    rows_fresh = _run(fresh)
+    assert not any(r.get("distill_saved_seconds") for r in rows_fresh)
+    off = make_config(*common, *control, "training.reuse=false", method="fedmkt", name="off")
+    rows_off = _run(off)
+    assert len(list((tmp_path / "empty" / "distill").glob("*.safetensors"))) == 3  # fresh's
+    assert without_timings(rows_on) == without_timings(rows_fresh)
+
+    def unsized(rows: list[dict]) -> list[dict]:  # the config rides in each request
+        return [{k: v for k, v in r.items() if not k.startswith("bytes_")}
+                for r in without_timings(rows)]
+
+    assert unsized(rows_on) == unsized(rows_off)
+    assert _prediction_bytes(on.run_dir) == _prediction_bytes(fresh.run_dir) \
+        == _prediction_bytes(off.run_dir)
