@@ -453,9 +453,8 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
     Returns the mean loss and KL, the steps and the share of samples taken.
 
     Under ``training.reuse`` a distillation of an adapter (LoRA, prefix) is reused: the
-    adapter it trains, torch's
-    random state after it and its stats are stored under a key of everything that decides
-    them (the model as it starts, its tokenizer, the choices' tokens, the targets, the
+    adapter it trains, torch's random state after it and its stats are stored under a key
+    of everything that decides them (the model as it starts, its tokenizer, the choices' tokens, the targets, the
     samples taken, the gold choices and rehearsal records it reads, the anchor, every
     argument above, the training settings, precision and code: :mod:`fedkt.eval.reuse`).
     So a control arm that repeats another arm's distillation of one side (FedMKT's LLM
@@ -512,7 +511,6 @@ def _distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: T
                      encoded: Encoded | None = None) -> dict[str, float]:
     """:func:`distill_choices` itself (the computation, never reused); ``encoded``: the
     records' choices when the caller has encoded them already (the same :func:`encode`)."""
-
     n = len(records)
     anchored = anchor is not None and anchor_weight > 0
     use = (list(range(n)) if ft_weight > 0 or anchored
