@@ -454,9 +454,10 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
 
     Under ``training.reuse`` a distillation of an adapter (LoRA, prefix) is reused: the
     adapter it trains, torch's random state after it and its stats are stored under a key
-    of everything that decides them (the model as it starts, its tokenizer, the choices' tokens, the targets, the
-    samples taken, the gold choices and rehearsal records it reads, the anchor, every
-    argument above, the training settings, precision and code: :mod:`fedkt.eval.reuse`).
+    of everything that decides them (the model as it starts, its tokenizer, the choices'
+    tokens, the targets, the samples taken, the gold choices and rehearsal records it
+    reads, the anchor, every argument above, the training settings, precision and code:
+    :mod:`fedkt.eval.reuse`).
     So a control arm that repeats another arm's distillation of one side (FedMKT's LLM
     learning from the real clients while the control replaces what it sends back) computes
     it once; a reuse reports the seconds it spared as ``distill_saved_seconds``.
