@@ -45,7 +45,7 @@ from fedkt.errors import ConfigError
 from fedkt.federated.payload import Payload, PayloadError, check_tensor
 from fedkt.infra.precision import autocast, autocast_dtype, frozen_cast, grad_scaler, upcast
 from fedkt.infra.timing import timed
-from fedkt.train.lm import LM
+from fedkt.train.lm import ADAPTERS, LM, reused_steps
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import Accumulate, make_optimizer, step, trainable
 
@@ -462,46 +462,35 @@ def distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Te
     learning from the real clients while the control replaces what it sends back) computes
     it once; a reuse reports the seconds it spared as ``distill_saved_seconds``.
     """
-    from fedkt.eval import reuse
-
     settings = {"epochs": epochs, "seed": seed, "kd_weight": kd_weight, "ft_weight": ft_weight,
                 "temperature": temperature, "max_steps": max_steps, "scale": scale,
                 "anchor_weight": anchor_weight, "rehearsal_ratio": rehearsal_ratio}
     anchored = anchor is not None and anchor_weight > 0
-    if not cfg.training.reuse or cfg.training.peft not in ("lora", "prefix") or not records \
-            or not (ft_weight > 0 or anchored or bool(taken.any())):
+    if not cfg.training.reuse or cfg.training.peft not in ADAPTERS or not _trained(
+            records, taken, ft_weight, anchored):
         return _distill_choices(cfg, lm, records, targets, taken, data=data, lr=lr, desc=desc,
                                 anchor=anchor, rehearse=rehearse, **settings)
     encoded = encode(cfg, lm.tokenizer, records, data=data)
     own = encode(cfg, lm.tokenizer, rehearse, data=data) if rehearsal_ratio > 0 else []
-    labels = [int(r["label"]) for r in records] if ft_weight > 0 else None
-    parts = {"encoded": encoded, "targets": targets, "taken": taken, "labels": labels,
+    parts = {"encoded": encoded, "targets": targets, "taken": taken,
+             "labels": [int(r["label"]) for r in records] if ft_weight > 0 else None,
              "anchor": anchor if anchored else None, "rehearse": own,
              "rehearse_labels": [int(r["label"]) for r in rehearse] if own else None,
              "lr": lr if lr is not None else lm.lr, **settings,
              "training": cfg.training.model_dump(mode="json")}
-
-    def compute() -> dict[str, Tensor]:
-        stats = _distill_choices(cfg, lm, records, targets, taken, data=data, lr=lr,
-                                 desc=desc, anchor=anchor, rehearse=rehearse,
-                                 encoded=encoded, **settings)
-        return {**lm.trainable(), _RNG: torch.get_rng_state(),
-                **{_STAT + k: torch.tensor([float(v)], dtype=torch.float64)
-                   for k, v in stats.items()}}
-
-    got = reuse.tensors(True, "choices", lm.model, lm.tokenizer, parts, compute,
-                        phase_name="distill")
-    # The computation's end state (a no-op right after computing it): weights, torch's RNG
-    lm.reset({k: v for k, v in got.items() if k != _RNG and not k.startswith(_STAT)})
-    torch.set_rng_state(got[_RNG])
-    lm.model.eval()
-    return {k[len(_STAT):]: (int(v.item()) if k[len(_STAT):] in _COUNTS else float(v.item()))
-            for k, v in got.items() if k.startswith(_STAT)}
+    return reused_steps(lm, "choices", parts, lambda: _distill_choices(
+        cfg, lm, records, targets, taken, data=data, lr=lr, desc=desc, anchor=anchor,
+        rehearse=rehearse, encoded=encoded, own_encoded=own, **settings),
+        phase_name="distill")
 
 
-_RNG = "__torch_rng_state__"  # entries of a reused distillation beside the weights
-_STAT = "__stat__/"  # its stats, one entry each
-_COUNTS = ("steps", "kd_steps", "rehearsal_steps")  # stats that are counts (ints)
+def _trained(records: Sequence[dict], taken: Tensor, ft_weight: float, anchored: bool
+             ) -> list[int]:
+    """The samples a distillation trains on: all of them with a CE or anchoring term,
+    else those ``taken``."""
+    if ft_weight > 0 or anchored:
+        return list(range(len(records)))
+    return [i for i in range(len(records)) if bool(taken[i])]
 
 
 def _distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: Tensor,
@@ -509,13 +498,14 @@ def _distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: T
                      seed: int, kd_weight: float, ft_weight: float, temperature: float,
                      max_steps: int | None, desc: str, scale: float, anchor: Tensor | None,
                      anchor_weight: float, rehearse: Sequence[dict], rehearsal_ratio: float,
-                     encoded: Encoded | None = None) -> dict[str, float]:
-    """:func:`distill_choices` itself (the computation, never reused); ``encoded``: the
-    records' choices when the caller has encoded them already (the same :func:`encode`)."""
+                     encoded: Encoded | None = None, own_encoded: Encoded | None = None
+                     ) -> dict[str, float]:
+    """:func:`distill_choices` itself (the computation, never reused); ``encoded`` and
+    ``own_encoded``: the records' and the rehearsal records' choices when the caller has
+    encoded them already (the same :func:`encode`)."""
     n = len(records)
     anchored = anchor is not None and anchor_weight > 0
-    use = (list(range(n)) if ft_weight > 0 or anchored
-           else [i for i in range(n) if bool(taken[i])])
+    use = _trained(records, taken, ft_weight, anchored)
     out = {"loss": float("nan"), "kd_loss": float("nan"), "steps": 0,
            "kd_taken": float(taken.float().mean()) if n else 0.0}
     if not use:
@@ -532,7 +522,9 @@ def _distill_choices(cfg: RunConfig, lm: LM, records: Sequence[dict], targets: T
     total = min(len(batches), max(1, math.ceil(epochs * math.ceil(len(use) / bs))),
                 max_steps or len(batches))
     plan = interleave(batches[:total], len(rehearse), rehearsal_ratio, bs, seed)
-    own_enc = encode(cfg, lm.tokenizer, rehearse, data=data) if len(plan) > total else []
+    own_enc = ((own_encoded if own_encoded is not None
+                else encode(cfg, lm.tokenizer, rehearse, data=data))
+               if len(plan) > total else [])
     own_gold = torch.tensor([int(r["label"]) for r in rehearse]) if own_enc else None
     model = lm.model
     params = trainable(model)

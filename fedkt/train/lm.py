@@ -180,7 +180,7 @@ def train_lm(
     training left, and reports the seconds it spared as ``train_saved_seconds``.
     """
     if cfg.training.reuse and records and extra_loss is None and optimizer is None \
-            and cfg.training.peft in ("lora", "prefix") and _at_initial(lm):
+            and cfg.training.peft in ADAPTERS and _at_initial(lm):
         return _reused_training(cfg, lm, records, data=data, seed=seed,
                                 task_weight=task_weight, lr=lr, desc=desc)
     return _train_lm(cfg, lm, records, data=data, seed=seed, extra_loss=extra_loss,
@@ -194,8 +194,34 @@ def _at_initial(lm: LM) -> bool:
         torch.equal(now[k], lm.initial[k].to(now[k].device)) for k in now)
 
 
-_RNG = "__torch_rng_state__"  # entries of a reused training beside the weights
-_STATS = "__train_stats__"  # [loss, steps, num_examples]
+ADAPTERS = ("lora", "prefix")  # the training.peft kinds whose trained weights the store keeps
+_RNG = "__torch_rng_state__"  # entries of reused training steps beside the weights
+_STAT = "__stat__/"  # their stats, one entry each
+
+
+def reused_steps(lm: LM, kind: str, parts: dict[str, Any],
+                 compute: Callable[[], dict[str, float]], *, phase_name: str
+                 ) -> dict[str, float]:
+    """``compute()``, training steps of ``lm``'s adapter that return their stats, through
+    the reuse store (:func:`fedkt.eval.reuse.tensors`: ``kind``, ``lm`` as it starts and
+    ``parts`` are the key). Stored: the adapter they leave, torch's random state after
+    them and the stats (an int stays an int). A reuse loads the adapter and the random
+    state as they were left, so what follows runs as it would have; its seconds count as
+    ``<phase_name>_saved_seconds``."""
+    from fedkt.eval import reuse
+
+    def run() -> dict[str, torch.Tensor]:
+        stats = compute()
+        return {**lm.trainable(), _RNG: torch.get_rng_state(),
+                **{_STAT + k: torch.tensor([v], dtype=torch.int64 if isinstance(v, int)
+                                           else torch.float64) for k, v in stats.items()}}
+
+    got = reuse.tensors(True, kind, lm.model, lm.tokenizer, parts, run, phase_name=phase_name)
+    # The computation's end state (a no-op right after computing it): weights, torch's RNG
+    lm.reset({k: v for k, v in got.items() if k != _RNG and not k.startswith(_STAT)})
+    torch.set_rng_state(got[_RNG])
+    lm.model.eval()
+    return {k[len(_STAT):]: v.item() for k, v in got.items() if k.startswith(_STAT)}
 
 
 def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, data: FederatedData,
@@ -212,22 +238,9 @@ def _reused_training(cfg: RunConfig, lm: LM, records: list[dict], *, data: Feder
              )).hexdigest(),
              "records": len(records), "training": tcfg.model_dump(mode="json"),
              "lr": lr if lr is not None else lm.lr, "seed": seed, "task_weight": task_weight}
-
-    def compute() -> dict[str, torch.Tensor]:
-        stats = _train_lm(cfg, lm, records, data=data, seed=seed, task_weight=task_weight,
-                          lr=lr, desc=desc, batches=batches)
-        return {**lm.trainable(), _RNG: torch.get_rng_state(),
-                _STATS: torch.tensor([stats["loss"], stats["steps"], stats["num_examples"]],
-                                     dtype=torch.float64)}
-
-    got = reuse.tensors(True, "train", lm.model, lm.tokenizer, parts, compute,
-                        phase_name="train")
-    # The computation's end state (a no-op right after computing it): weights, torch's RNG
-    lm.reset({k: v for k, v in got.items() if k not in (_RNG, _STATS)})
-    torch.set_rng_state(got[_RNG])
-    lm.model.eval()
-    loss, steps, n = got[_STATS].tolist()
-    return {"loss": loss, "steps": int(steps), "num_examples": int(n)}
+    return reused_steps(lm, "train", parts, lambda: _train_lm(
+        cfg, lm, records, data=data, seed=seed, task_weight=task_weight, lr=lr, desc=desc,
+        batches=batches), phase_name="train")
 
 
 def _train_lm(cfg: RunConfig, lm: LM, records: list[dict], *, data: FederatedData, seed: int,
@@ -296,6 +309,7 @@ def evaluate_lm(cfg: RunConfig, lm: LM, records: list[dict], *,
                 "class_groups": drawn_groups(cfg.eval.class_groups, fd.class_order),
                 "layout": cfg.eval.scoring}
     key = {"records": records, **settings, "chat_template": cfg.data.chat_template}
+
     def compute() -> dict[str, float]:  # inside the store's digest of the fp32 weights
         with frozen_cast(cfg, lm.model):
             return evaluate_causal_lm(lm.model, lm.tokenizer, records, chat=chat, **settings)
