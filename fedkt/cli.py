@@ -230,6 +230,15 @@ def cmd_suite_power(args: argparse.Namespace) -> int:
                   args.output)
 
 
+def cmd_suite_keep(args: argparse.Namespace) -> int:
+    from fedkt.evidence.suite import keep_runs
+
+    def make() -> str:
+        runs, size = keep_runs(args.source, args.dest)
+        return f"kept {runs} finished run(s) of {args.source} in {args.dest} ({size:,} bytes)\n"
+    return _table(make, None)
+
+
 def cmd_suite_status(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import suite_status
 
@@ -481,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "needs a pilot with several seeds a fold, whose fold SD it splits")
     q.add_argument("-o", "--output", help="also write the table to this file")
     q.set_defaults(func=cmd_suite_power)
+    q = suite_sub.add_parser("keep", help="copy a suite folder's finished runs' records (no "
+                             "weights) into another folder, to report or finish them later on "
+                             "a machine of the same setting")
+    q.add_argument("source", help="a suite folder")
+    q.add_argument("dest", help="the folder to copy them into (a suite folder to run on)")
+    q.set_defaults(func=cmd_suite_keep)
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
     q.add_argument("suite")
     q.set_defaults(func=cmd_suite_status)

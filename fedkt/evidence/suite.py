@@ -88,7 +88,7 @@ from fedkt.evidence.runs import (
 )
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.evidence.suite_plots import suite_plots
-from fedkt.infra.environment import describe
+from fedkt.infra.environment import describe, environment
 from fedkt.infra.precision import physical_cores
 from fedkt.tracking.folder import CONFIG_FILE, LATEST_FILE
 from fedkt.tracking.resume import changed_keys
@@ -366,16 +366,57 @@ class SuiteChangedError(ConfigError):
     """Finished (or started) runs of a suite folder were made with another suite file."""
 
 
+class SuiteMachineError(ConfigError):
+    """Finished (or started) runs of a suite folder were computed under another setting
+    (libraries, kernels, CPU, threads) than a run started now would be."""
+
+
+#: The fields of environment.json whose difference moves a run's numbers: one suite folder
+#: holds runs of one setting (docs/evidence.md, "Machines").
+SETTING_KEYS = ("torch", "transformers", "peft", "cpu_capability", "cpu_flags", "cpu_model",
+                "onednn_max_cpu_isa", "kernel_env", "cuda", "torch_threads")
+
+
+def setting_changes(run_dir: Path, now: dict[str, Any]) -> list[str]:
+    """``key: kept -> now`` for each :data:`SETTING_KEYS` field in which an environment
+    a run recorded (any of its entries) differs from ``now``; a field a run did not record
+    (an older fedkt) is not compared."""
+    out: list[str] = []
+    for entry in read_environment(run_dir):
+        for key in SETTING_KEYS:
+            if key in entry and key in now and entry[key] != now[key]:
+                change = f"{key}: {entry[key]} -> {now[key]}"
+                if change not in out:
+                    out.append(change)
+    return out
+
+
+def current_setting(threads: int | None) -> dict[str, Any]:
+    """The setting a run started now from this process gets: its libraries and kernels
+    (:func:`fedkt.infra.environment.environment`) and ``threads`` torch threads (None:
+    not compared)."""
+    env = environment()
+    env.pop("torch_threads")
+    if threads is not None:
+        env["torch_threads"] = threads
+    return env
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True
-              ) -> list[tuple[str, int, RunConfig, str]]:
+def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True,
+              threads: int | None = None) -> list[tuple[str, int, RunConfig, str]]:
     """``(arm, seed, config, state)`` of every run still to do.  A run of the folder made
     with another config than the suite file gives it now (an edited suite file) raises
     :class:`SuiteChangedError` naming it and the keys that differ, before anything runs;
-    with ``rerun_changed`` it is run again from the start (state ``new``).
+    with ``rerun_changed`` it is run again from the start (state ``new``).  A run of the
+    folder computed under another setting than a run started now would be (libraries,
+    kernels, CPU model, and ``threads`` torch threads where given:
+    :func:`setting_changes`) raises :class:`SuiteMachineError` naming it and what
+    differs: a suite folder holds one setting, so a suite is finished on a machine of its
+    own setting (or run into another folder).
 
     With folds the runs come fold by fold (in each fold the arms in file order, then the
     seeds), so a suite stopped part-way leaves whole folds to report, and a fold's
@@ -388,6 +429,26 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True
             keys = config_changes(run_dir, cfg)
             if keys:
                 changed[(arm, seed)] = keys
+    now = current_setting(threads)
+    moved = {}
+    for (arm, seed), cfg in suite.runs.items():
+        run_dir = suite.run_dir(arm, seed)
+        if run_state(run_dir, cfg.rounds) != "new" and (arm, seed) not in changed:
+            # the config's own thread count wins, as when the run starts (run_suite)
+            mine = {**now, "torch_threads": cfg.runtime.torch_threads} if (
+                cfg.runtime.torch_threads) else now
+            diff = setting_changes(run_dir, mine)
+            if diff:
+                moved[(arm, seed)] = diff
+    if moved:
+        lines = [f"  {arm} seed {seed}: {'; '.join(diff)}" for (arm, seed), diff in moved.items()]
+        raise SuiteMachineError(
+            f"suite {suite.source}: {len(moved)} run(s) in {suite.folder} were computed "
+            "under another setting than a run started here now would be (kept -> now):\n"
+            + "\n".join(lines[:12]) + (f"\n  and {len(lines) - 12} more" if len(lines) > 12
+                                       else "")
+            + "\nfinish the suite on a machine of its setting (the same libraries, kernels, "
+            "CPU and --jobs), or run it into a new folder (--output-dir)")
     if changed and not rerun_changed:
         lines = [f"  {arm} seed {seed}: {', '.join(keys[:8])}"
                  + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
@@ -425,13 +486,13 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     edited suite file) is refused by name with the keys that differ, before anything
     runs; ``rerun_changed`` runs those again from the start instead."""
     suite = load_suite(path, output_dir)
-    todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet)
+    threads = max(1, physical_cores() // max(1, jobs))
+    todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet, threads=threads)
     suite.folder.mkdir(parents=True, exist_ok=True)
     # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
     dumped = suite.cfg.model_dump(exclude={"seeds"} if suite.cfg.folds is not None else None)
     (suite.folder / "suite.yaml").write_text(
         f"# copied from {suite.source}\n" + yaml.safe_dump(dumped, sort_keys=False))
-    threads = max(1, physical_cores() // max(1, jobs))
     failures: list[str] = []
     running: list[tuple[str, subprocess.Popen, Any, float]] = []
     log_dir = suite.folder / "logs"
@@ -859,3 +920,47 @@ def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
         out.append((arm, seed, f"{state}, config changed: {', '.join(keys)}" if keys else state))
     return out
 
+
+
+#: What :func:`keep_runs` copies of a finished run: what ``fedkt suite report`` and the
+#: runner read (config, environment, metrics, per-item predictions, summary, the index of
+#: its last checkpoint), not the weights, plots, logs or reuse store.
+KEPT_FILES = (CONFIG_FILE, "environment.json", "metrics.jsonl", "summary.md",
+              f"checkpoints/{LATEST_FILE}")
+
+
+def keep_runs(source: str | Path, dest: str | Path) -> tuple[int, int]:
+    """Copy the finished runs of suite folder ``source`` (its records: :data:`KEPT_FILES`
+    and ``predictions/``) and its ``suite.yaml`` into ``dest``, in the same layout, so
+    ``fedkt suite report DEST`` reads them and ``fedkt suite run ... --output-dir DEST``
+    skips them: a long suite can be kept in version control and finished later, on
+    another machine of the same setting (:func:`plan_runs` refuses another).  Started runs
+    are not copied (they start again).  Returns (runs copied, bytes)."""
+    import shutil
+
+    source, dest = Path(source), Path(dest)
+    copy_of = source / "suite.yaml"
+    if not copy_of.is_file():
+        raise FileNotFoundError(f"{source}: no suite.yaml; is it a suite folder?")
+    suite = load_suite(copy_of, source)
+    done = [(arm, seed) for (arm, seed), cfg in suite.runs.items()
+            if run_state(suite.run_dir(arm, seed), cfg.rounds) == "done"]
+    if not done:
+        raise ValueError(f"{source}: no finished run to keep")
+    dest.mkdir(parents=True, exist_ok=True)
+    if copy_of.resolve() != (dest / "suite.yaml").resolve():
+        shutil.copyfile(copy_of, dest / "suite.yaml")
+    size = 0
+    for arm, seed in done:
+        run_dir = suite.run_dir(arm, seed)
+        target = dest / run_dir.relative_to(source)
+        files = [run_dir / name for name in KEPT_FILES if (run_dir / name).is_file()]
+        files += sorted(p for p in (run_dir / "predictions").rglob("*") if p.is_file())
+        for path in files:
+            out = target / path.relative_to(run_dir)
+            if path.resolve() == out.resolve():
+                continue
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, out)
+            size += path.stat().st_size
+    return len(done), size

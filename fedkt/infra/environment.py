@@ -34,24 +34,37 @@ KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
 
 
 @functools.cache
-def _cpu_flags() -> tuple[str, ...]:
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line of /proc/cpuinfo ('' where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:  # not Linux: the capability below still tells the ISA torch uses
-        return ()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    have = set(line.partition(":")[2].split())
+        return ""
+    line = next((x for x in text.splitlines() if x.split(":")[0].strip() == field), "")
+    return line.partition(":")[2].strip()
+
+
+def _cpu_flags() -> tuple[str, ...]:
+    have = set(_cpuinfo("flags").split())
     return tuple(f for f in _FLAGS if f in have)
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name: MKL and oneDNN may take other code paths on another vendor's
+    CPU of the same instruction set."""
+    return _cpuinfo("model name") or platform.processor() or None
 
 
 def kernels() -> dict[str, Any]:
     """What decides which kernels compute a result on this machine: torch's CPU capability,
-    the CPU's matrix-relevant flags, oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``) and the GPU."""
+    the CPU's matrix-relevant flags and model name, oneDNN's ISA cap
+    (``ONEDNN_MAX_CPU_ISA``) and the GPU."""
     import torch
 
     cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_flags": list(_cpu_flags()),
+            "cpu_model": _cpu_model(),
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
             "cuda": cuda}
@@ -100,6 +113,8 @@ def describe(env: dict[str, Any]) -> str:
     cpu = f"CPU {env.get('cpu_capability')}" + (f" ({flags})" if flags else "")
     if env.get("onednn_max_cpu_isa"):
         cpu += f", ONEDNN_MAX_CPU_ISA={env['onednn_max_cpu_isa']}"
+    if env.get("cpu_model"):
+        cpu += f", on {env['cpu_model']}"
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     return (f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
             f"peft {env.get('peft')}; {cpu}{gpu}")

@@ -1,0 +1,116 @@
+"""A suite folder holds runs of one setting, and its finished runs' records can be kept
+(without weights) and finished later on a machine of that setting."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedkt.cli import main
+from fedkt.evidence.suite import (
+    SuiteMachineError,
+    current_setting,
+    keep_runs,
+    load_suite,
+    plan_runs,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _suite(tmp_path: Path) -> Path:
+    """The quick suite (its runs at one torch thread), written into ``tmp_path/out``'s
+    parent with its folder as output_dir, and copied into that folder as run_suite does."""
+    data = yaml.safe_load((ROOT / "configs" / "suites" / "quick.yaml").read_text())
+    data["output_dir"] = str(tmp_path / "out")
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "suite.yaml").write_text(path.read_text())
+    return path
+
+
+def _finish(path: Path, env: dict, skip: tuple[str, int] | None = None) -> None:
+    """Each run's folder as a finished run leaves it (config, environment, metrics,
+    predictions, summary, weights and plots); ``skip`` is left started (no checkpoint)."""
+    suite = load_suite(path)
+    for (arm, seed), cfg in suite.runs.items():
+        run = suite.run_dir(arm, seed)
+        (run / "predictions" / "round_0001").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "arm": arm}) + "\n")
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        (run / "environment.json").write_text(json.dumps([{"from_round": 1, **env}]))
+        with gzip.open(run / "predictions" / "round_0001" / "server.json.gz", "wt") as f:
+            f.write(json.dumps({"ids": [arm, seed]}))
+        (run / "plots").mkdir()
+        (run / "plots" / "accuracy.png").write_bytes(b"\x89PNG" + bytes(1000))
+        if (arm, seed) == skip:
+            continue
+        (run / "checkpoints" / "round_0002").mkdir(parents=True)
+        (run / "checkpoints" / "round_0002" / "server.safetensors").write_bytes(bytes(5000))
+        (run / "checkpoints" / "latest.json").write_text(json.dumps({"round": cfg.rounds}))
+        (run / "summary.md").write_text(f"# {arm} {seed}\n")
+
+
+def test_a_suite_folder_refuses_runs_of_another_setting_by_name(tmp_path):
+    path = _suite(tmp_path)
+    here = current_setting(1)  # the quick suite's runs: one torch thread
+    _finish(path, here)
+    assert plan_runs(load_suite(path), threads=1) == []  # the same setting: nothing to do
+    for key, other in (("cpu_capability", "NOT-" + str(here["cpu_capability"])),
+                       ("cpu_model", "another CPU"), ("torch", "0.0.1"),
+                       ("onednn_max_cpu_isa", "AVX2_VNNI")):
+        run = load_suite(path).run_dir("standalone", 1)
+        (run / "environment.json").write_text(json.dumps([{"from_round": 1, **here,
+                                                           key: other}]))
+        with pytest.raises(SuiteMachineError) as err:
+            plan_runs(load_suite(path), threads=1)
+        text = str(err.value)
+        assert f"standalone seed 1: {key}: {other} -> {here[key]}" in text
+        assert "fedavg seed 0" not in text and "--output-dir" in text
+    # A record from before fedkt kept a field is not compared on it.
+    older = {k: v for k, v in here.items() if k != "cpu_model"}
+    (run / "environment.json").write_text(json.dumps([{"from_round": 1, **older}]))
+    assert plan_runs(load_suite(path), threads=1) == []
+    # The suite file's own thread count decides (runtime.torch_threads: 1), not --jobs.
+    assert plan_runs(load_suite(path), threads=2) == []
+    (run / "environment.json").write_text(json.dumps([{"from_round": 1, **here,
+                                                       "torch_threads": 2}]))
+    with pytest.raises(SuiteMachineError, match="standalone seed 1: torch_threads: 2 -> 1"):
+        plan_runs(load_suite(path), threads=1)
+    assert main(["suite", "run", str(path), "-q"]) == 2  # refused before anything runs
+
+
+def test_kept_records_leave_the_weights_and_finish_on_a_machine_of_the_setting(tmp_path,
+                                                                              capsys):
+    path = _suite(tmp_path)
+    _finish(path, current_setting(1), skip=("fedavg", 1))
+    dest = tmp_path / "kept"
+    runs, size = keep_runs(tmp_path / "out", dest)
+    assert runs == 3
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert "suite.yaml" in files
+    assert not any(f.endswith((".safetensors", ".png")) for f in files)
+    assert not any(f.startswith("fedavg/seed_1") for f in files)  # started: starts again
+    for run in ("fedavg/seed_0", "standalone/seed_0", "standalone/seed_1"):
+        for name in ("config.yaml", "environment.json", "metrics.jsonl", "summary.md",
+                     "checkpoints/latest.json", "predictions/round_0001/server.json.gz"):
+            assert f"{run}/{name}" in files
+            assert (dest / run / name).read_bytes() == (tmp_path / "out" / run /
+                                                        name).read_bytes()
+    assert size == sum((dest / f).stat().st_size for f in files if f != "suite.yaml")
+    kept = load_suite(dest / "suite.yaml", dest)
+    todo = plan_runs(kept, threads=1)  # the kept runs are done; the started one is new
+    assert [(arm, seed, state) for arm, seed, _, state in todo] == [("fedavg", 1, "new")]
+    env = dest / "standalone" / "seed_0" / "environment.json"
+    env.write_text(env.read_text().replace('"cpu_capability": "', '"cpu_capability": "X'))
+    with pytest.raises(SuiteMachineError, match="standalone seed 0: cpu_capability"):
+        plan_runs(kept, threads=1)
+    assert main(["suite", "keep", str(tmp_path / "out"), str(tmp_path / "again")]) == 0
+    assert "kept 3 finished run(s)" in capsys.readouterr().out
+    assert main(["suite", "keep", str(tmp_path / "again" / "fedavg"), str(tmp_path / "x")]) == 2
+    assert "no suite.yaml" in capsys.readouterr().err
