@@ -142,3 +142,36 @@ def test_the_other_transfer_suites_run_on_the_same_testbed() -> None:
         assert s.seeds == [1000 * k + f for f in range(4) for k in (1, 2, 3)]
         cfg = next(iter(s.runs.values()))
         assert cfg.data.dataset.classes == "0-29" and cfg.data.max_test == 1000
+
+
+def test_the_keep_pilots_run_the_transfer_suites_base_on_other_domains() -> None:
+    """The FedMKT and FedCoLLM keep pilots: their transfer suite's base on CLINC150's
+    kitchen-and-dining and home domains (intents 30-59, none of the keep suites' 0-29),
+    one fold at 2 seeds, the paper's arm and no exchange beside the options, and a joint
+    (gain and keep) primary on the transfer primary's receiver."""
+    from fedkt.data.builtin import clinc150_domains
+    from fedkt.evidence.suite import load_suite
+
+    domains = clinc150_domains()
+    assert (domains["kitchen_and_dining"], domains["home"]) == ("30-44", "45-59")
+    for name, transfer, paper, receiver in (
+            ("clinc150_fedmkt_keep_pilot", "clinc150_fedmkt_transfer", "fedmkt", "server"),
+            ("clinc150_fedcollm_keep_pilot", "clinc150_fedcollm_transfer", "fedcollm",
+             "global_slm")):
+        pilot = yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+        other = yaml.safe_load((SUITES / f"{transfer}.yaml").read_text())
+        base = pilot["base"]
+        assert base["data"]["dataset"] == {"name": "clinc150", "classes": "30-59"}
+        base["data"]["dataset"]["classes"] = "0-29"
+        assert base == other["base"], name
+        assert pilot["arms"][paper] == other["arms"][paper]
+        assert pilot["arms"][f"{paper}_none"] == other["arms"][f"{paper}_none"]
+        options = [a for a in pilot["arms"] if a not in (paper, f"{paper}_none")]
+        assert len(options) >= 4 and all("receiving" in pilot["arms"][a]["method"]
+                                         for a in options)
+        s = load_suite(SUITES / f"{name}.yaml")
+        assert s.seeds == [1000, 2000] and s.cfg.folds == [0]
+        [first, second] = s.primary.parts  # gain over no exchange and the keeping, jointly
+        assert first.lhs.group == second.lhs.group == receiver
+        assert (first.rhs.arm, second.rhs.arm) == (f"{paper}_none", f"{paper}_none")
+        assert (first.op, second.op, second.offset) == (">", ">=", -0.03)
