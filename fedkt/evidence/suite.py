@@ -911,13 +911,20 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
 
 def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
     """``(arm, seed, state)`` of every run of a suite; a run made with another config than
-    the suite file gives it now says so with the keys."""
+    the suite file gives it now says so with the keys, and one computed under another
+    setting than this machine's (:func:`setting_changes`, threads aside) with the fields."""
     suite = load_suite(path)
+    now = current_setting(None)  # the threads depend on --jobs: not compared here
     out = []
     for (arm, seed), cfg in suite.runs.items():
         state = run_state(suite.run_dir(arm, seed), cfg.rounds)
         keys = config_changes(suite.run_dir(arm, seed), cfg) if state != "new" else []
-        out.append((arm, seed, f"{state}, config changed: {', '.join(keys)}" if keys else state))
+        moved = setting_changes(suite.run_dir(arm, seed), now) if state != "new" else []
+        if keys:
+            state += f", config changed: {', '.join(keys)}"
+        if moved:
+            state += f", another setting: {'; '.join(moved)}"
+        out.append((arm, seed, state))
     return out
 
 

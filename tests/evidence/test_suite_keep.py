@@ -17,6 +17,7 @@ from fedkt.evidence.suite import (
     keep_runs,
     load_suite,
     plan_runs,
+    suite_status,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +83,10 @@ def test_a_suite_folder_refuses_runs_of_another_setting_by_name(tmp_path):
                                                        "torch_threads": 2}]))
     with pytest.raises(SuiteMachineError, match="standalone seed 1: torch_threads: 2 -> 1"):
         plan_runs(load_suite(path), threads=1)
+    (run / "environment.json").write_text(json.dumps([{"from_round": 1, **here,
+                                                       "torch": "0.0.1"}]))
+    assert [s for _, _, s in suite_status(path)] == ["done"] * 3 + [
+        f"done, another setting: torch: 0.0.1 -> {here['torch']}"]
     assert main(["suite", "run", str(path), "-q"]) == 2  # refused before anything runs
 
 
