@@ -936,13 +936,49 @@ KEPT_FILES = (CONFIG_FILE, "environment.json", "metrics.jsonl", "summary.md",
               f"checkpoints/{LATEST_FILE}")
 
 
+def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
+    """Refuse, before copying, to keep runs into a folder of another suite file, or
+    beside runs (or of runs) of another setting than the first run kept."""
+    kept = dest / "suite.yaml"
+    if kept.is_file() and kept.resolve() != (suite.folder / "suite.yaml").resolve():
+        def body(path: Path) -> Any:  # the suite as run, wherever its folder was
+            data = yaml.safe_load(path.read_text())
+            return {k: v for k, v in data.items() if k != "output_dir"} if isinstance(
+                data, dict) else data
+
+        if body(kept) != body(suite.folder / "suite.yaml"):
+            raise SuiteChangedError(f"{dest}: holds runs of another suite file than "
+                                    f"{suite.folder}'s suite.yaml; keep them in a new folder")
+    entries = read_environment(suite.run_dir(*done[0]))
+    if not entries:
+        return
+    reference = entries[-1]
+    runs = [(f"{arm} seed {seed}", suite.run_dir(arm, seed)) for arm, seed in done]
+    if kept.is_file():
+        there = load_suite(kept, dest)
+        runs += [(f"{arm} seed {seed} (kept in {dest})", there.run_dir(arm, seed))
+                 for (arm, seed), cfg in there.runs.items()
+                 if run_state(there.run_dir(arm, seed), cfg.rounds) == "done"]
+    moved = [(label, diff) for label, run_dir in runs
+             if (diff := setting_changes(run_dir, reference))]
+    if moved:
+        first = f"{done[0][0]} seed {done[0][1]}"
+        raise SuiteMachineError(
+            f"{suite.folder} -> {dest}: {len(moved)} run(s) were computed under another "
+            f"setting than {first} (theirs -> {first}'s):\n"
+            + "\n".join(f"  {label}: {'; '.join(diff)}" for label, diff in moved[:12])
+            + "\na kept folder holds one setting: keep these in a folder of their own")
+
+
 def keep_runs(source: str | Path, dest: str | Path) -> tuple[int, int]:
     """Copy the finished runs of suite folder ``source`` (its records: :data:`KEPT_FILES`
     and ``predictions/``) and its ``suite.yaml`` into ``dest``, in the same layout, so
     ``fedkt suite report DEST`` reads them and ``fedkt suite run ... --output-dir DEST``
     skips them: a long suite can be kept in version control and finished later, on
     another machine of the same setting (:func:`plan_runs` refuses another).  Started runs
-    are not copied (they start again).  Returns (runs copied, bytes)."""
+    are not copied (they start again).  Refused before anything is copied: a ``dest`` of
+    another suite file, and runs (kept there or to keep) of another setting than the first
+    run kept.  Returns (runs copied, bytes)."""
     import shutil
 
     source, dest = Path(source), Path(dest)
@@ -954,6 +990,7 @@ def keep_runs(source: str | Path, dest: str | Path) -> tuple[int, int]:
             if run_state(suite.run_dir(arm, seed), cfg.rounds) == "done"]
     if not done:
         raise ValueError(f"{source}: no finished run to keep")
+    _check_keep(suite, done, dest)
     dest.mkdir(parents=True, exist_ok=True)
     if copy_of.resolve() != (dest / "suite.yaml").resolve():
         shutil.copyfile(copy_of, dest / "suite.yaml")

@@ -12,6 +12,7 @@ import yaml
 
 from fedkt.cli import main
 from fedkt.evidence.suite import (
+    SuiteChangedError,
     SuiteMachineError,
     current_setting,
     keep_runs,
@@ -115,6 +116,23 @@ def test_kept_records_leave_the_weights_and_finish_on_a_machine_of_the_setting(t
     env.write_text(env.read_text().replace('"cpu_capability": "', '"cpu_capability": "X'))
     with pytest.raises(SuiteMachineError, match="standalone seed 0: cpu_capability"):
         plan_runs(kept, threads=1)
+    # Runs of another setting are not kept beside these (nor among them), nor another suite's
+    other = tmp_path / "other"
+    other.mkdir()
+    odd = _suite(other)
+    _finish(odd, {**current_setting(1), "cpu_model": "another CPU"})
+    env.write_text(env.read_text().replace('"cpu_capability": "X', '"cpu_capability": "'))
+    with pytest.raises(SuiteMachineError) as err:
+        keep_runs(other / "out", dest)
+    assert str(err.value).count("-> another CPU") == 3  # the 3 kept there, by name
+    assert f"fedavg seed 0 (kept in {dest}): cpu_model:" in str(err.value)
+    assert not (dest / "fedavg" / "seed_1").exists()  # refused before anything was copied
+    keep_runs(tmp_path / "out", dest)  # again: the same setting, nothing refused
+    data = yaml.safe_load((other / "out" / "suite.yaml").read_text())
+    data["base"]["training"]["lr"] = 0.5
+    (other / "out" / "suite.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SuiteChangedError, match="another suite file"):
+        keep_runs(other / "out", dest)
     assert main(["suite", "keep", str(tmp_path / "out"), str(tmp_path / "again")]) == 0
     assert "kept 3 finished run(s)" in capsys.readouterr().out
     assert main(["suite", "keep", str(tmp_path / "again" / "fedavg"), str(tmp_path / "x")]) == 2
