@@ -928,7 +928,6 @@ def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
     return out
 
 
-
 #: What :func:`keep_runs` copies of a finished run: what ``fedkt suite report`` and the
 #: runner read (config, environment, metrics, per-item predictions, summary, the index of
 #: its last checkpoint), not the weights, plots, logs or reuse store.

@@ -30,6 +30,12 @@ def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_co
     assert set(entry["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16",
                                        "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
     assert f"- environment: torch {torch.__version__}" in (cfg.run_dir / "summary.md").read_text()
+    # the CPU's model name: another vendor's CPU of the same ISA may take other MKL paths
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text(
+        ).splitlines() if line.startswith("model name")), None) if Path(
+        "/proc/cpuinfo").is_file() else None
+    if model:
+        assert entry["cpu_model"] == model and f", on {model}" in describe(entry)
 
 
 def test_a_run_records_its_peak_memory_and_a_resume_keeps_the_larger(make_config):
