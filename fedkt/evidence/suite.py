@@ -422,24 +422,22 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True,
     seeds), so a suite stopped part-way leaves whole folds to report, and a fold's
     controls start after its first arm, whose round 0, training and knowledge the reuse
     store then serves them."""
-    changed = {}
-    for (arm, seed), cfg in suite.runs.items():
-        run_dir = suite.run_dir(arm, seed)
-        if run_state(run_dir, cfg.rounds) != "new":
-            keys = config_changes(run_dir, cfg)
-            if keys:
-                changed[(arm, seed)] = keys
     now = current_setting(threads)
-    moved = {}
+    changed, moved = {}, {}
     for (arm, seed), cfg in suite.runs.items():
         run_dir = suite.run_dir(arm, seed)
-        if run_state(run_dir, cfg.rounds) != "new" and (arm, seed) not in changed:
-            # the config's own thread count wins, as when the run starts (run_suite)
-            mine = {**now, "torch_threads": cfg.runtime.torch_threads} if (
-                cfg.runtime.torch_threads) else now
-            diff = setting_changes(run_dir, mine)
-            if diff:
-                moved[(arm, seed)] = diff
+        if run_state(run_dir, cfg.rounds) == "new":
+            continue
+        keys = config_changes(run_dir, cfg)
+        if keys:  # an edited suite file: refused or rerun below, whatever its setting
+            changed[(arm, seed)] = keys
+            continue
+        # the config's own thread count wins, as when the run starts (run_suite)
+        mine = {**now, "torch_threads": cfg.runtime.torch_threads} if (
+            cfg.runtime.torch_threads) else now
+        diff = setting_changes(run_dir, mine)
+        if diff:
+            moved[(arm, seed)] = diff
     if moved:
         lines = [f"  {arm} seed {seed}: {'; '.join(diff)}" for (arm, seed), diff in moved.items()]
         raise SuiteMachineError(
@@ -917,9 +915,10 @@ def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
     now = current_setting(None)  # the threads depend on --jobs: not compared here
     out = []
     for (arm, seed), cfg in suite.runs.items():
-        state = run_state(suite.run_dir(arm, seed), cfg.rounds)
-        keys = config_changes(suite.run_dir(arm, seed), cfg) if state != "new" else []
-        moved = setting_changes(suite.run_dir(arm, seed), now) if state != "new" else []
+        run_dir = suite.run_dir(arm, seed)
+        state = run_state(run_dir, cfg.rounds)
+        keys = config_changes(run_dir, cfg) if state != "new" else []
+        moved = setting_changes(run_dir, now) if state != "new" else []
         if keys:
             state += f", config changed: {', '.join(keys)}"
         if moved:
@@ -953,11 +952,11 @@ def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
         return
     reference = entries[-1]
     runs = [(f"{arm} seed {seed}", suite.run_dir(arm, seed)) for arm, seed in done]
-    if kept.is_file():
-        there = load_suite(kept, dest)
-        runs += [(f"{arm} seed {seed} (kept in {dest})", there.run_dir(arm, seed))
-                 for (arm, seed), cfg in there.runs.items()
-                 if run_state(there.run_dir(arm, seed), cfg.rounds) == "done"]
+    if kept.is_file():  # the same suite (above): its runs' folders in dest
+        for (arm, seed), cfg in suite.runs.items():
+            there = dest / suite.run_dir(arm, seed).relative_to(suite.folder)
+            if run_state(there, cfg.rounds) == "done":
+                runs.append((f"{arm} seed {seed} (kept in {dest})", there))
     moved = [(label, diff) for label, run_dir in runs
              if (diff := setting_changes(run_dir, reference))]
     if moved:
