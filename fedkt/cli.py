@@ -197,7 +197,7 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
 def cmd_suite_report(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import report_suite
 
-    print(report_suite(args.suite_dir))
+    print(report_suite(args.suite_dir, into=args.into))
     return 0
 
 
@@ -242,9 +242,10 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 def cmd_suite_status(args: argparse.Namespace) -> int:
     from fedkt.evidence.suite import suite_status
 
-    for arm, seed, state in suite_status(args.suite):
-        print(f"{arm:<24} seed {seed:<4} {state}")
-    return 0
+    def make() -> str:
+        return "".join(f"{arm:<24} seed {seed:<4} {state}\n"
+                       for arm, seed, state in suite_status(args.suite, args.output_dir))
+    return _table(make, None)
 
 
 SUITE_HELP = """\
@@ -470,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")
+    q.add_argument("--into", metavar="DIR", help="write suite.md, suite.json and plots here "
+                   "(default: SUITE_DIR), e.g. to report a kept folder without writing in it")
     q.set_defaults(func=cmd_suite_report)
     q = suite_sub.add_parser("across", help="one suite's claims under several environments "
                              "(kernel settings): reproduced only where every one says so")
@@ -497,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dest", help="the folder to copy them into (a suite folder to run on)")
     q.set_defaults(func=cmd_suite_keep)
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
-    q.add_argument("suite")
+    q.add_argument("suite", help="suite YAML, or a suite folder (the suite.yaml it keeps)")
+    q.add_argument("--output-dir", help="the suite file's folder (default: its output_dir)")
     q.set_defaults(func=cmd_suite_status)
 
     p = sub.add_parser("data", help="a config's data split: each side's classes and record "

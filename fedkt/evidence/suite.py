@@ -577,10 +577,13 @@ def _arm_group(suite: Suite, arm: str, rnd: int | None = None) -> Group:
     return Group(runs)
 
 
-def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
+def report_suite(folder: str | Path, *, suite: Suite | None = None,
+                 into: str | Path | None = None) -> str:
     """Render ``suite.md`` / ``suite.json`` / plots from the run folders (``fedkt suite
-    report``); the suite file is the copy the suite folder keeps."""
+    report``) into ``into`` (default: the suite folder, e.g. not a kept folder under
+    version control); the suite file is the copy the suite folder keeps."""
     folder = Path(folder)
+    out_dir = folder if into is None else Path(into)
     if suite is None:
         copy = folder / "suite.yaml"
         if not copy.is_file():
@@ -702,18 +705,19 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None) -> str:
         paper = paper_result(cfg.paper, lambda ref: _paper_value(suite, groups, ref))
         text += ["## The paper's numbers beside the suite's", "", paper_markdown(paper), ""]
     if cfg.comparison is not None:
-        text += [comparison_report(folder, cfg.comparison, present, reps=cfg.bootstrap,
+        text += [comparison_report(out_dir, cfg.comparison, present, reps=cfg.bootstrap,
                                    level=cfg.level, seed=cfg.bootstrap_seed)]
     out = "\n".join(text)
-    (folder / SUITE_TABLE).write_text(out)
-    (folder / SUITE_JSON).write_text(json.dumps(
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUITE_TABLE).write_text(out)
+    (out_dir / SUITE_JSON).write_text(json.dumps(
         {"name": cfg.name, "seeds": suite.seeds, "folds": suite.fold_of, "metrics": metrics,
          "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines,
          **({"peak_rss_mb": peaks} if peaks else {}),
          **({"paper": paper} if paper is not None else {})},
         indent=2, default=float) + "\n")
-    suite_plots(folder, present, cfg.groups, metrics, baseline, rows_json)
+    suite_plots(out_dir, present, cfg.groups, metrics, baseline, rows_json)
     return out
 
 
@@ -907,11 +911,23 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
             "floor_text": f"{floor:.3f}", **({"per_run": per_run} if per_run else {})}
 
 
-def suite_status(path: str | Path) -> list[tuple[str, int, str]]:
-    """``(arm, seed, state)`` of every run of a suite; a run made with another config than
-    the suite file gives it now says so with the keys, and one computed under another
-    setting than this machine's (:func:`setting_changes`, threads aside) with the fields."""
-    suite = load_suite(path)
+def suite_status(path: str | Path, output_dir: str | Path | None = None
+                 ) -> list[tuple[str, int, str]]:
+    """``(arm, seed, state)`` of every run of a suite: ``path`` is a suite file (its runs
+    in ``output_dir``, else its own output_dir) or a suite folder (the suite.yaml it keeps).
+    A run made with another config than the suite file gives it now says so with the keys,
+    and one computed under another setting than this machine's (:func:`setting_changes`,
+    threads aside) with the fields."""
+    folder = Path(path)
+    if folder.is_dir():
+        if output_dir is not None:
+            raise ConfigError(f"{folder}: a suite folder is its own output_dir; give the "
+                              "suite file with --output-dir, or the folder alone")
+        if not (folder / "suite.yaml").is_file():
+            raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
+        suite = load_suite(folder / "suite.yaml", folder)
+    else:
+        suite = load_suite(path, output_dir)
     now = current_setting(None)  # the threads depend on --jobs: not compared here
     out = []
     for (arm, seed), cfg in suite.runs.items():

@@ -184,6 +184,20 @@ def test_a_claim_against_the_larger_of_two_arms_follows_from_the_files(finished,
     assert got["high"] <= 1e-12  # A against the larger of B and A itself: never above
 
 
+def test_report_into_another_folder_leaves_the_suite_folder_as_it_was(finished, tmp_path):
+    """``fedkt suite report DIR --into OUT`` (a kept folder under version control): the same
+    table, written only into OUT."""
+    from fedkt.cli import main
+
+    before = {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
+    assert main(["suite", "report", str(finished), "--into", str(tmp_path / "out")]) == 0
+    assert {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()} == before
+    got = json.loads((tmp_path / "out" / "suite.json").read_text())
+    kept = json.loads((finished / "suite.json").read_text())
+    assert got["claims"] == kept["claims"] and got["table"] == kept["table"]
+    assert list((tmp_path / "out" / "plots").glob("*_final.png"))
+
+
 def test_report_groups_seeds_and_refuses_runs_on_other_examples(finished, tmp_path):
     import shutil
 

@@ -112,6 +112,14 @@ def test_kept_records_leave_the_weights_and_finish_on_a_machine_of_the_setting(t
     kept = load_suite(dest / "suite.yaml", dest)
     todo = plan_runs(kept, threads=1)  # the kept runs are done; the started one is new
     assert [(arm, seed, state) for arm, seed, _, state in todo] == [("fedavg", 1, "new")]
+    # Status reads a kept folder by itself, or the suite file with --output-dir.
+    states = {(arm, seed): state for arm, seed, state in suite_status(dest)}
+    assert states[("fedavg", 1)] == "new" and states[("fedavg", 0)] == "done"
+    assert suite_status(path, dest) == suite_status(dest) != suite_status(path)
+    assert main(["suite", "status", str(dest)]) == 0
+    assert "fedavg                   seed 1    new" in capsys.readouterr().out
+    assert main(["suite", "status", str(dest), "--output-dir", str(dest)]) == 2
+    assert "--output-dir" in capsys.readouterr().err
     env = dest / "standalone" / "seed_0" / "environment.json"
     env.write_text(env.read_text().replace('"cpu_capability": "', '"cpu_capability": "X'))
     with pytest.raises(SuiteMachineError, match="standalone seed 0: cpu_capability"):
