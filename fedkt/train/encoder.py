@@ -26,7 +26,7 @@ from fedkt.config import ModelConfig, RunConfig, TrainingConfig
 from fedkt.config.method_settings import EncoderHead as EncoderHead  # re-exported
 from fedkt.errors import ConfigError
 from fedkt.infra.placement import pick_device
-from fedkt.infra.precision import autocast, grad_scaler, upcast
+from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler, upcast
 from fedkt.train.loop import run_steps
 from fedkt.train.optim import make_optimizer, step, trainable
 
@@ -207,7 +207,8 @@ def train_encoder(cfg: RunConfig, model: nn.Module, tokenizer: Any, records: lis
                       lambda loss: step(loss, [opt], clip=[params], schedules=[sched],
                                         max_grad_norm=cfg.training.max_grad_norm,
                                         scaler=scaler),
-                      modules=[model], seed=seed, total=len(batches), desc="encoder train")
+                      modules=[model], seed=seed, total=len(batches), desc="encoder train",
+                      cast=autocast_dtype(cfg, device))
     return {"loss": stats.loss, "steps": len(batches), "num_examples": len(records),
             "step_seconds": stats.seconds / len(batches)}
 

@@ -66,14 +66,15 @@ def _where(desc: str, i: int, total: int | None, parts: dict[str, Tensor | float
 @timed("train")
 def run_steps(batches: Iterable[B], loss: BatchLoss, step: Callable[[Tensor], float], *,
               modules: Sequence[nn.Module], seed: int, total: int | None = None,
-              desc: str = "train", cast: torch.dtype | None = None) -> LoopStats:
+              desc: str = "train", cast: torch.dtype | None) -> LoopStats:
     """Train on ``batches``: ``step(loss(i, batch))`` for each, ``modules`` in train mode.
 
     ``total`` (the number of batches, when known) shows a progress bar for loops of 20
     steps or more.  ``modules`` are left in eval mode.  Its time is the ``train`` phase
     unless the caller's phase (``distill``) already counts it (:mod:`fedkt.infra.timing`).
     After each step the heap it freed goes back to the OS (:mod:`fedkt.infra.memory`).
-    ``cast``: the autocast type the steps run under (None: fp32); the frozen linear
+    ``cast`` (required, so no loop forgets it): the autocast type the steps run under
+    (None: fp32, :func:`fedkt.infra.precision.autocast_dtype`); the frozen linear
     weights of ``modules`` are held in it meanwhile
     (:func:`fedkt.infra.precision.frozen_linears_as`: the same numbers, less memory).
     """

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkt.eval import predictions
-from fedkt.infra.precision import autocast, grad_scaler, upcast
+from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler, upcast
 from fedkt.infra.timing import timed_evaluation
 from fedkt.models.vision import pool_features
 from fedkt.train.loop import run_steps
@@ -154,7 +154,8 @@ def train_vision(
     stats = run_steps(batches(), batch_loss,
                       lambda loss: step(loss, [opt], clip=[params], scaler=scaler,
                                         max_grad_norm=max_grad_norm),
-                      modules=[model, *modules], seed=seed, total=total, desc="vision train")
+                      modules=[model, *modules], seed=seed, total=total, desc="vision train",
+                      cast=autocast_dtype(precision, device))
     return {"loss": stats.loss, "steps": stats.steps, "num_examples": n}
 
 

@@ -34,7 +34,7 @@ def test_a_non_finite_loss_stops_the_loop_naming_the_step_and_the_loss():
 
     with pytest.raises(NonFiniteError) as err:
         run_steps([torch.ones(2, 3)] * 5, loss, lambda value: step(value, [opt]),
-                  modules=[model], seed=0, total=5, desc="client_1 distill")
+                  modules=[model], seed=0, total=5, desc="client_1 distill", cast=None)
     text = str(err.value)
     assert "client_1 distill" in text and "step 3 of 5" in text and "kd_loss" in text, text
     after = model.state_dict()
@@ -52,7 +52,7 @@ def test_an_update_that_overflows_a_weight_is_refused():
 
     with pytest.raises(NonFiniteError) as err:
         run_steps([torch.ones(2, 3)], loss, lambda value: step(value, [opt]),
-                  modules=[model], seed=0, total=1, desc="server train")
+                  modules=[model], seed=0, total=1, desc="server train", cast=None)
     text = str(err.value)
     assert "server train" in text and "step 1 of 1" in text and "non-finite" in text, text
 

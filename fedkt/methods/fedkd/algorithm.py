@@ -38,7 +38,7 @@ from torch import Tensor
 from fedkt.federated.compression import from_payload
 from fedkt.federated.payload import Payload
 from fedkt.infra.placement import client_device, server_device
-from fedkt.infra.precision import autocast, grad_scaler
+from fedkt.infra.precision import autocast, autocast_dtype, grad_scaler
 from fedkt.methods.base import ClientContext, Clients, Server
 from fedkt.methods.exchange import (
     GLOBAL,
@@ -149,7 +149,8 @@ def train_fedkd(cfg: Any, models: FedKDModels, records: list[dict], *, seed: int
                      lambda loss: step(loss, [opt], schedules=[sched], scaler=scaler,
                                        clip=[trainable(mod) for mod in modules],
                                        max_grad_norm=cfg.training.max_grad_norm),
-                     modules=modules, seed=seed, total=len(batches), desc="fedkd train")
+                     modules=modules, seed=seed, total=len(batches), desc="fedkd train",
+                     cast=autocast_dtype(cfg, device))
     stats = loop.means()
     stats.update(loss=stats.pop("joint"), steps=loop.steps, num_examples=len(records),
                  step_seconds=loop.seconds / loop.steps)

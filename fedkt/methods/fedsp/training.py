@@ -23,7 +23,13 @@ from torch import Tensor, nn
 
 from fedkt.config import RunConfig, TrainingConfig
 from fedkt.federated.payload import PayloadError
-from fedkt.infra.precision import autocast, grad_scaler, resolve_precision, upcast
+from fedkt.infra.precision import (
+    autocast,
+    autocast_dtype,
+    grad_scaler,
+    resolve_precision,
+    upcast,
+)
 from fedkt.infra.timing import timed
 from fedkt.models.adapters import prefix_param, set_prefix
 from fedkt.models.auxiliary import aux_param_groups, unwrap
@@ -207,7 +213,8 @@ def distill_auxiliary(cfg: RunConfig, teacher: nn.Module, student: nn.Module, w_
                           lambda loss: step(loss, [opt], clip=[trained], scaler=scaler,
                                             max_grad_norm=cfg.training.max_grad_norm,
                                             schedules=[sched]),
-                          modules=[student], seed=seed, total=steps, desc="fedsp kd")
+                          modules=[student], seed=seed, total=steps, desc="fedsp kd",
+                          cast=autocast_dtype(cfg, device))
     losses = stats.losses
     tail = losses[-max(1, len(losses) // 10):]
     return {"kd_loss_first": losses[0], "kd_loss": sum(tail) / len(tail), "kd_steps": steps}
