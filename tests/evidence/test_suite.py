@@ -38,6 +38,12 @@ def _suite(args: list[str], **kw) -> subprocess.Popen:
                             preexec_fn=_ctrl_c_as_in_a_terminal, **kw)
 
 
+# The tests on the quick suite's real runs (the fixture below: 86 s on an idle 2-core AVX2
+# host, 2026-12-03) are slow; the default run keeps the suite's rules on records
+# (tests/evidence/test_suite_keep.py, test_suite_changed.py, test_verdicts.py).
+on_the_quick_suite = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("suite") / "quick"
@@ -82,6 +88,7 @@ def _hand_ci(pairs: list[tuple[np.ndarray, np.ndarray]], reps: int, seed: int):
     return float(np.mean(per_seed)), lo, hi, per_seed
 
 
+@on_the_quick_suite
 def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
     suite = load_suite(QUICK, finished)
     report = json.loads((finished / "suite.json").read_text())
@@ -147,6 +154,7 @@ def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
     assert "| fedavg |" in strip(folder) and strip(folder) == strip(finished)
 
 
+@on_the_quick_suite
 def test_a_claim_against_the_larger_of_two_arms_follows_from_the_files(finished, tmp_path):
     """``A > max(B, C)`` through ``fedkt suite report``: on each seed's resample the larger
     of the two arms, from the prediction files, by hand."""
@@ -184,6 +192,7 @@ def test_a_claim_against_the_larger_of_two_arms_follows_from_the_files(finished,
     assert got["high"] <= 1e-12  # A against the larger of B and A itself: never above
 
 
+@on_the_quick_suite
 def test_report_into_another_folder_leaves_the_suite_folder_as_it_was(finished, tmp_path):
     """``fedkt suite report DIR --into OUT`` (a kept folder under version control): the same
     table, written only into OUT."""
@@ -198,6 +207,7 @@ def test_report_into_another_folder_leaves_the_suite_folder_as_it_was(finished, 
     assert list((tmp_path / "out" / "plots").glob("*_final.png"))
 
 
+@on_the_quick_suite
 def test_report_groups_seeds_and_refuses_runs_on_other_examples(finished, tmp_path):
     import shutil
 
@@ -225,6 +235,7 @@ def test_report_groups_seeds_and_refuses_runs_on_other_examples(finished, tmp_pa
     assert str(other) in bad.stderr and runs[0] in bad.stderr
 
 
+@on_the_quick_suite
 def test_report_takes_round0_from_an_arm_that_has_it(finished, tmp_path):
     """A baseline without round 0 (eval.round0: false) leaves the zero-shot row to the
     next arm that has it; a claim on the missing round 0 is an error, not a crash."""
@@ -250,6 +261,7 @@ def test_report_takes_round0_from_an_arm_that_has_it(finished, tmp_path):
     assert verdicts[good] in ("reproduced", "not resolved", "contradicted")
 
 
+@on_the_quick_suite
 def test_the_papers_numbers_stand_beside_the_suites_own(finished, tmp_path):
     """``paper:`` rows: the suite's mean over seeds (from the prediction files, by hand)
     beside the paper's value, in suite.md, suite.json and docs/results.md's section."""

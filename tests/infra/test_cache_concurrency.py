@@ -236,6 +236,7 @@ def _safetensors(folder: Path) -> dict[str, Any]:
     return load_file(str(folder / "model.safetensors"))
 
 
+@pytest.mark.slow  # 32 s idle, 2-core AVX2 (2026-12-03); kept: the store's locking tests
 def test_two_runs_racing_on_a_cold_cache_build_each_entry_once(tmp_path, monkeypatch):
     import torch
 

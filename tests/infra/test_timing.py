@@ -31,7 +31,8 @@ def test_the_outermost_phase_takes_the_time():
     ("fedavg", {"train", "eval", "comm", "checkpoint"}),
     ("fedmkt", {"train", "eval", "distill", "knowledge", "align"}),
     ("fedcollm", {"train", "eval", "distill"}),
-    ("koala", {"train", "eval", "distill", "knowledge"}),
+    pytest.param("koala", {"train", "eval", "distill", "knowledge"},  # 20 s, idle AVX2
+                 marks=pytest.mark.slow),
 ])
 def test_rows_break_a_run_into_phases_that_add_up_to_its_wall_time(name, phases):
     """Every participant's phases are its own: in the local runtime the clients work while

@@ -276,6 +276,7 @@ def test_reverse_distillation_trains_only_the_large_models_adapter(tmp_path):
     assert kl_end < kl_start, (float(kl_end), float(kl_start))
 
 
+@pytest.mark.slow  # 19 s idle, 2-core AVX2 (2026-12-03); kept: KOALA's round in the conformance run
 def test_homo_round_averages_by_sample_count_and_sends_the_global_model_back(tmp_path):
     from fedkt.federated.aggregation import fedavg
 

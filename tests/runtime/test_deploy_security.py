@@ -165,6 +165,7 @@ def test_secure_job_matches_local_run(secure, probe, tmp_path):
 # --------------------------------------------------------------------------- (b) node auth
 
 
+@pytest.mark.slow  # 16 s idle, 2-core AVX2 (2026-12-03); kept: the control API's refusal
 def test_unregistered_or_keyless_supernodes_are_refused(secure):
     t0 = time.perf_counter()
     stranger = secure.supernode("stranger", 2, insecure=False, root_certificates=secure.ca,
@@ -203,6 +204,7 @@ def test_job_needing_a_refused_node_names_its_client_id(secure, probe, tmp_path)
 # --------------------------------------------------------------------------- (c) TLS
 
 
+@pytest.mark.slow  # 15 s idle, 2-core AVX2 (2026-12-03); kept: the control API's refusal
 def test_supernode_without_the_ca_certificate_cannot_connect(secure):
     # A registered key, so only TLS stands in the way.
     [node_id] = register_supernodes(secure.superlink, [secure.certs / "supernode-4.pub"],

@@ -107,6 +107,7 @@ def assert_same_rows(got, want):
             assert abs(g.get(key, 0) - w.get(key, 0)) <= 8, (key, g, w)
 
 
+@pytest.mark.slow  # 38 s idle, 2-core AVX2 (2026-12-03); kept: the deployed job against local
 def test_flower_sim_matches_local(probe, tmp_path):
     from fedkt.runtime.flower_sim import run_simulation_job
 
@@ -120,6 +121,7 @@ def test_flower_sim_matches_local(probe, tmp_path):
     assert (tmp_path / "b" / "job" / "clients" / "client_1").is_dir()
 
 
+@pytest.mark.slow  # 44 s idle, 2-core AVX2 (2026-12-03); kept: the deployed job's failing client
 def test_flower_sim_excludes_a_failing_client_and_a_dead_client_process_only(probe, tmp_path):
     """Client 1's process exits in round 2 and client 2's handler raises from round 2 (4
     clients on a pool of 2 actors): rounds 2 and 3 go on with the others, each excluded
@@ -177,6 +179,7 @@ def test_flower_sim_runs_under_an_address_space_cap(tmp_path):
     assert "clients replied [2]" in done.stdout
 
 
+@pytest.mark.slow  # 13 s idle, 2-core AVX2 (2026-12-03); kept: a refusal before Ray starts
 def test_flower_sim_refuses_a_too_small_address_space_cap_by_name(tmp_path):
     done = _run_capped(tmp_path, (5 << 30) // 2, timeout=300)
     assert done.returncode != 0

@@ -114,6 +114,7 @@ def _train(rows: list[dict]) -> dict[tuple[int, str], dict]:
             if r["split"] == "train" and r["participant"].startswith("client_")}
 
 
+@pytest.mark.slow  # 28 s idle, 2-core AVX2 (2026-12-03); kept: a dead worker's exclusion
 def test_a_client_that_spends_its_workers_memory_is_excluded_alone(probe, tmp_path):
     """Client 1 raises MemoryError and leaves its worker without memory (a client run
     there after it fails to build a kernel): the pool is replaced, the others run again,
@@ -129,7 +130,8 @@ def test_a_client_that_spends_its_workers_memory_is_excluded_alone(probe, tmp_pa
     assert [server[k]["clients_replied"] for k in (1, 2)] == [2, 3]
 
 
-@pytest.mark.parametrize(("workers", "hang"), [(2, "stop"), (2, "sleep"), (1, "sleep")])
+@pytest.mark.parametrize(("workers", "hang"), [  # (2, stop): 20 s on an idle AVX2 host
+    pytest.param(2, "stop", marks=pytest.mark.slow), (2, "sleep"), (1, "sleep")])
 def test_a_client_that_stops_answering_is_excluded_after_the_timeout(probe, tmp_path, workers,
                                                                      hang):
     """runtime.timeout (3 s): client 1 stops answering in round 1 (its worker got SIGSTOP,
@@ -149,6 +151,7 @@ def test_a_client_that_stops_answering_is_excluded_after_the_timeout(probe, tmp_
         assert (ran[key]["pid"] == os.getpid()) == (workers == 1)
 
 
+@pytest.mark.slow  # 16 s idle, 2-core AVX2 (2026-12-03); kept: one and two workers' equal rows
 def test_client_threads_are_the_same_in_a_worker_and_in_this_process(probe, tmp_path):
     """runtime.local.client_threads: 1 client computes with that many threads in-process
     (this process's own count restored after) and in workers; never more workers than
@@ -247,7 +250,8 @@ def test_workers_run_the_clients_and_a_dead_worker_excludes_only_its_client(prob
 
 @pytest.mark.skipif(not Path("/proc/self").exists() or not shutil.which("pgrep"),
                     reason="reads /proc and pgrep (Linux)")
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigkill"])
+@pytest.mark.parametrize("stop", [  # sigkill: 17 s on an idle AVX2 host; ctrl-c stays
+    "ctrl-c", pytest.param("sigkill", marks=pytest.mark.slow)])
 def test_stopping_the_run_ends_its_workers_at_once(probe, tmp_path, stop):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) stops the run and kills
     its workers mid-task; a SIGKILL of the run's process alone leaves no orphan worker."""

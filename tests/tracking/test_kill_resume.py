@@ -71,7 +71,9 @@ def _numbers(rows):
 # The standalone case (the killed round's client state on disk, read back by no one) is
 # what the conformance test checks in-process for every method: it runs with -m slow.
 @pytest.mark.parametrize("method, rounds, second_kill", [
-    ("fedavg", 4, True), pytest.param("standalone", 2, False, marks=pytest.mark.slow)])
+    # 32 s on an idle 2-core AVX2 host (2026-12-03); tests/runtime/test_fault_paths.py keeps a resume
+    pytest.param("fedavg", 4, True, marks=pytest.mark.slow),
+    pytest.param("standalone", 2, False, marks=pytest.mark.slow)])
 def test_sigkill_mid_round_then_resume_equals_clean_run(make_config, tmp_path, method, rounds,
                                                         second_kill):
     cfg = make_config(f"rounds={rounds}", method=method, name="killed")
