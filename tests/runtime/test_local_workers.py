@@ -130,8 +130,9 @@ def test_a_client_that_spends_its_workers_memory_is_excluded_alone(probe, tmp_pa
     assert [server[k]["clients_replied"] for k in (1, 2)] == [2, 3]
 
 
-@pytest.mark.parametrize(("workers", "hang"), [  # (2, stop): 20 s on an idle AVX2 host
-    pytest.param(2, "stop", marks=pytest.mark.slow), (2, "sleep"), (1, "sleep")])
+@pytest.mark.parametrize(("workers", "hang"), [  # two workers: 19-20 s each, idle AVX2
+    pytest.param(2, "stop", marks=pytest.mark.slow),
+    pytest.param(2, "sleep", marks=pytest.mark.slow), (1, "sleep")])
 def test_a_client_that_stops_answering_is_excluded_after_the_timeout(probe, tmp_path, workers,
                                                                      hang):
     """runtime.timeout (3 s): client 1 stops answering in round 1 (its worker got SIGSTOP,
