@@ -580,8 +580,8 @@ def _arm_group(suite: Suite, arm: str, rnd: int | None = None) -> Group:
 def report_suite(folder: str | Path, *, suite: Suite | None = None,
                  into: str | Path | None = None) -> str:
     """Render ``suite.md`` / ``suite.json`` / plots from the run folders (``fedkt suite
-    report``) into ``into`` (default: the suite folder, e.g. not a kept folder under
-    version control); the suite file is the copy the suite folder keeps."""
+    report``) into ``into`` (default: the suite folder; another folder leaves a kept one as
+    it is); the suite file is the copy the suite folder keeps."""
     folder = Path(folder)
     out_dir = folder if into is None else Path(into)
     if suite is None:
