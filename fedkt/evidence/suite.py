@@ -476,6 +476,14 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True,
     return todo
 
 
+def load_suite_folder(folder: str | Path) -> Suite:
+    """The suite a suite folder holds: the ``suite.yaml`` it keeps, its runs in it."""
+    folder = Path(folder)
+    if not (folder / "suite.yaml").is_file():
+        raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
+    return load_suite(folder / "suite.yaml", folder)
+
+
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
               quiet: bool = False, rerun_changed: bool = False) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder.
@@ -585,10 +593,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
     folder = Path(folder)
     out_dir = folder if into is None else Path(into)
     if suite is None:
-        copy = folder / "suite.yaml"
-        if not copy.is_file():
-            raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
-        suite = load_suite(copy, folder)
+        suite = load_suite_folder(folder)
     cfg = suite.cfg
     groups = {arm: _arm_group(suite, arm) for arm in cfg.arms}
     missing = [f"{arm} seed {s}" for arm in cfg.arms for s in suite.seeds
@@ -923,9 +928,7 @@ def suite_status(path: str | Path, output_dir: str | Path | None = None
         if output_dir is not None:
             raise ConfigError(f"{folder}: a suite folder is its own output_dir; give the "
                               "suite file with --output-dir, or the folder alone")
-        if not (folder / "suite.yaml").is_file():
-            raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
-        suite = load_suite(folder / "suite.yaml", folder)
+        suite = load_suite_folder(folder)
     else:
         suite = load_suite(path, output_dir)
     now = current_setting(None)  # the threads depend on --jobs: not compared here
@@ -996,10 +999,8 @@ def keep_runs(source: str | Path, dest: str | Path) -> tuple[int, int]:
     import shutil
 
     source, dest = Path(source), Path(dest)
+    suite = load_suite_folder(source)
     copy_of = source / "suite.yaml"
-    if not copy_of.is_file():
-        raise FileNotFoundError(f"{source}: no suite.yaml; is it a suite folder?")
-    suite = load_suite(copy_of, source)
     done = [(arm, seed) for (arm, seed), cfg in suite.runs.items()
             if run_state(suite.run_dir(arm, seed), cfg.rounds) == "done"]
     if not done:
