@@ -183,7 +183,7 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
 
     try:
         run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
-                  rerun_changed=args.rerun_changed)
+                  rerun_changed=args.rerun_changed, keep=args.keep)
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -468,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rerun-changed", action="store_true",
                    help="run again, from the start, the runs of the folder whose config the "
                         "edited suite file changed (without it they are refused by name)")
+    q.add_argument("--keep", metavar="DIR",
+                   help="keep each run's records (no weights) into DIR as it finishes, as "
+                        "`fedkt suite keep` does; a DIR it would refuse is refused first")
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")

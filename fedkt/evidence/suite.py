@@ -485,12 +485,16 @@ def load_suite_folder(folder: str | Path) -> Suite:
 
 
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
-              quiet: bool = False, rerun_changed: bool = False) -> Path:
+              quiet: bool = False, rerun_changed: bool = False,
+              keep: str | Path | None = None) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder.
 
     A run of the folder made with another config than the suite file now gives it (an
     edited suite file) is refused by name with the keys that differ, before anything
-    runs; ``rerun_changed`` runs those again from the start instead."""
+    runs; ``rerun_changed`` runs those again from the start instead.  ``keep`` is a
+    folder the finished runs' records are kept into (:func:`keep_runs`) as each run
+    finishes, so a suite stopped at any point has kept every run it finished; a folder
+    :func:`keep_runs` would refuse is refused before anything runs."""
     suite = load_suite(path, output_dir)
     threads = max(1, physical_cores() // max(1, jobs))
     todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet, threads=threads)
@@ -500,6 +504,13 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     (suite.folder / "suite.yaml").write_text(
         f"# copied from {suite.source}\n" + yaml.safe_dump(dumped, sort_keys=False))
     failures: list[str] = []
+    if keep is not None:  # refused here, before any run, where keeping would be refused
+        _check_kept_suite(suite, Path(keep))
+        if (Path(keep) / "suite.yaml").is_file():  # its kept runs: this config and setting
+            plan_runs(load_suite(path, keep), threads=threads)
+        if any(run_state(suite.run_dir(*k), cfg.rounds) == "done"
+               for k, cfg in suite.runs.items()):
+            keep_runs(suite.folder, keep)
     running: list[tuple[str, subprocess.Popen, Any, float]] = []
     log_dir = suite.folder / "logs"
     conf_dir = suite.folder / "configs"
@@ -534,9 +545,22 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
             log.close()
             if code != 0:
                 failures.append(f"{label} (exit {code}; see {log.name})")
-            elif not quiet:
+                continue
+            if not quiet:
                 print(f"suite {suite.cfg.name}: {label}: finished in "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
+            if keep is not None:
+                arm, seed = label.rsplit(" seed ", 1)
+                try:  # the runs go on: a run not kept is named at the end
+                    keep_runs(suite.folder, keep, only=[(arm, int(seed))])
+                except (OSError, ValueError) as exc:
+                    failures.append(f"{label} not kept into {keep}: {exc}")
+                    print(f"suite {suite.cfg.name}: {label}: not kept: {exc}",
+                          file=sys.stderr, flush=True)
+                else:
+                    if not quiet:
+                        print(f"suite {suite.cfg.name}: {label}: kept into {keep}",
+                              flush=True)
 
     # `kill` (SIGTERM) stops a suite like Ctrl-C: its runs are killed and resumed next time.
     previous = signal.getsignal(signal.SIGTERM)
@@ -953,9 +977,8 @@ KEPT_FILES = (CONFIG_FILE, "environment.json", "metrics.jsonl", "summary.md",
               f"checkpoints/{LATEST_FILE}")
 
 
-def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
-    """Refuse, before copying, to keep runs into a folder of another suite file, or
-    beside runs (or of runs) of another setting than the first run kept."""
+def _check_kept_suite(suite: Suite, dest: Path) -> None:
+    """Refuse a ``dest`` that keeps runs of another suite file than ``suite``'s folder."""
     kept = dest / "suite.yaml"
     if kept.is_file() and kept.resolve() != (suite.folder / "suite.yaml").resolve():
         def body(path: Path) -> Any:  # the suite as run, wherever its folder was
@@ -966,6 +989,13 @@ def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
         if body(kept) != body(suite.folder / "suite.yaml"):
             raise SuiteChangedError(f"{dest}: holds runs of another suite file than "
                                     f"{suite.folder}'s suite.yaml; keep them in a new folder")
+
+
+def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
+    """Refuse, before copying, to keep runs into a folder of another suite file, or
+    beside runs (or of runs) of another setting than the first run kept."""
+    _check_kept_suite(suite, dest)
+    kept = dest / "suite.yaml"
     entries = read_environment(suite.run_dir(*done[0]))
     if not entries:
         return
@@ -987,9 +1017,11 @@ def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
             + "\na kept folder holds one setting: keep these in a folder of their own")
 
 
-def keep_runs(source: str | Path, dest: str | Path) -> tuple[int, int]:
+def keep_runs(source: str | Path, dest: str | Path,
+              only: list[tuple[str, int]] | None = None) -> tuple[int, int]:
     """Copy the finished runs of suite folder ``source`` (its records: :data:`KEPT_FILES`
-    and ``predictions/``) and its ``suite.yaml`` into ``dest``, in the same layout, so
+    and ``predictions/``; ``only``: just these ``(arm, seed)`` of them) and its
+    ``suite.yaml`` into ``dest``, in the same layout, so
     ``fedkt suite report DEST`` reads them and ``fedkt suite run ... --output-dir DEST``
     skips them: a long suite can be kept in version control and finished later, on
     another machine of the same setting (:func:`plan_runs` refuses another).  Started runs
@@ -1002,7 +1034,8 @@ def keep_runs(source: str | Path, dest: str | Path) -> tuple[int, int]:
     suite = load_suite_folder(source)
     copy_of = source / "suite.yaml"
     done = [(arm, seed) for (arm, seed), cfg in suite.runs.items()
-            if run_state(suite.run_dir(arm, seed), cfg.rounds) == "done"]
+            if run_state(suite.run_dir(arm, seed), cfg.rounds) == "done"
+            and (only is None or (arm, seed) in only)]
     if not done:
         raise ValueError(f"{source}: no finished run to keep")
     _check_keep(suite, done, dest)

@@ -18,7 +18,7 @@ import pytest
 from fedkt.eval.predictions import prediction_files, read_predictions
 from fedkt.evidence.claims import decide, parse_claim
 from fedkt.evidence.stats import seed_interval
-from fedkt.evidence.suite import load_suite, run_state
+from fedkt.evidence.suite import keep_runs, load_suite, run_state
 from fedkt.infra.environment import describe, environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,10 +47,34 @@ on_the_quick_suite = pytest.mark.slow
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("suite") / "quick"
-    proc = _suite(["run", str(QUICK), "--output-dir", str(folder), "--jobs", "2"])
+    proc = _suite(["run", str(QUICK), "--output-dir", str(folder), "--jobs", "2",
+                   "--keep", str(folder.parent / "kept")])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
+    (folder.parent / "stdout.txt").write_text(out)
     return folder
+
+
+@on_the_quick_suite
+def test_suite_run_keeps_each_run_before_the_runs_after_it_start(finished, tmp_path):
+    lines = (finished.parent / "stdout.txt").read_text().splitlines()
+    kept = finished.parent / "kept"
+    suite = load_suite(QUICK, finished)
+    for arm, seed in suite.runs:
+        label = f"suite quick: {arm} seed {seed}: "
+        at = lines.index(f"{label}kept into {kept}")
+        assert lines[at - 1].startswith(f"{label}finished in ")
+    firsts = [lines.index(f"suite quick: {arm} seed {seed}: kept into {kept}")
+              for arm, seed in suite.runs]
+    starts = [i for i, x in enumerate(lines) if x.endswith(": running")]
+    assert min(firsts) < max(starts)  # kept as each finished, not at the end
+    keep_runs(finished, tmp_path / "again")  # what `fedkt suite keep` copies, byte for byte
+    files = sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file())
+    assert len(files) > 4 * 5 and files == sorted(
+        p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*")
+        if p.is_file())
+    assert all((kept / f).read_bytes() == (tmp_path / "again" / f).read_bytes()
+               for f in files)
 
 
 def _correct(folder: Path, arm: str, seed: int, rnd: int | None, participants: str

@@ -145,3 +145,46 @@ def test_kept_records_leave_the_weights_and_finish_on_a_machine_of_the_setting(t
     assert "kept 3 finished run(s)" in capsys.readouterr().out
     assert main(["suite", "keep", str(tmp_path / "again" / "fedavg"), str(tmp_path / "x")]) == 2
     assert "no suite.yaml" in capsys.readouterr().err
+
+
+
+def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_path):
+    """``fedkt suite run --keep DIR``: a run's records are kept into DIR as it finishes
+    (before the table, so a suite stopped after it has kept it), equal to what ``fedkt
+    suite keep`` copies; a DIR of another suite is refused before any run.  One real run
+    (about 20 s idle, 2-core AVX2, 2026-12-03); the slow tier's quick suite keeps each of
+    four runs before the runs after it start (tests/evidence/test_suite.py)."""
+    import os
+    import subprocess
+    import sys
+
+    data = yaml.safe_load((ROOT / "configs" / "suites" / "quick.yaml").read_text())
+    data.update(seeds=[0], arms={"fedavg": {}}, baseline=None, claims=[],
+                primary="fedavg.clients.accuracy > fedavg@0.clients.accuracy",
+                output_dir=str(tmp_path / "out"))
+    data["base"].update(rounds=1)
+    data["base"]["data"].update(max_private_per_client=8, split={"scheme": "holdout",
+                                                                 "test_size": 16})
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(data))
+    other = tmp_path / "other"  # a folder kept from another suite file: refused first
+    other.mkdir()
+    (other / "suite.yaml").write_text(yaml.safe_dump({**data, "seeds": [5]}))
+    assert main(["suite", "run", str(path), "-q", "--keep", str(other)]) == 2
+    assert not (tmp_path / "out" / "fedavg").exists()  # nothing ran
+    kept = tmp_path / "kept"
+    out = subprocess.run([sys.executable, "-m", "fedkt.cli", "suite", "run", str(path),
+                          "--keep", str(kept)], env={**os.environ, "FLWR_TELEMETRY_ENABLED":
+                                                      "0"},
+                         text=True, capture_output=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    at = lines.index(f"suite quick: fedavg seed 0: kept into {kept}")
+    assert lines[at - 1].startswith("suite quick: fedavg seed 0: finished in ")
+    assert lines[at + 1:] and not any(x.startswith("suite quick: fedavg") for x in lines[at + 1:])
+    assert [s for _, _, s in suite_status(kept)] == ["done"]
+    again = tmp_path / "again"  # what `fedkt suite keep` copies, byte for byte
+    keep_runs(tmp_path / "out", again)
+    files = sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file())
+    assert all((again / f).read_bytes() == (kept / f).read_bytes() for f in files)
