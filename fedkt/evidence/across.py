@@ -46,6 +46,12 @@ class SuiteResult:
     claims: dict[str, dict[str, Any]]
     environment: list[str]
     paper: dict[str, Any] | None = None  # the paper's numbers beside the suite's, if any
+    folds: bool = False  # its claims' units are folds (seeds inside them), not seeds
+
+    @property
+    def unit(self) -> str:
+        """What each claim's listed differences are one of: ``fold`` or ``seed``."""
+        return "fold" if self.folds else "seed"
 
 
 def _table_lines(table: Path) -> list[str]:
@@ -186,7 +192,9 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
                                     f"report {folder}` first)")
         lines = _table_lines(table)
         name, claims = _claims_from_table(table, lines)
-        return SuiteResult(label, folder, name, claims, _environment_from_table(lines))
+        return SuiteResult(label, folder, name, claims, _environment_from_table(lines),
+                           folds=any(line.startswith("|") and "| per fold |" in line
+                                     for line in lines))
     data = _load_json(result)
     if not isinstance(data, dict):
         raise ValueError(f"{result}: not a suite's result (the top level is not a mapping)")
@@ -207,7 +215,8 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     paper = data.get("paper")
     if paper is not None:
         _check_paper(paper, f"{result}: paper")
-    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper)
+    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper,
+                       folds=bool(data.get("folds")))
 
 
 def _check_paper(paper: Any, where: str) -> None:
@@ -250,11 +259,11 @@ def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -
     return "differs: " + words
 
 
-def _cell(claim: dict[str, Any] | None) -> str:
+def _cell(claim: dict[str, Any] | None, unit: str = "seed") -> str:
     if claim is None:
         return "-"
     word = claim["verdict"] + (" (why below)" if claim.get("reason") else "")
-    return _one_line(f"{claim['estimate']} {claim['ci']}; per seed "
+    return _one_line(f"{claim['estimate']} {claim['ci']}; per {unit} "
                      f"{claim.get('per_seed_text') or '-'}; {word}")
 
 
@@ -322,7 +331,8 @@ def across_report(specs: list[str | Path]) -> str:
         found = [r.claims.get(text) for r in results]
         role = next((_one_line(c.get("role") or "") for c in found if c), "")
         pooled, why = _pooled_cell(text, found)
-        rows.append([role, text, *(_cell(c) for c in found),
+        rows.append([role, text, *(_cell(c, r.unit) for c, r in zip(found, results,
+                                                                     strict=True)),
                      joint_verdict([_one_line(c["verdict"]) if c else None for c in found],
                                    labels), pooled])
         reasons += [f"- {label}, `{text}`: {_one_line(c['reason'])}"

@@ -137,7 +137,8 @@ def _cell(text: object) -> str:
 
 
 def _claims_table(suite: SuiteResult) -> str:
-    header = ["", "claim", "estimate", "95% CI (items, seeds)", "per seed", "floor", "verdict"]
+    header = ["", "claim", "estimate", "95% CI (items, seeds, folds)" if suite.folds else
+              "95% CI (items, seeds)", f"per {suite.unit}", "floor", "verdict"]
     rows = []
     for claim in suite.claims.values():
         verdict = _cell(claim.get("verdict"))

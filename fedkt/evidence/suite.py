@@ -677,7 +677,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
                   f"(seeds {suite.seeds}); the fold is the unit of the verdicts")
         resampling = ("- resampling: folds, then seeds within a fold, then each seed's test "
                       "items (each level shrunk by what the level below supplies); "
-                      "t-interval and per seed: over the folds' means")
+                      "t-interval and per fold: over the folds' means")
     else:
         design = f"- seeds: {cfg.seeds}"
         resampling = ("- resampling: seeds, then each seed's test items; t-interval and per "

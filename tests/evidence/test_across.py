@@ -239,3 +239,32 @@ def test_a_row_after_the_claims_table_is_not_a_claim(tmp_path):
     lines[end:end] = ["", "Notes.", "", extra]  # after the table, separated from it
     (folder / "suite.md").write_text("\n".join(lines) + "\n")
     assert "a.server.accuracy > b.server.accuracy" not in read_suite_result(folder).claims
+
+
+def test_a_suite_with_folds_lists_its_differences_per_fold(tmp_path):
+    """Seeds inside folds: each listed difference is a fold's, and both the across table
+    and the results page head it so (a suite without folds keeps "per seed")."""
+    from fedkt.evidence.results import _claims_table
+
+    env = ["- environment: torch 2.13.0; CPU AVX2"]
+    by_seed = _folder(tmp_path, "seeds", [_claim(PRIMARY, "reproduced", "primary")], env)
+    by_fold = _folder(tmp_path, "folds", [_claim(PRIMARY, "reproduced", "primary")],
+                      ["- environment: torch 2.13.0; CPU AVX512 (amx_bf16)"])
+    data = json.loads((by_fold / "suite.json").read_text())
+    data["folds"] = {"1000": 0, "2000": 0, "1001": 1, "2001": 1}
+    (by_fold / "suite.json").write_text(json.dumps(data))
+    seeds, folds = read_suite_result(by_seed), read_suite_result(by_fold)
+    assert (seeds.unit, folds.unit) == ("seed", "fold")
+    row = next(x for x in across_report([str(by_seed), str(by_fold)]).splitlines()
+               if x.startswith("| primary"))
+    assert "; per seed +0.1" in row.split("|")[3] and "; per fold +0.1" in row.split("|")[4]
+    assert "| 95% CI (items, seeds) | per seed |" in _claims_table(seeds)
+    assert "| 95% CI (items, seeds, folds) | per fold |" in _claims_table(folds)
+    # a folder that kept only its table: read from the table's own heading
+    (by_fold / "suite.json").unlink()
+    (by_fold / "suite.md").write_text(
+        "# Suite demo\n\n## Claims\n\n| | claim | estimate | 95% CI (items, seeds, folds) | "
+        "folds' 95% t-interval | per fold | floor | verdict |\n|---|---|---|---|---|---|---|"
+        f"---|\n| primary | {PRIMARY} | +0.1000 | [+0.0100, +0.2000] | [+0.0, +0.2] | +0.1 | "
+        "0.05 | reproduced |\n")
+    assert read_suite_result(by_fold).unit == "fold"
