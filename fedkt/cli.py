@@ -240,11 +240,12 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import suite_status
+    from fedkt.evidence.suite import suite_status, time_left
 
     def make() -> str:
         return "".join(f"{arm:<24} seed {seed:<4} {state}\n"
-                       for arm, seed, state in suite_status(args.suite, args.output_dir))
+                       for arm, seed, state in suite_status(args.suite, args.output_dir)
+                       ) + time_left(args.suite, args.output_dir) + "\n"
     return _table(make, None)
 
 

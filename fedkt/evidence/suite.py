@@ -940,6 +940,58 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
             "floor_text": f"{floor:.3f}", **({"per_run": per_run} if per_run else {})}
 
 
+def _status_suite(path: str | Path, output_dir: str | Path | None) -> Suite:
+    """The suite of a suite file (its runs in ``output_dir``, else its own) or folder."""
+    folder = Path(path)
+    if folder.is_dir():
+        if output_dir is not None:
+            raise ConfigError(f"{folder}: a suite folder is its own output_dir; give the "
+                              "suite file with --output-dir, or the folder alone")
+        return load_suite_folder(folder)
+    return load_suite(path, output_dir)
+
+
+def time_left(path: str | Path, output_dir: str | Path | None = None) -> str:
+    """One line: the runs left of a suite and their time, each left run at the mean wall
+    time of its arm's finished runs in the folder (one run at a time, and at the runs at
+    once its runs' torch threads give this machine's cores)."""
+    from fedkt.tracking.rows import read_rows, run_wall_time
+
+    suite = _status_suite(path, output_dir)
+    walls: dict[str, list[float]] = {}
+    threads: set[int] = set()
+    left: list[str] = []
+    for (arm, seed), cfg in suite.runs.items():
+        run_dir = suite.run_dir(arm, seed)
+        if run_state(run_dir, cfg.rounds) != "done":
+            left.append(arm)
+            continue
+        wall = run_wall_time(read_rows(run_dir / "metrics.jsonl"))
+        if wall is not None:
+            walls.setdefault(arm, []).append(wall)
+        for entry in read_environment(run_dir):
+            if isinstance(entry.get("torch_threads"), int):
+                threads.add(entry["torch_threads"])
+    head = f"left: {len(left)} of {len(suite.runs)} runs"
+    if not left:
+        return head
+    timed = [walls[a] for a in left if a in walls]
+    if not timed:
+        return head + "; no finished run of their arms to time them by"
+    seconds = sum(sum(w) / len(w) for w in timed)
+    line = (f"{head}; about {seconds / 3600:.1f} h of runs, each at its arm's mean wall "
+            "time here")
+    if len(threads) == 1:
+        jobs = max(1, physical_cores() // threads.pop())
+        if jobs > 1:
+            line += f" ({seconds / 3600 / jobs:.1f} h at --jobs {jobs}, this machine's cores)"
+    untimed = sorted({a for a in left if a not in walls})
+    if untimed:
+        line += (f"; and {len(left) - len(timed)} run(s) of arms not yet timed: "
+                 + ", ".join(untimed))
+    return line
+
+
 def suite_status(path: str | Path, output_dir: str | Path | None = None
                  ) -> list[tuple[str, int, str]]:
     """``(arm, seed, state)`` of every run of a suite: ``path`` is a suite file (its runs
@@ -947,14 +999,7 @@ def suite_status(path: str | Path, output_dir: str | Path | None = None
     A run made with another config than the suite file gives it now says so with the keys,
     and one computed under another setting than this machine's (:func:`setting_changes`,
     threads aside) with the fields."""
-    folder = Path(path)
-    if folder.is_dir():
-        if output_dir is not None:
-            raise ConfigError(f"{folder}: a suite folder is its own output_dir; give the "
-                              "suite file with --output-dir, or the folder alone")
-        suite = load_suite_folder(folder)
-    else:
-        suite = load_suite(path, output_dir)
+    suite = _status_suite(path, output_dir)
     now = current_setting(None)  # the threads depend on --jobs: not compared here
     out = []
     for (arm, seed), cfg in suite.runs.items():

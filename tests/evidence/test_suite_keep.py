@@ -188,3 +188,32 @@ def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_
     files = sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file())
     assert all((again / f).read_bytes() == (kept / f).read_bytes() for f in files)
+
+
+def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp_path,
+                                                                             capsys):
+    from fedkt.evidence.suite import time_left
+    from fedkt.infra.precision import physical_cores
+
+    path = _suite(tmp_path)
+    _finish(path, current_setting(1), skip=("fedavg", 1))  # fedavg seed 1 left
+    suite = load_suite(path)
+    for (arm, seed), wall in {("fedavg", 0): 1800.0, ("standalone", 0): 720.0,
+                              ("standalone", 1): 1080.0}.items():
+        rows = [{"round": r, "participant": "server", "wall_time": wall / 2} for r in (1, 2)]
+        (suite.run_dir(arm, seed) / "metrics.jsonl").write_text(
+            "".join(json.dumps(x) + "\n" for x in rows))
+    line = time_left(path)
+    jobs = physical_cores()  # the runs' one torch thread each
+    assert line.startswith("left: 1 of 4 runs; about 0.5 h of runs")  # fedavg's 1,800 s
+    assert (f"({0.5 / jobs:.1f} h at --jobs {jobs}" in line) == (jobs > 1)
+    assert main(["suite", "status", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.endswith(line + "\n")
+    (suite.run_dir("fedavg", 0) / "checkpoints" / "latest.json").unlink()  # now started
+    assert time_left(path) == ("left: 2 of 4 runs; no finished run of their arms to time "
+                               "them by")
+    (suite.run_dir("standalone", 1) / "checkpoints" / "latest.json").unlink()
+    assert time_left(path) == (  # standalone seed 1 at its arm's other run's 720 s
+        "left: 3 of 4 runs; about 0.2 h of runs, each at its arm's mean wall time here"
+        + (f" ({0.2 / jobs:.1f} h at --jobs {jobs}, this machine's cores)" if jobs > 1
+           else "") + "; and 2 run(s) of arms not yet timed: fedavg")
