@@ -966,7 +966,8 @@ def time_left(path: str | Path, output_dir: str | Path | None = None) -> str:
         if run_state(run_dir, cfg.rounds) != "done":
             left.append(arm)
             continue
-        wall = run_wall_time(read_rows(run_dir / "metrics.jsonl"))
+        metrics = run_dir / "metrics.jsonl"
+        wall = run_wall_time(read_rows(metrics)) if metrics.is_file() else None
         if wall is not None:
             walls.setdefault(arm, []).append(wall)
         for entry in read_environment(run_dir):
@@ -1091,8 +1092,12 @@ def keep_runs(source: str | Path, dest: str | Path,
     for arm, seed in done:
         run_dir = suite.run_dir(arm, seed)
         target = dest / run_dir.relative_to(source)
-        files = [run_dir / name for name in KEPT_FILES if (run_dir / name).is_file()]
+        # the checkpoint index last: a copy stopped part-way leaves a run that is not done
+        index = f"checkpoints/{LATEST_FILE}"
+        files = [run_dir / name for name in KEPT_FILES
+                 if name != index and (run_dir / name).is_file()]
         files += sorted(p for p in (run_dir / "predictions").rglob("*") if p.is_file())
+        files.append(run_dir / index)
         for path in files:
             out = target / path.relative_to(run_dir)
             if path.resolve() == out.resolve():

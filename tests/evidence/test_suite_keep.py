@@ -217,3 +217,18 @@ def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp
         "left: 3 of 4 runs; about 0.2 h of runs, each at its arm's mean wall time here"
         + (f" ({0.2 / jobs:.1f} h at --jobs {jobs}, this machine's cores)" if jobs > 1
            else "") + "; and 2 run(s) of arms not yet timed: fedavg")
+
+
+def test_a_keep_stopped_part_way_leaves_no_run_that_looks_done(tmp_path):
+    """The checkpoint index is copied last: a copy that fails on a prediction file leaves
+    that run started in DEST (it starts again), not done without its predictions."""
+    path = _suite(tmp_path)
+    _finish(path, current_setting(1))
+    dest = tmp_path / "kept"
+    blocker = dest / "fedavg" / "seed_0" / "predictions" / "round_0001" / "server.json.gz"
+    blocker.mkdir(parents=True)  # a folder where the file goes: the copy fails there
+    with pytest.raises(OSError):
+        keep_runs(tmp_path / "out", dest)
+    assert (dest / "fedavg" / "seed_0" / "metrics.jsonl").is_file()  # copied before it
+    assert not (dest / "fedavg" / "seed_0" / "checkpoints" / "latest.json").exists()
+    assert dict(((a, s), st) for a, s, st in suite_status(dest))[("fedavg", 0)] != "done"
