@@ -240,12 +240,13 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import suite_status, time_left
+    from fedkt.evidence.suite import status_suite, suite_status, time_left
 
     def make() -> str:
+        suite = status_suite(args.suite, args.output_dir)  # loaded once for both
         return "".join(f"{arm:<24} seed {seed:<4} {state}\n"
-                       for arm, seed, state in suite_status(args.suite, args.output_dir)
-                       ) + time_left(args.suite, args.output_dir) + "\n"
+                       for arm, seed, state in suite_status(args.suite, suite=suite)
+                       ) + time_left(args.suite, suite=suite) + "\n"
     return _table(make, None)
 
 

@@ -511,7 +511,7 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
         if any(run_state(suite.run_dir(*k), cfg.rounds) == "done"
                for k, cfg in suite.runs.items()):
             keep_runs(suite.folder, keep)
-    running: list[tuple[str, subprocess.Popen, Any, float]] = []
+    running: list[tuple[str, int, subprocess.Popen, Any, float]] = []
     log_dir = suite.folder / "logs"
     conf_dir = suite.folder / "configs"
     log_dir.mkdir(exist_ok=True)
@@ -533,11 +533,12 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
                   f"{'resuming' if state == 'started' else 'running'}", flush=True)
         log = (log_dir / f"{arm}_seed{seed}.log").open("w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        running.append((f"{arm} seed {seed}", proc, log, time.perf_counter()))
+        running.append((arm, seed, proc, log, time.perf_counter()))
 
     def reap() -> None:
         for item in list(running):
-            label, proc, log, t0 = item
+            arm, seed, proc, log, t0 = item
+            label = f"{arm} seed {seed}"
             code = proc.poll()
             if code is None:
                 continue
@@ -550,9 +551,8 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
                 print(f"suite {suite.cfg.name}: {label}: finished in "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
             if keep is not None:
-                arm, seed = label.rsplit(" seed ", 1)
                 try:  # the runs go on: a run not kept is named at the end
-                    keep_runs(suite.folder, keep, only=[(arm, int(seed))])
+                    keep_runs(suite.folder, keep, only=[(arm, seed)])
                 except (OSError, ValueError) as exc:
                     failures.append(f"{label} not kept into {keep}: {exc}")
                     print(f"suite {suite.cfg.name}: {label}: not kept: {exc}",
@@ -576,7 +576,7 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
             time.sleep(0.2)
             reap()
     except BaseException:  # Ctrl-C or an error: stop the runs; a rerun resumes them
-        for _, proc, log, _ in running:
+        for _, _, proc, log, _ in running:
             proc.kill()
             proc.wait()
             log.close()
@@ -940,7 +940,7 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
             "floor_text": f"{floor:.3f}", **({"per_run": per_run} if per_run else {})}
 
 
-def _status_suite(path: str | Path, output_dir: str | Path | None) -> Suite:
+def status_suite(path: str | Path, output_dir: str | Path | None) -> Suite:
     """The suite of a suite file (its runs in ``output_dir``, else its own) or folder."""
     folder = Path(path)
     if folder.is_dir():
@@ -951,13 +951,15 @@ def _status_suite(path: str | Path, output_dir: str | Path | None) -> Suite:
     return load_suite(path, output_dir)
 
 
-def time_left(path: str | Path, output_dir: str | Path | None = None) -> str:
+def time_left(path: str | Path, output_dir: str | Path | None = None, *,
+              suite: Suite | None = None) -> str:
     """One line: the runs left of a suite and their time, each left run at the mean wall
     time of its arm's finished runs in the folder (one run at a time, and at the runs at
-    once its runs' torch threads give this machine's cores)."""
+    once its runs' torch threads give this machine's cores).  ``suite``: the suite
+    ``path`` gives, already loaded."""
     from fedkt.tracking.rows import read_rows, run_wall_time
 
-    suite = _status_suite(path, output_dir)
+    suite = status_suite(path, output_dir) if suite is None else suite
     walls: dict[str, list[float]] = {}
     threads: set[int] = set()
     left: list[str] = []
@@ -993,14 +995,14 @@ def time_left(path: str | Path, output_dir: str | Path | None = None) -> str:
     return line
 
 
-def suite_status(path: str | Path, output_dir: str | Path | None = None
-                 ) -> list[tuple[str, int, str]]:
+def suite_status(path: str | Path, output_dir: str | Path | None = None, *,
+                 suite: Suite | None = None) -> list[tuple[str, int, str]]:
     """``(arm, seed, state)`` of every run of a suite: ``path`` is a suite file (its runs
     in ``output_dir``, else its own output_dir) or a suite folder (the suite.yaml it keeps).
     A run made with another config than the suite file gives it now says so with the keys,
     and one computed under another setting than this machine's (:func:`setting_changes`,
-    threads aside) with the fields."""
-    suite = _status_suite(path, output_dir)
+    threads aside) with the fields.  ``suite``: the suite ``path`` gives, already loaded."""
+    suite = status_suite(path, output_dir) if suite is None else suite
     now = current_setting(None)  # the threads depend on --jobs: not compared here
     out = []
     for (arm, seed), cfg in suite.runs.items():

@@ -147,7 +147,6 @@ def test_kept_records_leave_the_weights_and_finish_on_a_machine_of_the_setting(t
     assert "no suite.yaml" in capsys.readouterr().err
 
 
-
 def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_path):
     """``fedkt suite run --keep DIR``: a run's records are kept into DIR as it finishes
     (before the table, so a suite stopped after it has kept it), equal to what ``fedkt
