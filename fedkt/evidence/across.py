@@ -29,11 +29,12 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-from fedkt.evidence.claims import ClaimError, Joint, decide_joint, parse_claim
-from fedkt.evidence.pooled import pooled_decision
+from fedkt.evidence.claims import ClaimError, Decision, Joint, decide_joint, parse_claim
+from fedkt.evidence.pooled import Pooled, pooled_decision
 from fedkt.tracking.tables import format_table
 
-__all__ = ["SuiteResult", "across_report", "joint_verdict", "read_suite_result"]
+__all__ = ["PooledClaim", "SuiteResult", "across_report", "joint_verdict", "pool_claim",
+           "primary_across", "read_suite_result"]
 
 
 @dataclass
@@ -282,9 +283,36 @@ def _per_fold(claim: dict[str, Any], part: int | None = None) -> dict[str, float
     return {f"#{k}": float(v) for k, v in enumerate(text.split(","))}
 
 
-def _pooled_cell(text: str, found: list[dict[str, Any] | None]) -> tuple[str, str]:
-    """The pooled verdict's cell and, unless plain, its reason (a joint claim: each part
-    pooled on its own, then :func:`fedkt.evidence.claims.decide_joint`)."""
+@dataclass(frozen=True)
+class PooledClaim:
+    """A claim's pooled verdict over kernel settings: each part's pooled estimate (one part
+    for a plain claim) and the decision (a joint claim's by
+    :func:`fedkt.evidence.claims.decide_joint`)."""
+
+    parts: tuple[Pooled, ...]
+    decision: Decision
+    joint: bool
+
+    def _estimates(self, folds: bool) -> list[str]:
+        cells = [f"{p.estimate:+.4f} [{p.low:+.4f}, {p.high:+.4f}]"
+                 + ("; per fold " + ", ".join(f"{m:+.3f}" for m in p.fold_means)
+                    if folds else "") for p in self.parts]
+        return [f"part {k}: {c}" for k, c in enumerate(cells, 1)] if self.joint else cells
+
+    def cell(self) -> str:
+        """The long form: each part's estimate, interval and fold means, then the verdict."""
+        return "; ".join(self._estimates(True)) + f"; {self.decision.verdict}" + (
+            " (why below)" if self.decision.reason else "")
+
+    def short(self) -> str:
+        """The results summary's form: ``verdict: estimate [low, high]`` (each part's)."""
+        return f"{self.decision.verdict}: " + "; ".join(self._estimates(False))
+
+
+def pool_claim(text: str, found: list[dict[str, Any] | None]) -> PooledClaim | str:
+    """``text``'s pooled verdict from each setting's claim (``found``, one per setting; a
+    joint claim: each part pooled on its own), or why there is none: ``-`` where a setting
+    lacks the claim or its per-fold differences, or the folds do not match."""
     claim = parse_claim(text)
     parts = claim.parts if isinstance(claim, Joint) else (claim,)
     pooled = []
@@ -292,21 +320,39 @@ def _pooled_cell(text: str, found: list[dict[str, Any] | None]) -> tuple[str, st
         folds = [_per_fold(c, k if isinstance(claim, Joint) else None) if c else None
                  for c in found]
         if any(f is None for f in folds):
-            return "-", ""
+            return "-"
         got = pooled_decision(part.text, folds)  # type: ignore[arg-type]
         if got is None:
-            return "not computed: the folds differ between settings", ""
+            return "not computed: the folds differ between settings"
         pooled.append(got)
-    cells = [f"{p.estimate:+.4f} [{p.low:+.4f}, {p.high:+.4f}]; per fold "
-             + ", ".join(f"{m:+.3f}" for m in p.fold_means) for p in pooled]
-    if isinstance(claim, Joint):
-        decision = decide_joint([p.decision for p in pooled])
-        cells = [f"part {k}: {c}" for k, c in enumerate(cells, 1)]
-    else:
-        decision = pooled[0].decision
-    cell = "; ".join(cells) + f"; {decision.verdict}" + (" (why below)" if decision.reason
-                                                          else "")
-    return cell, decision.reason
+    joint = isinstance(claim, Joint)
+    decision = decide_joint([p.decision for p in pooled]) if joint else pooled[0].decision
+    return PooledClaim(tuple(pooled), decision, joint)
+
+
+def _pooled_cell(text: str, found: list[dict[str, Any] | None]) -> tuple[str, str]:
+    """The pooled verdict's cell and, unless plain, its reason."""
+    got = pool_claim(text, found)
+    if isinstance(got, str):
+        return got, ""
+    return got.cell(), got.decision.reason
+
+
+def primary_across(results: list[SuiteResult]) -> tuple[str, str] | None:
+    """The primary claim of one suite under several settings (``results``, two or more):
+    the word across them (:func:`joint_verdict`) and the pooled verdict's short form
+    (:meth:`PooledClaim.short`, or why there is none). None for fewer than two settings or
+    no primary."""
+    if len(results) < 2:
+        return None
+    text = next((t for t, c in results[0].claims.items() if c.get("role") == "primary"), None)
+    if text is None:
+        return None
+    found = [r.claims.get(text) for r in results]
+    word = joint_verdict([_one_line(c["verdict"]) if c else None for c in found],
+                         [_one_line(r.label) for r in results])
+    got = pool_claim(text, found)
+    return word, got if isinstance(got, str) else got.short()
 
 
 def across_report(specs: list[str | Path]) -> str:

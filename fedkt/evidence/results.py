@@ -5,7 +5,9 @@ run`` decided: ``suite.json``, or only ``suite.md`` for a folder published befor
 suite.json was kept (:func:`fedkt.evidence.across.read_suite_result` reads either).  Its
 provenance is the comment at the top of ``suite.md`` (the command, commit, date, wall time
 and machine of the run, written when the folder was published) and the suite's
-environment line.  Nothing here is computed: every number is the suite's own text.
+environment line.  Each setting's numbers are the suite's own text; for a suite published
+under two or more kernel settings the summary adds what ``fedkt suite across`` gives from
+the same files (the word across the settings, the pooled verdict blocked by fold).
 
 The demo's final lines per machine kind are recorded as data too
 (``docs/records/demo/<kind>.json``: the final table's values, machine, kernels, commit,
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedkt.evidence.across import SuiteResult, read_suite_result
+from fedkt.evidence.across import SuiteResult, primary_across, read_suite_result
 from fedkt.evidence.paper import paper_markdown
 from fedkt.tracking.tables import format_table
 
@@ -197,24 +199,30 @@ def results_markdown(root: Path, command: str = "python -m fedkt.evidence.result
 
 
 def _summary_table(suites: Sequence[Published], *, link_prefix: str) -> str:
-    """One row per suite name: its primary claim and each kernel setting's verdict."""
+    """One row per suite name: its primary claim, each kernel setting's verdict and, for a
+    suite published under two or more, the word across them and the pooled verdict
+    (``fedkt suite across``'s, from the same files)."""
     by_name: dict[str, list[Published]] = {}
     for suite in suites:
         by_name.setdefault(suite.result.name, []).append(suite)
     settings = sorted({s.kernels for s in suites}, key=lambda k: (not k.startswith("fp32"), k))
-    header = ["suite", "primary claim", *settings]
+    header = ["suite", "primary claim", *settings, "across settings",
+              "pooled (blocked by fold)"]
     rows = []
     for name, group in by_name.items():
         claim = _primary(group[0].result)
         if claim is None:
             continue
-        cells = []
+        cells, ordered = [], []
         for setting in settings:
             match = next((s for s in group if s.kernels == setting), None)
             mine = _primary(match.result) if match else None
             cells.append(f"{mine['verdict']}: {mine['estimate']} {mine['ci']}" if mine else "-")
+            ordered += [match.result] if match else []
+        both = primary_across(ordered) or ("-", "-")
         link = f"[{name}]({link_prefix}results.md#{group[0].folder.name})"
-        rows.append([link, f"`{_cell(claim['claim'])}`", *(_cell(c) for c in cells)])
+        rows.append([link, f"`{_cell(claim['claim'])}`", *(_cell(c) for c in cells),
+                     *(_cell(c) for c in both)])
     return format_table(header, rows, markdown=True)
 
 

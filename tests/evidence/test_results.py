@@ -55,3 +55,52 @@ def test_provenance_is_read_from_the_suites_comment_once_per_table(tmp_path):
     table = folder / "suite.md"
     table.write_text("\n".join(table.read_text().splitlines()[1:]))  # no comment
     assert "commit not recorded" in results.results_markdown(tmp_path)
+
+
+def _primary_row(text: str, name: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"| [{name}]"))
+    return [c.strip() for c in line.strip("|").split(" | ")]
+
+
+def test_a_suite_under_two_settings_shows_its_word_across_them_and_the_pooled_verdict(
+        tmp_path):
+    """The summary's last two cells are `fedkt suite across`'s primary row: here fp32's
+    reproduced against bf16's not resolved, and Student's t over the four fold means."""
+    from scipy.stats import t as student_t
+
+    for name in ("fedmkt_transfer", "fedmkt_transfer_bf16", "fedmkt_iid_keep"):
+        shutil.copytree(SUITES / name, tmp_path / name)
+    per_fold = [json.loads((tmp_path / n / "suite.json").read_text())["claims"][0]["per_seed"]
+                for n in ("fedmkt_transfer", "fedmkt_transfer_bf16")]
+    means = [(per_fold[0][k] + per_fold[1][k]) / 2 for k in "0123"]
+    mean = sum(means) / 4
+    sd = (sum((m - mean) ** 2 for m in means) / 3) ** 0.5
+    half = student_t.ppf(0.975, 3) * sd / 2
+    row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
+    assert row[-2] == "differs: reproduced / not resolved"
+    assert row[-1] == f"not resolved: {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
+    assert row[-1] in results.results_markdown(tmp_path)
+    # one setting only: nothing to compare
+    assert _primary_row(results.readme_summary(tmp_path), "fedmkt_iid_keep")[-2:] == ["-", "-"]
+    # the settings must have run the same folds: one fold short (a partial run) is not pooled
+    path = tmp_path / "fedmkt_transfer_bf16" / "suite.json"
+    data = json.loads(path.read_text())
+    data["claims"][0]["per_seed"] = {k: per_fold[1][k] for k in "012"}
+    path.write_text(json.dumps(data))
+    row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
+    assert row[-1] == "not computed: the folds differ between settings"
+
+
+def test_the_pooled_verdict_moves_with_a_setting_s_fold_differences(tmp_path):
+    for name in ("fedmkt_transfer", "fedmkt_transfer_bf16"):
+        shutil.copytree(SUITES / name, tmp_path / name)
+    path = tmp_path / "fedmkt_transfer_bf16" / "suite.json"
+    data = json.loads(path.read_text())
+    claim = data["claims"][0]
+    claim["per_seed"] = dict(json.loads((tmp_path / "fedmkt_transfer" / "suite.json")
+                                        .read_text())["claims"][0]["per_seed"])
+    claim["verdict"] = "reproduced"
+    path.write_text(json.dumps(data))
+    row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
+    assert row[-2] == "reproduced under all 2"
+    assert row[-1].startswith("reproduced: +0.3507 [")  # both settings' own folds: fp32's
