@@ -183,7 +183,8 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
 
     try:
         run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
-                  rerun_changed=args.rerun_changed, keep=args.keep)
+                  rerun_changed=args.rerun_changed, keep=args.keep,
+                  runs_from=args.runs_from or ())
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -473,6 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--keep", metavar="DIR",
                    help="keep each run's records (no weights) into DIR as it finishes, as "
                         "`fedkt suite keep` does; a DIR it would refuse is refused first")
+    q.add_argument("--runs-from", metavar="DIR", action="append",
+                   help="take each finished run of the suite folder DIR (or a kept one) "
+                        "that this suite would make itself, the same config and setting, "
+                        "rather than run it again (repeatable)")
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")

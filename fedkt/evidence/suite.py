@@ -29,7 +29,9 @@ whose last round is checkpointed is skipped; a started one is resumed; so after
 a crash or Ctrl-C the same command finishes only what is missing; a run whose kept config
 differs from what the (edited) suite file gives it is refused by name unless
 ``rerun_changed``.  ``--jobs N``
-runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).  The
+runs N at once (each a ``fedkt`` process with ``cores / N`` torch threads).
+``--runs-from DIR`` takes each finished run of another suite folder that this suite would
+make itself (the same config and setting) instead of running it again.  The
 suite ends with ``suite.md`` (the table and the claims' verdicts), ``suite.json``
 and ``plots/``; a ``comparison`` section adds the cross-method table
 (:mod:`fedkt.evidence.method_table`).
@@ -45,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -486,7 +489,8 @@ def load_suite_folder(folder: str | Path) -> Suite:
 
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
               quiet: bool = False, rerun_changed: bool = False,
-              keep: str | Path | None = None) -> Path:
+              keep: str | Path | None = None,
+              runs_from: Sequence[str | Path] = ()) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder.
 
     A run of the folder made with another config than the suite file now gives it (an
@@ -494,9 +498,18 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     runs; ``rerun_changed`` runs those again from the start instead.  ``keep`` is a
     folder the finished runs' records are kept into (:func:`keep_runs`) as each run
     finishes, so a suite stopped at any point has kept every run it finished; a folder
-    :func:`keep_runs` would refuse is refused before anything runs."""
+    :func:`keep_runs` would refuse is refused before anything runs.  ``runs_from``: suite
+    folders whose finished runs this suite would make itself (the same config and setting)
+    are taken from them (:func:`take_runs`) rather than run again."""
     suite = load_suite(path, output_dir)
     threads = max(1, physical_cores() // max(1, jobs))
+    if runs_from:
+        taken, refused = take_runs(suite, runs_from, threads=threads)
+        if not quiet:
+            for arm, seed, source in taken:
+                print(f"suite {suite.cfg.name}: {arm} seed {seed}: taken from {source}")
+            for line in refused:
+                print(f"suite {suite.cfg.name}: not taken: {line}")
     todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet, threads=threads)
     suite.folder.mkdir(parents=True, exist_ok=True)
     # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
@@ -1093,18 +1106,67 @@ def keep_runs(source: str | Path, dest: str | Path,
     size = 0
     for arm, seed in done:
         run_dir = suite.run_dir(arm, seed)
-        target = dest / run_dir.relative_to(source)
-        # the checkpoint index last: a copy stopped part-way leaves a run that is not done
-        index = f"checkpoints/{LATEST_FILE}"
-        files = [run_dir / name for name in KEPT_FILES
-                 if name != index and (run_dir / name).is_file()]
-        files += sorted(p for p in (run_dir / "predictions").rglob("*") if p.is_file())
-        files.append(run_dir / index)
-        for path in files:
-            out = target / path.relative_to(run_dir)
-            if path.resolve() == out.resolve():
-                continue
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, out)
-            size += path.stat().st_size
+        size += copy_records(run_dir, dest / run_dir.relative_to(source))
     return len(done), size
+
+
+def copy_records(run_dir: Path, target: Path) -> int:
+    """Copy a finished run's records (:data:`KEPT_FILES` and ``predictions/``; no weights)
+    into ``target``, the checkpoint index last, so a copy stopped part-way leaves a run
+    that is not done.  Returns the bytes copied."""
+    import shutil
+
+    index = f"checkpoints/{LATEST_FILE}"
+    files = [run_dir / name for name in KEPT_FILES
+             if name != index and (run_dir / name).is_file()]
+    files += sorted(p for p in (run_dir / "predictions").rglob("*") if p.is_file())
+    files.append(run_dir / index)
+    size = 0
+    for path in files:
+        out = target / path.relative_to(run_dir)
+        if path.resolve() == out.resolve():
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, out)
+        size += path.stat().st_size
+    return size
+
+
+def take_runs(suite: Suite, sources: Sequence[str | Path], *, threads: int | None = None
+              ) -> tuple[list[tuple[str, int, Path]], list[str]]:
+    """Copy into ``suite``'s folder the records of each finished run of the suite folders
+    ``sources`` that ``suite`` would make itself: the same config, by
+    :func:`config_changes` (another arm name, suite or folder is no difference), and the
+    setting a run started here now would have (:func:`setting_changes`; ``threads`` as
+    :func:`plan_runs` takes it).  Suites that share runs (one suite's arms and seeds
+    repeated in another's design) then run each once.  A run already in the folder is left
+    as it is; a matching run of another setting is not taken.  Returns the runs taken,
+    ``(arm, seed, the run folder it came from)``, and one line per run not taken for its
+    setting."""
+    now = current_setting(threads)
+    others = []
+    for source in sources:
+        other = load_suite_folder(source)
+        others += [(other.run_dir(a, s), cfg) for (a, s), cfg in other.runs.items()
+                   if run_state(other.run_dir(a, s), cfg.rounds) == "done"]
+    taken: list[tuple[str, int, Path]] = []
+    refused: list[str] = []
+    for (arm, seed), cfg in suite.runs.items():
+        run_dir = suite.run_dir(arm, seed)
+        if run_state(run_dir, cfg.rounds) != "new" or (run_dir / CONFIG_FILE).is_file():
+            continue
+        mine = {**now, "torch_threads": cfg.runtime.torch_threads} if (
+            cfg.runtime.torch_threads) else now
+        for source_dir, other_cfg in others:
+            if other_cfg.seed != cfg.seed or other_cfg.rounds != cfg.rounds or \
+                    config_changes(source_dir, cfg):
+                continue
+            diff = setting_changes(source_dir, mine)
+            if diff:
+                refused.append(f"{arm} seed {seed}: {source_dir} was computed under another "
+                               f"setting ({'; '.join(diff)})")
+                continue
+            copy_records(source_dir, run_dir)
+            taken.append((arm, seed, source_dir))
+            break
+    return taken, refused

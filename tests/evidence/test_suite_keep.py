@@ -231,3 +231,52 @@ def test_a_keep_stopped_part_way_leaves_no_run_that_looks_done(tmp_path):
     assert (dest / "fedavg" / "seed_0" / "metrics.jsonl").is_file()  # copied before it
     assert not (dest / "fedavg" / "seed_0" / "checkpoints" / "latest.json").exists()
     assert dict(((a, s), st) for a, s, st in suite_status(dest))[("fedavg", 0)] != "done"
+
+
+def test_runs_another_suite_made_with_the_same_config_and_setting_are_taken_not_run(
+        tmp_path, capsys):
+    """`--runs-from DIR`: a suite whose design repeats another's runs (other arm names,
+    more seeds, an arm of its own) takes the finished ones that match by config and
+    setting, records only, and plans the rest."""
+    from fedkt.evidence.suite import take_runs
+
+    path = _suite(tmp_path)  # the quick suite: fedavg and standalone, seeds 0 and 1
+    here = current_setting(1)
+    _finish(path, here)
+    other = load_suite(path)
+    odd_run = other.run_dir("standalone", 1)
+    (odd_run / "environment.json").write_text(json.dumps([{"from_round": 1, **here,
+                                                            "cpu_model": "another CPU"}]))
+    data = yaml.safe_load(path.read_text())
+    data.update(name="quick_more", seeds=[0, 1, 2], output_dir=str(tmp_path / "more"))
+    data["arms"] = {"shared": {}, "standalone": data["arms"]["standalone"],
+                    "fedavg_lr": {"training": {"lr": 0.5}}}
+    data["primary"] = "shared.clients.accuracy > standalone.clients.accuracy"
+    data.pop("claims", None)
+    more = tmp_path / "more.yaml"
+    more.write_text(yaml.safe_dump(data))
+    suite = load_suite(more)
+    taken, refused = take_runs(suite, [tmp_path / "out"], threads=1)
+    assert sorted((arm, seed, str(src.relative_to(tmp_path))) for arm, seed, src in taken) == [
+        ("shared", 0, "out/fedavg/seed_0"), ("shared", 1, "out/fedavg/seed_1"),
+        ("standalone", 0, "out/standalone/seed_0")]
+    assert refused == [f"standalone seed 1: {odd_run} was computed under another setting "
+                       f"(cpu_model: another CPU -> {here['cpu_model']})"]
+    run = suite.run_dir("shared", 1)
+    files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+    assert files == ["checkpoints/latest.json", "config.yaml", "environment.json",
+                     "metrics.jsonl", "predictions/round_0001/server.json.gz", "summary.md"]
+    for name in files:
+        assert (run / name).read_bytes() == (other.run_dir("fedavg", 1) / name).read_bytes()
+    todo = plan_runs(load_suite(more), threads=1)
+    assert sorted((arm, seed, state) for arm, seed, _, state in todo) == [
+        ("fedavg_lr", 0, "new"), ("fedavg_lr", 1, "new"), ("fedavg_lr", 2, "new"),
+        ("shared", 2, "new"), ("standalone", 1, "new"), ("standalone", 2, "new")]
+    # a run the folder already holds is left as it is; asking again takes nothing
+    (run / "metrics.jsonl").write_text("mine\n")
+    assert take_runs(load_suite(more), [tmp_path / "out"], threads=1)[0] == []
+    assert (run / "metrics.jsonl").read_text() == "mine\n"
+    # a folder that is not a suite folder is refused before anything runs
+    assert main(["suite", "run", str(more), "--runs-from", str(tmp_path / "nope"), "-q"]) == 2
+    assert "no suite.yaml" in capsys.readouterr().err
+    assert not suite.run_dir("fedavg_lr", 0).exists()
