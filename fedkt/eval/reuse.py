@@ -82,14 +82,14 @@ from fedkt.infra.cache import CACHE_ERRORS, EntryBusy, cache_dir, cached
 from fedkt.infra.environment import kernels, libraries, numerics
 from fedkt.infra.timing import now, phase, saved
 
-__all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats", "store",
-           "tensor_digest", "tensors", "tokenizer_digest"]
+__all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "source_files",
+           "stats", "store", "tensor_digest", "tensors", "tokenizer_digest"]
 
 # The folder of reuse entries (default: fedkt's cache folder's reuse/).
 ENV = "FEDKT_REUSE_CACHE"
 # Seconds a run waits for an entry another process builds before computing it itself.
 WAIT_ENV = "FEDKT_REUSE_WAIT"
-_VERSION = 3  # of the entries' format and of what the keys cover
+_VERSION = 4  # of the entries' format and of what the keys cover (4: every fedkt file)
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -258,16 +258,24 @@ def tokenizer_digest(tokenizer: Any) -> str:
                    "truncation_side": getattr(tokenizer, "truncation_side", None)})
 
 
+def source_files() -> list[Path]:
+    """Every fedkt source file (the package's ``*.py``, sorted): the code
+    :func:`code_digest` holds, training and knowledge as well as evaluation."""
+    return sorted(_PACKAGE.rglob("*.py"))
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # fedkt/, not this module's fedkt/eval/
+
+
 @functools.cache
 def code_digest() -> str:
-    """fedkt's source files, the versions of torch, transformers and peft, and what picks
-    the kernels (:func:`fedkt.infra.environment.kernels`: the CPU's capability and matrix flags
-    such as AMX, oneDNN's ISA cap, the GPU): a result computed by other code or kernels is
-    never reused."""
+    """fedkt's source files (:func:`source_files`), the versions of torch, transformers and
+    peft, and what picks the kernels (:func:`fedkt.infra.environment.kernels`: the CPU's
+    capability and matrix flags such as AMX, oneDNN's ISA cap, the GPU): a result computed
+    by other code or kernels is never reused."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in source_files():
+        h.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(json.dumps({**libraries(), **kernels()}, sort_keys=True).encode())
     return h.hexdigest()
 

@@ -130,3 +130,17 @@ def test_numerics_are_read_when_asked_and_a_run_records_its_clients_threads(make
     [entry] = read_environment(cfg.run_dir)
     assert (entry["client_threads"], entry["client_workers"]) == (1, 1)
     assert entry["client_threads_from"] == "runtime.local.client_threads=1"
+
+
+def test_the_reuse_key_holds_every_fedkt_source_file_not_only_the_evaluations():
+    """A stored training, distillation or knowledge set is keyed by the code that made it:
+    training and alignment sources count, not only fedkt/eval's."""
+    import fedkt
+    from fedkt.eval.reuse import source_files
+
+    package = Path(fedkt.__file__).resolve().parent
+    files = source_files()
+    assert set(files) == set(package.rglob("*.py"))
+    for name in ("train/lm.py", "alignment/choices.py", "methods/fedmkt/algorithm.py",
+                 "eval/reuse.py"):
+        assert package / name in files
