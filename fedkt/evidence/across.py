@@ -261,9 +261,17 @@ def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -
 
 
 def _cell(claim: dict[str, Any] | None, unit: str = "seed") -> str:
+    """One setting's cell: estimate, CI and each unit's difference, then the verdict; a
+    joint claim's (its fields hold each part's, joined by ``; ``) part by part."""
     if claim is None:
         return "-"
     word = claim["verdict"] + (" (why below)" if claim.get("reason") else "")
+    ests, cis = str(claim["estimate"]).split("; "), str(claim["ci"]).split("; ")
+    per = str(claim.get("per_seed_text") or "-").split("; ")
+    if len(ests) > 1 and len(ests) == len(cis) == len(per):
+        parts = [f"part {k}: {e} {c}; per {unit} {d}"
+                 for k, (e, c, d) in enumerate(zip(ests, cis, per, strict=True), 1)]
+        return _one_line("; ".join(parts) + f"; {word}")
     return _one_line(f"{claim['estimate']} {claim['ci']}; per {unit} "
                      f"{claim.get('per_seed_text') or '-'}; {word}")
 
@@ -396,8 +404,12 @@ def across_report(specs: list[str | Path]) -> str:
             lines.append(f"- note: {label} reports the same environment as "
                          f"{seen[tuple(r.environment)]}; this is not a second kernel setting")
         seen.setdefault(tuple(r.environment), label)
-    lines += ["", "Each environment's cell: estimate, CI (items, seeds), each seed's (fold's) "
-              "difference, that suite's verdict. across: the verdict every environment "
+    folds = {r.folds for r in results}
+    what = ("CI (items, seeds, folds), each fold's difference" if folds == {True} else
+            "CI (items, seeds), each seed's difference" if folds == {False} else
+            "CI, each seed's (or fold's) difference")
+    lines += ["", f"Each environment's cell: estimate, {what}, that suite's verdict (a joint "
+              "claim: part by part). across: the verdict every environment "
               "gave; machine-dependent only where two decided opposite sides (one reproduced, "
               "one contradicted), differs where they disagree otherwise. pooled: per fold, "
               "the difference averaged over the environments, Student's t over those fold "

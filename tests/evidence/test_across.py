@@ -268,3 +268,24 @@ def test_a_suite_with_folds_lists_its_differences_per_fold(tmp_path):
         f"---|\n| primary | {PRIMARY} | +0.1000 | [+0.0100, +0.2000] | [+0.0, +0.2] | +0.1 | "
         "0.05 | reproduced |\n")
     assert read_suite_result(by_fold).unit == "fold"
+
+
+def test_each_published_across_table_is_what_its_folders_generate(monkeypatch):
+    """docs/suites/*/across.md: regenerating each from the folders its header names, with
+    the same labels, gives the file as committed."""
+    import re
+
+    from fedkt.evidence.across import across_report
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    tables = sorted((root / "docs" / "suites").glob("*/across.md"))
+    assert tables
+    for table in tables:
+        text = table.read_text()
+        specs = [f"{label}={folder}" for label, folder in
+                 re.findall(r"^\d+\. \*\*(.+?)\*\* \(`(.+?)`\)$", text, re.MULTILINE)]
+        assert len(specs) >= 2, table
+        assert across_report(specs) == text, (
+            f"{table} differs from its folders: run `fedkt suite across "
+            f"{' '.join(specs)} -o {table.relative_to(root)}`")
