@@ -258,13 +258,13 @@ def tokenizer_digest(tokenizer: Any) -> str:
                    "truncation_side": getattr(tokenizer, "truncation_side", None)})
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # fedkt/, not this module's fedkt/eval/
+
+
 def source_files() -> list[Path]:
     """Every fedkt source file (the package's ``*.py``, sorted): the code
     :func:`code_digest` holds, training and knowledge as well as evaluation."""
     return sorted(_PACKAGE.rglob("*.py"))
-
-
-_PACKAGE = Path(__file__).resolve().parents[1]  # fedkt/, not this module's fedkt/eval/
 
 
 @functools.cache
