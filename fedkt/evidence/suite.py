@@ -405,6 +405,13 @@ def current_setting(threads: int | None) -> dict[str, Any]:
     return env
 
 
+def _run_setting(now: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
+    """The setting a run of ``cfg`` started now gets: ``now``, but the config's own thread
+    count wins where it sets one, as when the run starts (:func:`run_suite`)."""
+    threads = cfg.runtime.torch_threads
+    return {**now, "torch_threads": threads} if threads else now
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -435,10 +442,7 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True,
         if keys:  # an edited suite file: refused or rerun below, whatever its setting
             changed[(arm, seed)] = keys
             continue
-        # the config's own thread count wins, as when the run starts (run_suite)
-        mine = {**now, "torch_threads": cfg.runtime.torch_threads} if (
-            cfg.runtime.torch_threads) else now
-        diff = setting_changes(run_dir, mine)
+        diff = setting_changes(run_dir, _run_setting(now, cfg))
         if diff:
             moved[(arm, seed)] = diff
     if moved:
@@ -1155,11 +1159,9 @@ def take_runs(suite: Suite, sources: Sequence[str | Path], *, threads: int | Non
         run_dir = suite.run_dir(arm, seed)
         if run_state(run_dir, cfg.rounds) != "new" or (run_dir / CONFIG_FILE).is_file():
             continue
-        mine = {**now, "torch_threads": cfg.runtime.torch_threads} if (
-            cfg.runtime.torch_threads) else now
+        mine = _run_setting(now, cfg)
         for source_dir, other_cfg in others:
-            if other_cfg.seed != cfg.seed or other_cfg.rounds != cfg.rounds or \
-                    config_changes(source_dir, cfg):
+            if other_cfg.seed != cfg.seed or config_changes(source_dir, cfg):
                 continue
             diff = setting_changes(source_dir, mine)
             if diff:
