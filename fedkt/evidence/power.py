@@ -160,22 +160,26 @@ def claim_power(claim: str, per_fold: list[float], low: float, high: float,
                       planned)
 
 
-def _wall_per_fold(folder: Path, seeds: int, per_fold: int = 1) -> float | None:
-    """Seconds one fold of the pilot took, all arms and seeds together: from the runs'
-    metrics rows where the folder has them (``seeds``: the folds they make up), else its
-    "Where the time went" table (an arm's mean run, times ``per_fold`` seeds a fold)."""
-    from fedkt.tracking.rows import read_rows, run_wall_time
+def _wall_per_fold(folder: Path, seeds: int, per_fold: int = 1
+                   ) -> tuple[float, float] | None:
+    """Seconds one fold of the pilot took, all arms and seeds together, and what it would
+    have taken with nothing served from the reuse store (each run's wall time plus the
+    seconds reuse spared it): from the runs' metrics rows where the folder has them
+    (``seeds``: the folds they make up), else its "Where the time went" table (an arm's
+    mean run, times ``per_fold`` seeds a fold)."""
+    from fedkt.tracking.rows import read_rows, time_breakdown
 
-    walls = []
+    walls, wholes = [], []
     for metrics in sorted(folder.glob("*/**/metrics.jsonl")):
         try:
-            wall = run_wall_time(read_rows(metrics))
+            spent = time_breakdown(read_rows(metrics))
         except (OSError, ValueError):
-            wall = None
-        if wall is not None:
-            walls.append(wall)
+            spent = None
+        if spent is not None:
+            walls.append(spent["wall"])
+            wholes.append(spent["wall"] + spent["saved"])
     if walls:
-        return sum(walls) / max(1, seeds)
+        return sum(walls) / max(1, seeds), sum(wholes) / max(1, seeds)
     table = folder / "suite.md"
     if not table.is_file():
         return None
@@ -184,13 +188,21 @@ def _wall_per_fold(folder: Path, seeds: int, per_fold: int = 1) -> float | None:
         start = lines.index("## Where the time went")
     except ValueError:
         return None
-    per_arm = []
+    per_arm, spared, spared_at = [], [], None
     for line in lines[start:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) > 2 and cells[0] and cells[0] not in ("all runs",) and \
+        if line.startswith("## ") and line != lines[start]:
+            break
+        if len(cells) > 2 and not cells[0] and cells[1] == "wall (s)":  # the header
+            spared_at = next((i for i, c in enumerate(cells) if c.startswith("spared")), None)
+        elif len(cells) > 2 and cells[0] and cells[0] not in ("all runs",) and \
                 re.fullmatch(r"\d+(\.\d+)?", cells[1]):
             per_arm.append(float(cells[1]))  # an arm's mean wall seconds per run
-    return sum(per_arm) * per_fold if per_arm else None
+            got = cells[spared_at] if spared_at is not None and spared_at < len(cells) else ""
+            spared.append(float(got) if re.fullmatch(r"\d+(\.\d+)?", got) else 0.0)
+    if not per_arm:
+        return None
+    return sum(per_arm) * per_fold, (sum(per_arm) + sum(spared)) * per_fold
 
 
 def pilot_power(folder: str | Path, target_floor: float, target_half: float,
@@ -235,11 +247,12 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float,
         n_folds = min(declared, max(r.folds for r in rows)) if rows else declared
     else:  # each seed its own unit
         n_folds, per = seeds, 1
-    per_fold = _wall_per_fold(folder, n_folds, per)
+    spent = _wall_per_fold(folder, n_folds, per)
     arms = len({r.get("arm") for r in data.get("table", []) if not
                 str(r.get("arm", "")).startswith("round 0")}) or None
     return rows, {"seeds_per_fold": per, "arms": arms,
-                  "seconds_per_fold": per_fold, "folds": n_folds}
+                  "seconds_per_fold": spent[0] if spent else None,
+                  "whole_seconds_per_fold": spent[1] if spent else None, "folds": n_folds}
 
 
 def suite_targets(folder: str | Path) -> tuple[float | None, float | None]:
@@ -274,6 +287,9 @@ def power_report(folder: str | Path, target_floor: float = 0.10,
     if not rows:
         raise ValueError(f"{folder}: no claim with per-fold differences and an interval")
     pilot_m, arms, sec = design["seeds_per_fold"], design["arms"], design["seconds_per_fold"]
+    whole = design["whole_seconds_per_fold"]
+    if not (sec and whole and whole > sec * 1.01):  # reuse spared the pilot under 1%
+        whole = None
     table = []
     unplanned = []
     for r in rows:
@@ -287,6 +303,8 @@ def power_report(folder: str | Path, target_floor: float = 0.10,
         per_fold = sec * m / pilot_m if sec and pilot_m else sec
         runs = need * m * arms if need is not None and arms else None
         hours = need * per_fold / 3600 if need is not None and per_fold else None
+        upper = (f"-{need * whole * m / pilot_m / 3600:.1f}"
+                 if whole and hours is not None else "")
         split = r.split
         table.append([r.claim, str(r.folds), _sd(r.fold_sd), f"{r.item_se:.3f}",
                       _sd(split.seed_sd if split else None),
@@ -296,7 +314,7 @@ def power_report(folder: str | Path, target_floor: float = 0.10,
                       f"{bound}{r.folds_for_half}" if r.folds_for_half else f">{MAX_FOLDS}",
                       f"{bound}{need} x {m}" if need else "-",
                       f"{bound}{runs}" if runs else "-",
-                      f"{bound}{hours:.1f}" if hours is not None else "-"])
+                      f"{bound}{hours:.1f}{upper}" if hours is not None else "-"])
     plan = (f"- planned with {seeds} seed(s) per fold: the fold SD √(between² + seed SD² / "
             f"{seeds})" + (f"; {len(unplanned)} of {len(rows)} claim(s) kept at the pilot's "
                            f"{pilot_m}: no between-folds part to plan with (one fold, or one "
@@ -307,7 +325,10 @@ def power_report(folder: str | Path, target_floor: float = 0.10,
              f"- pilot: {design['folds']} fold(s), {pilot_m} seed(s) per fold, "
              f"{arms or '?'} arms; "
              + (f"{sec / 3600:.2f} h per fold (all arms and seeds, one after another)"
-                if sec else "no recorded wall times"),
+                if sec else "no recorded wall times")
+             + (f", up to {whole / 3600:.2f} h with nothing served from the reuse store "
+                "(each run's wall time plus the seconds it spared; hours: the range)"
+                if whole else ""),
              "- fold SD: of the per-fold differences; item SE: one fold's, from its test items; "
              "folds for a target: the smallest K >= 4 whose folds' t-interval reaches it "
              "(≥: one fold, the item SE standing in for the fold SD, a lower bound); seed SD: "

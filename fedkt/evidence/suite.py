@@ -972,12 +972,15 @@ def time_left(path: str | Path, output_dir: str | Path | None = None, *,
               suite: Suite | None = None) -> str:
     """One line: the runs left of a suite and their time, each left run at the mean wall
     time of its arm's finished runs in the folder (one run at a time, and at the runs at
-    once its runs' torch threads give this machine's cores).  ``suite``: the suite
-    ``path`` gives, already loaded."""
-    from fedkt.tracking.rows import read_rows, run_wall_time
+    once its runs' torch threads give this machine's cores).  Where the reuse store served
+    those runs part of their work, the line gives a range: up to each arm's mean wall time
+    plus the seconds reuse spared it (:func:`fedkt.tracking.rows.time_breakdown`), what a
+    left run costs if nothing it needs is stored.  ``suite``: the suite ``path`` gives,
+    already loaded."""
+    from fedkt.tracking.rows import read_rows
 
     suite = status_suite(path, output_dir) if suite is None else suite
-    walls: dict[str, list[float]] = {}
+    walls: dict[str, list[tuple[float, float]]] = {}  # arm -> (wall, wall + spared) a run
     threads: set[int] = set()
     left: list[str] = []
     for (arm, seed), cfg in suite.runs.items():
@@ -986,9 +989,9 @@ def time_left(path: str | Path, output_dir: str | Path | None = None, *,
             left.append(arm)
             continue
         metrics = run_dir / "metrics.jsonl"
-        wall = run_wall_time(read_rows(metrics)) if metrics.is_file() else None
-        if wall is not None:
-            walls.setdefault(arm, []).append(wall)
+        spent = time_breakdown(read_rows(metrics)) if metrics.is_file() else None
+        if spent is not None:
+            walls.setdefault(arm, []).append((spent["wall"], spent["wall"] + spent["saved"]))
         for entry in read_environment(run_dir):
             if isinstance(entry.get("torch_threads"), int):
                 threads.add(entry["torch_threads"])
@@ -998,13 +1001,18 @@ def time_left(path: str | Path, output_dir: str | Path | None = None, *,
     timed = [walls[a] for a in left if a in walls]
     if not timed:
         return head + "; no finished run of their arms to time them by"
-    seconds = sum(sum(w) / len(w) for w in timed)
+    seconds = sum(sum(w for w, _ in runs) / len(runs) for runs in timed)
+    whole = sum(sum(w for _, w in runs) / len(runs) for runs in timed)
+    ranged = whole > seconds * 1.01  # reuse spared the finished runs more than 1%
     line = (f"{head}; about {seconds / 3600:.1f} h of runs, each at its arm's mean wall "
             "time here")
-    if len(threads) == 1:
-        jobs = max(1, physical_cores() // threads.pop())
-        if jobs > 1:
-            line += f" ({seconds / 3600 / jobs:.1f} h at --jobs {jobs}, this machine's cores)"
+    if ranged:
+        line += (f", up to {whole / 3600:.1f} h with nothing served from the reuse store "
+                 "(each run's wall time plus the seconds it spared)")
+    jobs = max(1, physical_cores() // threads.pop()) if len(threads) == 1 else 1
+    if jobs > 1:
+        at = f"{seconds / 3600 / jobs:.1f}" + (f"-{whole / 3600 / jobs:.1f}" if ranged else "")
+        line += f" ({at} h at --jobs {jobs}, this machine's cores)"
     untimed = sorted({a for a in left if a not in walls})
     if untimed:
         line += (f"; and {len(left) - len(timed)} run(s) of arms not yet timed: "

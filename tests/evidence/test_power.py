@@ -197,3 +197,22 @@ def test_a_published_fold_suite_counts_every_seed_of_a_fold(tmp_path, capsys):
         "| a | 1800.0 | 1.0 (0%) |\n| b | 900.0 | 1.0 (0%) |\n| all runs | 10800.0 | 8 |\n")
     assert main(["suite", "power", str(folder)]) == 0
     assert "2 fold(s), 2 seed(s) per fold, 2 arms; 1.50 h per fold" in capsys.readouterr().out
+
+
+def test_hours_range_up_to_what_the_reuse_store_spared_the_pilot(tmp_path, capsys):
+    """A pilot whose runs the reuse store served part of: the hours run from its wall
+    times up to its wall times plus the seconds reuse spared (a published table's
+    "spared by reuse (s)" column), what the runs cost with nothing stored."""
+    folder = _pilot(tmp_path)
+    (folder / "suite.md").write_text(
+        "# Suite p\n\n## Where the time went\n\n"
+        "| | wall (s) | eval (s, %) | spared by reuse (s) |\n|---|---:|---:|---:|\n"
+        "| a | 1800.0 | 1.0 (0%) | 900.0 |\n| b | 900.0 | 1.0 (0%) | 0.0 |\n"
+        "| all runs | 10800.0 | 8 | 3600.0 |\n\n## Next\n\n| c | 5.0 | 1 | 7.0 |\n")
+    assert main(["suite", "power", str(folder), "--target-floor", "0.2",
+                 "--half-width", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "0.75 h per fold" in out and "up to 1.00 h with nothing served" in out
+    row = next(x for x in out.splitlines() if x.startswith("| a.server"))
+    # 9 folds x 2,700 s a fold, up to 9 x 3,600 s
+    assert row.strip("|").split("|")[-1].strip() == f"{9 * 0.75:.1f}-{9 * 1.0:.1f}"

@@ -218,6 +218,30 @@ def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp
            else "") + "; and 2 run(s) of arms not yet timed: fedavg")
 
 
+def test_status_gives_a_range_where_the_reuse_store_served_the_finished_runs(tmp_path):
+    """A finished run the reuse store spared 2,880 s of (its ``<phase>_saved_seconds``)
+    times a left run of its arm from its wall time up to its wall time plus those seconds:
+    what the run costs if nothing it needs is stored."""
+    from fedkt.evidence.suite import time_left
+    from fedkt.infra.precision import physical_cores
+
+    path = _suite(tmp_path)
+    _finish(path, current_setting(1), skip=("fedavg", 1))  # fedavg seed 1 left
+    suite = load_suite(path)
+    rows = [{"round": 1, "participant": "server", "wall_time": 720.0},  # served: 2,880 s
+            {"round": 1, "participant": "client_0", "eval_seconds": 1.0,
+             "eval_saved_seconds": 1800.0, "train_saved_seconds": 1080.0}]
+    (suite.run_dir("fedavg", 0) / "metrics.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in rows))
+    jobs = physical_cores()
+    assert time_left(path) == (
+        "left: 1 of 4 runs; about 0.2 h of runs, each at its arm's mean wall time here, "
+        "up to 1.0 h with nothing served from the reuse store (each run's wall time plus "
+        "the seconds it spared)"
+        + (f" ({0.2 / jobs:.1f}-{1.0 / jobs:.1f} h at --jobs {jobs}, this machine's cores)"
+           if jobs > 1 else ""))
+
+
 def test_a_keep_stopped_part_way_leaves_no_run_that_looks_done(tmp_path):
     """The checkpoint index is copied last: a copy that fails on a prediction file leaves
     that run started in DEST (it starts again), not done without its predictions."""
