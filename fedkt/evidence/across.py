@@ -7,9 +7,10 @@ that machine.  ``fedkt suite across A B ...`` reads the same suite's ``suite.jso
 folders made under different kernel settings and gives each claim:
 
 * each setting's own verdict, as its suite decided it (nothing recomputed);
-* a word across them: ``reproduced under all N`` (or contradicted, not resolved, fragile)
-  where every folder agrees; **machine-dependent** only where two settings decided
-  opposite sides (one reproduced, another contradicted); ``differs`` otherwise;
+* a word across them: ``reproduced under both`` (``under all N`` for three or more; or
+  contradicted, not resolved, fragile) where every folder agrees; **machine-dependent**
+  only where two settings decided opposite sides (one reproduced, another contradicted);
+  ``differs`` otherwise;
 * the **pooled verdict**, blocked by fold (:func:`fedkt.evidence.pooled.pooled_decision`):
   per fold, the difference averaged over the settings, and Student's t over those fold
   means, decided by the suite's rules (at least 4 folds, all but one on the side, the
@@ -243,7 +244,8 @@ def _one_line(text: Any) -> str:
 def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -> str:
     """One word from each environment's verdict (``None``: the claim is absent there).
 
-    Every environment agreeing gives their verdict (``reproduced under all 2``); two
+    Every environment agreeing gives their verdict (``reproduced under both``, ``... under
+    all 3``); two
     settings decided on opposite sides (reproduced and contradicted) give
     ``machine-dependent``; any other difference is ``differs`` (one setting decided,
     another could not: not evidence that the machine moves the answer)."""
@@ -253,7 +255,7 @@ def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -
             label for label, v in zip(labels, verdicts, strict=True) if v is None)
     first = verdicts[0]
     if all(v == first for v in verdicts):
-        return f"{first} under all {len(verdicts)}"
+        return f"{first} under " + ("both" if len(verdicts) == 2 else f"all {len(verdicts)}")
     words = " / ".join(str(v) for v in verdicts)
     if "reproduced" in verdicts and "contradicted" in verdicts:
         return "machine-dependent: " + words

@@ -35,7 +35,7 @@ def _folder(root: Path, name: str, claims: list[dict], env: list[str] | None,
 
 
 def test_joint_verdict_agrees_only_when_every_environment_does():
-    assert joint_verdict(["reproduced", "reproduced"]) == "reproduced under all 2"
+    assert joint_verdict(["reproduced", "reproduced"]) == "reproduced under both"
     assert joint_verdict(["not resolved"] * 3) == "not resolved under all 3"
     # one setting decided, another could not: that is not the machine moving the answer
     assert joint_verdict(["reproduced", "not resolved"]) == (
@@ -60,7 +60,7 @@ def test_report_pairs_claims_by_text_and_names_each_environment(tmp_path):
     text = across_report([f"bf16={amx}", str(fp32)])
     rows = {line.split("|")[2].strip(): line for line in text.splitlines()
             if line.startswith("| ") and "accuracy" in line}
-    assert rows[PRIMARY].split("|")[-3].strip() == "reproduced under all 2"
+    assert rows[PRIMARY].split("|")[-3].strip() == "reproduced under both"
     assert rows[PRIMARY].split("|")[1].strip() == "primary"
     assert rows[OTHER].split("|")[-3].strip() == "differs: reproduced / fragile"
     assert "| bf16 | fp32 |" in text.replace("|  | claim ", "")

@@ -102,5 +102,5 @@ def test_the_pooled_verdict_moves_with_a_setting_s_fold_differences(tmp_path):
     claim["verdict"] = "reproduced"
     path.write_text(json.dumps(data))
     row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
-    assert row[-2] == "reproduced under all 2"
+    assert row[-2] == "reproduced under both"
     assert row[-1].startswith("reproduced: +0.3507 [")  # both settings' own folds: fp32's
