@@ -24,7 +24,8 @@ of them, and a repeated key reads the stored result instead of running the model
   oneDNN and TF32 switches, and the variables that pick kernels (``ONEDNN_MAX_CPU_ISA``,
   ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``, ...:
   :data:`fedkt.infra.environment.KERNEL_ENV`);
-* the code (:func:`code_digest`): every fedkt source file, the versions of torch,
+* the code (:func:`code_digest`): every fedkt source file but those of the packages that
+  only read finished runs (:data:`READERS`: ``fedkt/evidence``), the versions of torch,
   transformers and peft, and what picks the kernels (torch's CPU capability, the CPU's
   matrix flags such as AMX, ``ONEDNN_MAX_CPU_ISA``, the GPU:
   :func:`fedkt.infra.environment.kernels`).
@@ -89,7 +90,7 @@ __all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "source
 ENV = "FEDKT_REUSE_CACHE"
 # Seconds a run waits for an entry another process builds before computing it itself.
 WAIT_ENV = "FEDKT_REUSE_WAIT"
-_VERSION = 4  # of the entries' format and of what the keys cover (4: every fedkt file)
+_VERSION = 5  # of the entries' format and what the keys cover (5: fedkt but READERS)
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -261,10 +262,19 @@ def tokenizer_digest(tokenizer: Any) -> str:
 _PACKAGE = Path(__file__).resolve().parents[1]  # fedkt/, not this module's fedkt/eval/
 
 
+#: fedkt's packages that read finished runs (tables, verdicts, suites, power) and compute
+#: nothing the store keeps: left out of :func:`code_digest`, so a change to a report does
+#: not void every stored result.  A test runs a job that builds every kind of entry and
+#: checks that none of their code runs while one is built.
+READERS = ("evidence",)
+
+
 def source_files() -> list[Path]:
-    """Every fedkt source file (the package's ``*.py``, sorted): the code
-    :func:`code_digest` holds, training and knowledge as well as evaluation."""
-    return sorted(_PACKAGE.rglob("*.py"))
+    """Every fedkt source file but the readers' (the package's ``*.py``, sorted, without
+    :data:`READERS`): the code :func:`code_digest` holds, training and knowledge as well as
+    evaluation."""
+    return sorted(p for p in _PACKAGE.rglob("*.py")
+                  if p.relative_to(_PACKAGE).parts[0] not in READERS)
 
 
 @functools.cache

@@ -500,3 +500,50 @@ def test_a_repeated_distillation_is_reused_with_identical_rows(
     assert unsized(rows_on) == unsized(rows_off)
     assert _prediction_bytes(on.run_dir) == _prediction_bytes(fresh.run_dir) \
         == _prediction_bytes(off.run_dir)
+
+
+def test_no_stored_result_is_built_by_the_packages_the_key_leaves_out(make_config, reuse_store,
+                                                                     monkeypatch):
+    """The key's code leaves out fedkt/evidence (``reuse.READERS``: it reads finished runs).
+    A label-free FedMKT round builds every kind of entry (evaluations, trainings, knowledge
+    sets, choice distillations), and no function of a left-out package runs while one is
+    built, in any thread: a stored result never depends on their code."""
+    import sys
+
+    readers = tuple(str(reuse._PACKAGE / name) + "/" for name in reuse.READERS)
+    building: list[str] = []
+    hits: list[str] = []
+    real = reuse.cached
+
+    def spy(path, build, *args, **kwargs):
+        def traced(tmp):
+            building.append(Path(path).parent.name)
+            try:
+                return build(tmp)
+            finally:
+                building.pop()
+        return real(path, traced, *args, **kwargs)
+
+    def profile(frame, event, arg):
+        if event == "call" and building and frame.f_code.co_filename.startswith(readers):
+            hits.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name} ({building[-1]})")
+
+    monkeypatch.setattr(reuse, "cached", spy)
+    cfg = make_config("server={name: tiny-llama, tiny: {hidden_size: 96, num_layers: 3}}",
+                      "clients.models=[{name: tiny-gpt2}]",
+                      "data.split={scheme: fedmkt, test_size: 16, server_size: 60}",
+                      "data.classes={server: '0-2', private: '3-6'}", "data.max_public=8",
+                      "data.max_private_per_client=12", "data.public_labels=false",
+                      "training.lora.target_modules=all-linear", "training.reuse=true",
+                      "method.knowledge=choices", "method.selection=entropy",
+                      "method.ft_weight=0", "rounds=1", "eval.round0=true", method="fedmkt")
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        _run(cfg)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    built = {p.name for p in reuse_store.iterdir() if any(p.iterdir())}
+    assert {"eval", "knowledge", "train", "distill"} <= built, built
+    assert not hits, hits[:5]
