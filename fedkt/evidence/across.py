@@ -245,8 +245,7 @@ def joint_verdict(verdicts: list[str | None], labels: list[str] | None = None) -
     """One word from each environment's verdict (``None``: the claim is absent there).
 
     Every environment agreeing gives their verdict (``reproduced under both``, ``... under
-    all 3``); two
-    settings decided on opposite sides (reproduced and contradicted) give
+    all 3``); two settings decided on opposite sides (reproduced and contradicted) give
     ``machine-dependent``; any other difference is ``differs`` (one setting decided,
     another could not: not evidence that the machine moves the answer)."""
     labels = labels or [str(i + 1) for i in range(len(verdicts))]
