@@ -30,6 +30,7 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
+from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.claims import ClaimError, Decision, Joint, decide_joint, parse_claim
 from fedkt.evidence.pooled import Pooled, pooled_decision
 from fedkt.tracking.tables import format_table
@@ -49,6 +50,7 @@ class SuiteResult:
     environment: list[str]
     paper: dict[str, Any] | None = None  # the paper's numbers beside the suite's, if any
     folds: bool = False  # its claims' units are folds (seeds inside them), not seeds
+    choice: dict[str, Any] | None = None  # a pilot's choice (fedkt.evidence.choice), if any
 
     @property
     def unit(self) -> str:
@@ -217,8 +219,20 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     paper = data.get("paper")
     if paper is not None:
         _check_paper(paper, f"{result}: paper")
+    choice = data.get("choice")
+    if choice is not None:
+        _check_choice(choice, f"{result}: choice")
     return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper,
-                       folds=bool(data.get("folds")))
+                       folds=bool(data.get("folds")), choice=choice)
+
+
+def _check_choice(choice: Any, where: str) -> None:
+    """Refuse a ``choice`` entry of suite.json that the results page could not render."""
+    try:
+        choice_markdown(choice)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{where}: not a choice fedkt wrote ({type(exc).__name__}: "
+                         f"{exc})") from None
 
 
 def _check_paper(paper: Any, where: str) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedkt.evidence.across import SuiteResult, primary_across, read_suite_result
+from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.paper import paper_markdown
 from fedkt.tracking.tables import format_table
 
@@ -195,6 +196,8 @@ def results_markdown(root: Path, command: str = "python -m fedkt.evidence.result
         ]
         if suite.result.paper:
             lines += [paper_markdown(suite.result.paper), ""]
+        if suite.result.choice:
+            lines += [choice_markdown(suite.result.choice), ""]
     return "\n".join(lines)
 
 

@@ -64,6 +64,7 @@ from fedkt.config import (
 )
 from fedkt.configs.catalog import UnknownConfigError, resolve_config
 from fedkt.eval.predictions import read_predictions
+from fedkt.evidence.choice import ChoiceRule, check_choice, choice_markdown, choose
 from fedkt.evidence.claims import (
     Claim,
     ClaimError,
@@ -142,6 +143,9 @@ class SuiteConfig(_Strict):
     # A paper's table this suite runs at reduced scale: its numbers beside the suite's
     # (fedkt.evidence.paper); they decide nothing.
     paper: PaperReference | None = None
+    # A pilot's rule for which arm a later suite tests (fedkt.evidence.choice), declared
+    # before it runs and applied by the report.
+    choice: ChoiceRule | None = None
 
     @field_validator("arms")
     @classmethod
@@ -263,6 +267,11 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
     if cfg.paper is not None:
         try:
             check_paper(cfg.paper, set(cfg.arms), cfg.groups)
+        except ValueError as exc:
+            raise ConfigError(f"suite {path}: {exc}") from None
+    if cfg.choice is not None:
+        try:
+            check_choice(cfg.choice, set(cfg.arms), cfg.groups)
         except ValueError as exc:
             raise ConfigError(f"suite {path}: {exc}") from None
     if cfg.seeds_per_fold is not None and cfg.folds is None:
@@ -746,6 +755,17 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
                               ("all runs", sum_breakdown([time_breakdown(r.info.rows)
                                                           for g in present.values()
                                                           for r in g.runs]))]), ""]
+    choice = None
+    if cfg.choice is not None:
+        def mean(arm: str, ref: str) -> float | None:
+            try:
+                got = groups[arm].mean_std(*ref.split(".")) if groups[arm].runs else None
+            except ValueError:  # e.g. a group the arm's runs lack
+                got = None
+            return None if got is None else got[0]
+
+        choice = choose(cfg.choice, mean, missing)
+        text += ["## The pilot's choice", "", choice_markdown(choice), ""]
     paper = None
     if cfg.paper is not None:
         paper = paper_result(cfg.paper, lambda ref: _paper_value(suite, groups, ref))
@@ -761,7 +781,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
          "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines,
          **({"peak_rss_mb": peaks} if peaks else {}),
-         **({"paper": paper} if paper is not None else {})},
+         **({"paper": paper} if paper is not None else {}),
+         **({"choice": choice} if choice is not None else {})},
         indent=2, default=float) + "\n")
     suite_plots(out_dir, present, cfg.groups, metrics, baseline, rows_json)
     return out
