@@ -745,16 +745,6 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
                      format_table(["claim", "floor", "target floor", "met",
                                    "half-width", "target half-width", "met"], targets,
                                   markdown=True), ""]
-    text += ["## Where the time went", "",
-             "Mean over seeds of each run's seconds per phase (fedkt.infra.timing), summed over "
-             "its participants; other: the wall time no phase covers; all runs: the sum "
-             "over every run of the suite (its runs one after another).", "",
-             breakdown_table([*((arm, mean_breakdown([time_breakdown(r.info.rows)
-                                                      for r in g.runs]))
-                                for arm, g in present.items()),
-                              ("all runs", sum_breakdown([time_breakdown(r.info.rows)
-                                                          for g in present.values()
-                                                          for r in g.runs]))]), ""]
     choice = None
     if cfg.choice is not None:
         def mean(arm: str, ref: str) -> float | None:
@@ -766,6 +756,16 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
 
         choice = choose(cfg.choice, mean, missing)
         text += ["## The pilot's choice", "", choice_markdown(choice), ""]
+    text += ["## Where the time went", "",
+             "Mean over seeds of each run's seconds per phase (fedkt.infra.timing), summed over "
+             "its participants; other: the wall time no phase covers; all runs: the sum "
+             "over every run of the suite (its runs one after another).", "",
+             breakdown_table([*((arm, mean_breakdown([time_breakdown(r.info.rows)
+                                                      for r in g.runs]))
+                                for arm, g in present.items()),
+                              ("all runs", sum_breakdown([time_breakdown(r.info.rows)
+                                                          for g in present.values()
+                                                          for r in g.runs]))]), ""]
     paper = None
     if cfg.paper is not None:
         paper = paper_result(cfg.paper, lambda ref: _paper_value(suite, groups, ref))
