@@ -20,9 +20,9 @@ arm the next suite tests and why.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from fedkt.config import _Strict
 from fedkt.tracking.tables import format_table
@@ -35,29 +35,22 @@ def _group_metric(text: str) -> str:
     return text
 
 
+GroupMetric = Annotated[str, AfterValidator(_group_metric)]  # "GROUP.METRIC"
+
+
 class KeepRule(_Strict):
     """An arm is eligible when its ``metric`` is at least ``against``'s less ``margin``."""
 
-    metric: str
+    metric: GroupMetric
     against: str = Field(..., min_length=1)
     margin: float = Field(0.0, ge=0)
-
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, text: str) -> str:
-        return _group_metric(text)
 
 
 class TieRule(_Strict):
     """Arms within ``within`` of the best are decided by ``by``."""
 
     within: float = Field(..., ge=0)
-    by: str
-
-    @field_validator("by")
-    @classmethod
-    def _by(cls, text: str) -> str:
-        return _group_metric(text)
+    by: GroupMetric
 
 
 class ChoiceRule(_Strict):
@@ -65,13 +58,8 @@ class ChoiceRule(_Strict):
 
     among: list[str] = Field(..., min_length=2)
     keep: KeepRule | None = None
-    best: str
+    best: GroupMetric
     ties: TieRule | None = None
-
-    @field_validator("best")
-    @classmethod
-    def _best(cls, text: str) -> str:
-        return _group_metric(text)
 
     @field_validator("among")
     @classmethod
@@ -111,17 +99,18 @@ def choose(rule: ChoiceRule, mean: Mean, missing: list[str] | None = None) -> di
     arms = [*rule.among, *([rule.keep.against] if rule.keep else [])]
     waiting = [m for m in missing or [] if m.split(" seed ")[0] in arms]
     base = {"among": rule.among, "rule": rule.model_dump(mode="json")}
+
+    def not_computed(why: str) -> dict[str, Any]:
+        return {**base, "chosen": None, "rows": [], "reason": f"not computed: {why}"}
+
     if waiting:
-        return {**base, "chosen": None, "rows": [],
-                "reason": f"not computed: {len(waiting)} of its arms' runs not finished "
-                          f"({', '.join(waiting[:4])}{', ...' if len(waiting) > 4 else ''})"}
+        return not_computed(f"{len(waiting)} of its arms' runs not finished "
+                            f"({', '.join(waiting[:4])}{', ...' if len(waiting) > 4 else ''})")
     bar = None
     if rule.keep is not None:
         against = mean(rule.keep.against, rule.keep.metric)
         if against is None:
-            return {**base, "chosen": None, "rows": [],
-                    "reason": f"not computed: {rule.keep.against} has no "
-                              f"{rule.keep.metric}"}
+            return not_computed(f"{rule.keep.against} has no {rule.keep.metric}")
         bar = against - rule.keep.margin
     rows = []
     for arm in rule.among:
@@ -129,8 +118,7 @@ def choose(rule: ChoiceRule, mean: Mean, missing: list[str] | None = None) -> di
         keep = mean(arm, rule.keep.metric) if rule.keep else None
         tie = mean(arm, rule.ties.by) if rule.ties else None
         if best is None or (rule.keep and keep is None) or (rule.ties and tie is None):
-            return {**base, "chosen": None, "rows": [],
-                    "reason": f"not computed: {arm} lacks a metric the rule reads"}
+            return not_computed(f"{arm} lacks a metric the rule reads")
         rows.append({"arm": arm, "keep": keep, "bar": bar, "best": best, "tie": tie,
                      "eligible": bar is None or keep >= bar - 1e-12})  # float error
     eligible = [r for r in rows if r["eligible"]]

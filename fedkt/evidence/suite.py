@@ -748,10 +748,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
     choice = None
     if cfg.choice is not None:
         def mean(arm: str, ref: str) -> float | None:
-            try:
-                got = groups[arm].mean_std(*ref.split(".")) if groups[arm].runs else None
-            except ValueError:  # e.g. a group the arm's runs lack
-                got = None
+            got = _ref_value(suite, groups, Ref(arm, None, *ref.split(".")))
             return None if got is None else got[0]
 
         choice = choose(cfg.choice, mean, missing)
@@ -768,7 +765,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
                                                           for r in g.runs]))]), ""]
     paper = None
     if cfg.paper is not None:
-        paper = paper_result(cfg.paper, lambda ref: _paper_value(suite, groups, ref))
+        paper = paper_result(cfg.paper, lambda ref: _ref_value(suite, groups, ref))
         text += ["## The paper's numbers beside the suite's", "", paper_markdown(paper), ""]
     if cfg.comparison is not None:
         text += [comparison_report(out_dir, cfg.comparison, present, reps=cfg.bootstrap,
@@ -788,10 +785,11 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
     return out
 
 
-def _paper_value(suite: Suite, finals: dict[str, Group], ref: Ref
-                 ) -> tuple[float, float, int] | None:
-    """The suite's mean, std and run count for a paper row's ``ARM[@ROUND].GROUP.METRIC``;
-    ``finals``: each arm's runs at their last round, as the table already opened them."""
+def _ref_value(suite: Suite, finals: dict[str, Group], ref: Ref
+               ) -> tuple[float, float, int] | None:
+    """The suite's mean, std and run count for ``ARM[@ROUND].GROUP.METRIC`` (a paper row's,
+    a choice rule's); ``finals``: each arm's runs at their last round, as the table already
+    opened them."""
     group = finals[ref.arm] if ref.round is None else _arm_group(suite, ref.arm, ref.round)
     try:
         return group.mean_std(ref.group, ref.metric) if group.runs else None
