@@ -50,8 +50,8 @@ if [[ "${WITH_BNB:-0}" == "1" ]]; then
         --python-version "${PYVERS%% *}" -d "$DIR" bitsandbytes==0.50.2
 fi
 size=$(du -sm "$DIR" | cut -f1)
-# What travels is the tracked tree and the carried wheels together.
-# (0 outside a git checkout, where the tree is not known).
+# What travels is the tracked tree and the carried wheels together (the tree counts 0
+# outside a git checkout, where it is not known).
 tree=$(cd "$DIR/../.." && { git ls-files -z 2>/dev/null || true; } | du -cm --files0-from=- | tail -1 | cut -f1)
 echo "$DIR: $(ls "$DIR"/*.whl | wc -l) wheels, ${size} MiB, with the ${tree} MiB tree $((size + tree)) MiB (carry limit 64 MiB)"
 if (( size + tree > 64 )); then
