@@ -23,6 +23,9 @@ A suite YAML::
 ``folds: [0, 1, 2, 3]`` with ``seeds_per_fold: 2`` runs two training seeds inside each
 test fold (``<suite>/<arm>/fold_<f>/seed_<seed>``; the fold is the unit of the verdicts);
 ``target_floor`` / ``target_half_width`` add a design-targets table.
+``fold_overrides: {4: {data.dataset.classes: "60-89", data.split.fold: 0}}`` gives a fold
+its own overrides (after the arm's): a suite may then take more folds than one testbed's
+records make, each still one unit of the verdict.
 
 Each (arm, seed) is an ordinary run folder, ``<suite>/<arm>/seed_<seed>``.  A run
 whose last round is checkpointed is skipped; a started one is resumed; so after
@@ -118,6 +121,10 @@ class SuiteConfig(_Strict):
     # r-th seed) has seed FOLD_SEED_BASE * (r + 1) + f, never its fold's index.
     folds: list[int] | None = Field(None, min_length=1)
     seeds_per_fold: int | None = Field(None, ge=1)
+    # A fold's own overrides of its runs' config (after the arm's and the fold's): e.g.
+    # folds 4-7 the same cut of other classes, so that a suite has more folds than one
+    # testbed's records make.  Each fold stays one unit of the verdict.
+    fold_overrides: dict[int, dict[str, Any]] = Field(default_factory=dict)
     # The design's targets: the claims table says, per claim, whether they were met.
     target_floor: float | None = Field(None, gt=0)
     target_half_width: float | None = Field(None, gt=0)
@@ -173,6 +180,14 @@ class SuiteConfig(_Strict):
             if any(not 0 <= f < FOLD_SEED_BASE for f in folds):
                 raise ValueError(f"folds {folds}: each fold is 0..{FOLD_SEED_BASE - 1}")
         return folds
+
+    @field_validator("fold_overrides")
+    @classmethod
+    def _fold_overrides(cls, overrides: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        for fold, over in overrides.items():
+            if not isinstance(over, dict) or not over:
+                raise ValueError(f"fold_overrides: fold {fold}: give a mapping of overrides")
+        return overrides
 
     def run_seeds(self) -> dict[int, int | None]:
         """Every run's seed and its test fold (None: the seed is its own unit)."""
@@ -276,6 +291,10 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
             raise ConfigError(f"suite {path}: {exc}") from None
     if cfg.seeds_per_fold is not None and cfg.folds is None:
         raise ConfigError(f"suite {path}: seeds_per_fold: needs folds (the test folds)")
+    stray = sorted(set(cfg.fold_overrides) - set(cfg.folds or []))
+    if stray:
+        raise ConfigError(f"suite {path}: fold_overrides: fold {stray[0]} is not one of the "
+                          f"suite's folds ({cfg.folds})")
     if cfg.folds is not None and "seeds" in raw:
         raise ConfigError(f"suite {path}: seeds: with folds, each run's seed is derived "
                           f"({FOLD_SEED_BASE} * (r + 1) + fold); give seeds_per_fold instead")
@@ -291,6 +310,9 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
             if fold is not None:
                 run_data = copy.deepcopy(run_data)
                 _set_dotted(run_data, "data.split.fold", fold)
+                if fold in cfg.fold_overrides:
+                    run_data = _deep_merge(run_data, cfg.fold_overrides[fold],
+                                           f"suite {path}: fold_overrides: fold {fold}")
             if cfg.tracking is not None and "tracking" not in overrides:
                 run_data["tracking"] = copy.deepcopy(cfg.tracking)
             if run_data.get("tracking"):

@@ -175,3 +175,54 @@ def test_the_keep_pilots_run_the_transfer_suites_base_on_other_domains() -> None
         assert first.lhs.group == second.lhs.group == receiver
         assert (first.rhs.arm, second.rhs.arm) == (f"{paper}_none", f"{paper}_none")
         assert (first.op, second.op, second.offset) == (">", ">=", -0.03)
+
+
+def test_the_fedmkt_keep_suite_runs_the_pilots_choice_on_eight_folds() -> None:
+    """suites/clinc150_fedmkt_keep: the transfer suite's base to the byte, the keep pilot's
+    chosen option (rehearsal with anchoring) and its controls, a joint primary, and folds
+    4-7 the same 4-fold cut of two other domains (none of the pilot's): each fold's sides
+    disjoint, 1,000 test records, and the test folds of one pair disjoint."""
+    from fedkt.evidence.suite import load_suite
+
+    keep = yaml.safe_load((SUITES / "clinc150_fedmkt_keep.yaml").read_text())
+    transfer = yaml.safe_load((SUITES / "clinc150_fedmkt_transfer.yaml").read_text())
+    pilot = yaml.safe_load((SUITES / "clinc150_fedmkt_keep_pilot.yaml").read_text())
+    assert keep["base"] == transfer["base"]
+    assert keep["arms"]["rehearse_anchor"] == {**pilot["arms"]["rehearse_anchor"],
+                                               "eval": {"round0": True}}
+    assert keep["arms"]["fedmkt_none"] == transfer["arms"]["fedmkt_none"]
+    for control, teacher in (("shuffled", "shuffled"), ("marginal", "marginal")):
+        method = keep["arms"][f"rehearse_anchor_{control}_to_llm"]["method"]
+        assert method == {**pilot["arms"]["rehearse_anchor"]["method"], "teacher": teacher,
+                          "teacher_from": "clients", "client_kd": False}
+    domains = clinc150_domains()
+    assert (domains["auto_and_commute"], domains["travel"]) == ("60-74", "75-89")
+    suite = load_suite(SUITES / "clinc150_fedmkt_keep.yaml")
+    assert suite.cfg.folds == list(range(8)) and suite.cfg.seeds_per_fold == 2
+    assert (suite.cfg.target_floor, suite.cfg.target_half_width) == (0.10, 0.06)
+    gain, kept = suite.primary.parts
+    assert (gain.lhs.group, gain.lhs.metric, gain.rhs.arms) == (
+        "server", "accuracy_cli",
+        ("rehearse_anchor_shuffled_to_llm", "rehearse_anchor_marginal_to_llm"))
+    assert (kept.lhs.metric, kept.rhs.arm, kept.op, kept.offset) == (
+        "accuracy_srv", "fedmkt_none", ">=", -0.03)
+    plain = load_suite(SUITES / "clinc150_fedmkt_transfer.yaml")
+    tests: dict[int, set[str]] = {}
+    for seed, fold in suite.fold_of.items():
+        cfg = suite.runs[("fedmkt_none", seed)]
+        if fold < 4:  # the transfer suite's own runs (--runs-from takes them)
+            other = plain.runs[("fedmkt_none", seed)].model_dump()
+            assert {**cfg.model_dump(), "output_dir": None} == {**other, "output_dir": None}
+            continue
+        data = cfg.data
+        assert (data.dataset.classes, data.split.fold, data.split.fold_seed) == (
+            "60-89", fold - 4, 1)
+        if seed >= 2000:
+            continue
+        fd = client_splits(data, 2, seed)
+        assert set(fd.class_order[:15]).isdisjoint(fd.class_order[15:])
+        assert {r["label"] for r in fd.server} == set(fd.class_order[:15])
+        assert {r["label"] for p in fd.private for r in p} == set(fd.class_order[15:])
+        assert len(fd.test) == 1000 and len(fd.public) == 500
+        tests[fold] = {r["text"] for r in fd.test}
+    assert sum(len(t) for t in tests.values()) == len(set().union(*tests.values())) == 4000

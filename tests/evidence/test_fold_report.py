@@ -136,6 +136,33 @@ def test_fold_keys_are_checked(tmp_path):
         _fold_suite(tmp_path, folds=[0, 0])
 
 
+def test_fold_overrides_give_a_fold_its_own_config(tmp_path):
+    """Folds 2-3 as folds 0-1 of another cut (fold_seed 7): each such run tests the fold
+    its override names, keeps its suite fold's seed and folder, and the others are as
+    without overrides; an override of a fold the suite lacks is refused by name."""
+    from fedkt.config import ConfigError
+
+    other = {"data.split.fold_seed": 7}
+    suite = _fold_suite(tmp_path, folds=[0, 1, 2, 3], seeds_per_fold=2, fold_overrides={
+        2: {**other, "data.split.fold": 0}, 3: {**other, "data.split.fold": 1}})
+    plain = _fold_suite(tmp_path, folds=[0, 1, 2, 3], seeds_per_fold=2)
+    assert suite.seeds == plain.seeds and suite.fold_of == plain.fold_of
+    for (arm, seed), cfg in suite.runs.items():
+        fold = suite.fold_of[seed]
+        split = cfg.data.split
+        if fold < 2:
+            assert cfg == plain.runs[(arm, seed)]
+        else:
+            assert (split.fold, split.fold_seed) == (fold - 2, 7) and cfg.seed == seed
+            assert suite.run_dir(arm, seed).parent.name == f"fold_{fold}"
+    with pytest.raises(ConfigError, match=r"fold_overrides: fold 5 is not one of"):
+        _fold_suite(tmp_path, folds=[0, 1], fold_overrides={5: other})
+    with pytest.raises(ConfigError, match=r"fold_overrides: fold 1: give a mapping"):
+        _fold_suite(tmp_path, folds=[0, 1], fold_overrides={1: {}})
+    with pytest.raises(ConfigError, match=r"fold: 4 does not exist"):  # names no cut's fold
+        _fold_suite(tmp_path, folds=[0, 4], fold_overrides={4: other})
+
+
 def test_seeds_of_one_fold_share_its_test_items_not_their_order():
     from fedkt.config.data_schema import SplitConfig
     from fedkt.data.dataset import Dataset

@@ -398,3 +398,39 @@ def test_teacher_from_clients_under_llm2slm_is_refused(make_config):
     cfg = label_free(make_config, "llm2slm", "method.teacher=shuffled",
                      "method.teacher_from=server")
     assert cfg.method.controls("server") and not cfg.method.controls("clients")
+
+
+def test_client_kd_false_leaves_the_llm_as_it_is_and_the_clients_at_step_1(make_config):
+    """``client_kd: false`` (a control of clients -> LLM): steps 6-7 skipped. In one round
+    the LLM's rows are those of the same arm with them, to the digit; each client's are
+    the no-exchange arm's (its model of step 1), with no S_0 sent and no KD step."""
+    arm = ("method.teacher=shuffled", "method.teacher_from=clients",
+           "method.receiving={rehearsal_ratio: 1, anchor_weight: 1}")
+    rows = {}
+    for name, extra in {"both": arm, "oneway": (*arm, "method.client_kd=false"),
+                        "none": ("method.teacher=none",)}.items():
+        cfg = label_free(make_config, "fedmkt", *extra, name=name)
+        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+        rows[name] = _metric_rows(cfg)
+
+    def part(name, server):
+        return [{k: v for k, v in r.items() if "bytes" not in k}
+                for r in rows[name] if (r.get("participant") == "server") == server]
+
+    both, oneway = part("both", True), part("oneway", True)
+    tested = [r for r in oneway if r["split"] == "test"]
+    assert len(tested) == 2 and tested == [r for r in both if r["split"] == "test"]
+    assert part("both", False) != part("oneway", False)  # the clients' step 7 ran there only
+
+    def client_tests(name):
+        return [{k: v for k, v in r.items() if k.startswith("accuracy") or k == "loss"}
+                for r in part(name, False) if r["split"] == "test"]
+
+    assert client_tests("oneway") == client_tests("none") and client_tests("none")
+    kd = [r.get("kd_steps") for r in part("oneway", False) if r["split"] == "train"]
+    assert kd and set(kd) == {0}
+    with pytest.raises(ConfigError, match=r"client_kd: false.*llm_training: false"):
+        label_free(make_config, "llm2slm", "method.client_kd=false", name="x1")
+    with pytest.raises(ConfigError, match=r"client_kd: false.*post_fedavg"):
+        label_free(make_config, "fedmkt", "method.client_kd=false", "method.post_fedavg=true",
+                   name="x2")

@@ -48,7 +48,8 @@ Controls (extensions, ``teacher``): ``shuffled`` and ``marginal`` change what a 
 sends (its knowledge permuted across D_p, or every sample its mean posterior), ``self``
 what a learner takes (its own knowledge); ``none`` skips steps 2-7 but the local
 training of step 1, the LLM's own-data epochs and the evaluation: no knowledge is
-computed or sent and nothing is distilled.  The receiving-side options
+computed or sent and nothing is distilled.  ``client_kd: false`` skips steps 6-7 only
+(a control of clients -> LLM whose clients no claim reads).  The receiving-side options
 (``receiving``: rehearsal, anchoring, T**2, selective taking) are
 :mod:`fedkt.alignment.receiving`'s.
 
@@ -147,15 +148,16 @@ class FedMKTServer(Server[FedMKTConfig]):
         # steps 3-5 (Alg. 1 l. 12-18): align each S_k, DualMinCE, train the LLM on L2
         metrics.update(self.learn_from_clients(rnd, replies, clients))
         # step 6 (Alg. 1 l. 19): S_0 of the (new) adapter goes to every client lacking it
-        msgs = {cid: Payload() for cid in replies}  # teacher: none: no S_0, no KD
-        if exchange:
+        to_clients = exchange and m.client_kd  # client_kd: false (a control): no step 6-7
+        msgs = {cid: Payload() for cid in replies}  # no S_0, no KD
+        if to_clients:
             fields, s0 = self.s0_message()
             msgs = {cid: self.holdings.offer(Payload(fields), cid, S0, self.s0_version, s0)
                     for cid in replies}
         # step 7 (Alg. 1 l. 20, 33-41): clients align S_0, DualMinCE against their own
         # loss, train on L3
         got = self.clients_distill(msgs, clients)
-        if exchange:
+        if to_clients:
             self.holdings.confirm(msgs, got, S0, self.s0_version)
             metrics.update(_mean_reported(got, "train/kd_loss", "train/client_kd_loss"))
         return metrics
@@ -301,7 +303,7 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid, ctx.data())
     lm.reset(ctx.load_state("adapter"))
-    if m.teacher == "none":  # the no-exchange control: the model of step 1, evaluated
+    if m.teacher == "none" or not m.client_kd:  # controls: the model of step 1, evaluated
         return _step7_reply(ctx, lm, Payload(metrics={"train/kd_steps": 0}))
     knowledge = _knowledge(ctx, lm)
     kept = ctx.load_state(_kept(knowledge))

@@ -37,6 +37,12 @@ class FedMKTConfig(MethodConfig):
         "Passes over D_p per round in the server's step 5 (the LLM's distillation)."))
     client_kd_epochs: Epochs = Field(1.0, description=(
         "Passes over D_p per round in each client's step 7 (distillation)."))
+    client_kd: bool = Field(True, description=(
+        "False (an extension, for a control of clients -> LLM whose clients no claim reads): "
+        "steps 6-7 are skipped, the LLM sends no S_0 and each client is evaluated with its "
+        "model of step 1, as under teacher: none (client_kd_epochs and client_kd_lr go "
+        "unused). Steps 6-7 come after the LLM's last change of a round, so in a one-round "
+        "run the LLM's numbers are those of the same arm with them."))
     client_kd_lr: LearningRate | None = Field(None, description=(
         "Learning rate of step 7 only (None: the client model's, clients.models[i].lr, else "
         "training.lr). The LLM's rate is server.lr (D.1), the SLMs' clients.models[i].lr."))
@@ -131,6 +137,13 @@ class FedMKTConfig(MethodConfig):
             raise ValueError("teacher_from: 'clients': with llm_training: false (as under "
                              "llm2slm the clients send the LLM nothing) a control of what they "
                              "send would change nothing; use teacher_from: server (or both)")
+        if not self.client_kd and not self.llm_training:
+            raise ValueError("client_kd: false: with llm_training: false (as under llm2slm) "
+                             "the LLM learns nothing either, so nothing would transfer; set "
+                             "one of them true")
+        if not self.client_kd and self.post_fedavg:
+            raise ValueError("client_kd: false: post_fedavg averages the client adapters after "
+                             "step 7, which client_kd: false skips; remove one of them")
         self.receiving.check(self.knowledge, self.teacher)
         return self
 
