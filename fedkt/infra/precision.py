@@ -180,7 +180,9 @@ def frozen_linears_as(modules: Any, dtype: torch.dtype | None) -> Iterator[int]:
     keeps each cast for the backward: a forward of a frozen 135M-parameter model keeps
     another 270 MB of bf16 weights until its backward. Cast once, the forwards share one
     copy. The matrix products see the same bf16 values (the cast is the same), so no number
-    changes. A weight shared with another parameter (tied embeddings), one that trains, and
+    changes. A linear weight shared with another parameter (an output layer tied to the
+    embedding) is not changed in place: the layer holds its own cast copy inside, and the
+    other user (the embedding's lookup) keeps the fp32 tensor. A weight that trains and
     any other layer are left as they are. ``dtype`` None (fp32), or ``FEDKT_FROZEN_CAST=0``:
     nothing changes.
     """
@@ -193,20 +195,27 @@ def frozen_linears_as(modules: Any, dtype: torch.dtype | None) -> Iterator[int]:
         for _, p in m.named_parameters(remove_duplicate=False):
             owners[p.data_ptr()] = owners.get(p.data_ptr(), 0) + 1
     kept: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    untied: list[tuple[torch.nn.Linear, torch.nn.Parameter]] = []
     try:
         for m in mods:
             for layer in m.modules():  # a layer reached twice has its weight counted twice
                 if not isinstance(layer, torch.nn.Linear):
                     continue
                 w = layer.weight
-                if w.requires_grad or w.dtype != torch.float32 or owners[w.data_ptr()] > 1:
+                if w.requires_grad or w.dtype != torch.float32:
+                    continue
+                if owners[w.data_ptr()] > 1:  # tied: this layer's own copy, for inside
+                    untied.append((layer, w))
+                    layer.weight = torch.nn.Parameter(w.data.to(dtype), requires_grad=False)
                     continue
                 kept.append((w, w.data))
                 w.data = w.data.to(dtype)
-        yield len(kept)
+        yield len(kept) + len(untied)
     finally:
         for w, original in kept:
             w.data = original
+        for layer, w in untied:
+            layer.weight = w
 
 
 @contextlib.contextmanager

@@ -222,16 +222,21 @@ def test_frozen_linears_are_held_in_bf16_and_put_back_bit_for_bit(tied, monkeypa
     head = model.get_output_embeddings().weight
     with precision.frozen_linears_as(model, torch.bfloat16) as n:
         frozen = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
-                  and not m.weight.requires_grad and m.weight is not head]
-        assert n == len(frozen) + (0 if tied else 1) == 14 + (0 if tied else 1)
+                  and not m.weight.requires_grad]
+        assert n == len(frozen) == 15
         assert all(w.dtype == torch.bfloat16 for w in frozen)
-        # the tied output layer is the embedding: it stays fp32 (so do the adapters)
-        assert (head.dtype == torch.float32) is tied
+        inside = model.get_output_embeddings().weight
+        assert inside.dtype == torch.bfloat16 and torch.equal(inside, head.to(torch.bfloat16))
+        if tied:  # the output layer's own copy: the embedding (the same tensor outside)
+            assert inside is not head and head.dtype == torch.float32  # stays fp32
         assert model.get_input_embeddings().weight.dtype == torch.float32
         assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
     after = dict(model.named_parameters())
     assert all(after[k].dtype == torch.float32 and torch.equal(after[k], v)
                for k, v in before.items())
+    assert model.get_output_embeddings().weight is head  # put back (the tie too)
+    if tied:
+        assert head is model.get_input_embeddings().weight
     with precision.frozen_linears_as(model, None) as n:  # fp32: nothing to hold
         assert n == 0
     monkeypatch.setenv(precision.FROZEN_CAST_ENV, "0")
@@ -240,9 +245,8 @@ def test_frozen_linears_are_held_in_bf16_and_put_back_bit_for_bit(tied, monkeypa
 
 
 def _frozen_numel(model: torch.nn.Module) -> int:
-    head = model.get_output_embeddings().weight
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
-               and not m.weight.requires_grad and m.weight is not head)
+               and not m.weight.requires_grad)
 
 
 def _bf16_loop(cast: torch.dtype | None, ids: torch.Tensor, steps: int
