@@ -434,3 +434,31 @@ def test_client_kd_false_leaves_the_llm_as_it_is_and_the_clients_at_step_1(make_
     with pytest.raises(ConfigError, match=r"client_kd: false.*post_fedavg"):
         label_free(make_config, "fedmkt", "method.client_kd=false", "method.post_fedavg=true",
                    name="x2")
+
+
+def test_llm_kd_false_leaves_the_slm_as_it_is_and_the_llm_before_co_tuning(make_config):
+    """FedCoLLM's ``llm_kd: false`` (a control of LLM -> SLM): the LLM's side of co-tuning
+    skipped. The global SLM's rows are those of the same arm with it, to the digit (its
+    target is the LLM's posteriors from before co-tuning); the LLM's are the no-exchange
+    arm's (its model after its own-data epochs)."""
+    arm = ("clients.num_clients=2", "method.teacher=shuffled",
+           "method.receiving={rehearsal_ratio: 1, anchor_weight: 1}")
+    rows = {}
+    for name, extra in {"both": arm, "oneway": (*arm, "method.llm_kd=false"),
+                        "none": ("clients.num_clients=2", "method.teacher=none")}.items():
+        cfg = label_free(make_config, "fedcollm", *extra, name=name)
+        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+        rows[name] = _metric_rows(cfg)
+
+    def tests(name, who):
+        return [{k: v for k, v in r.items() if "bytes" not in k} for r in rows[name]
+                if r.get("participant") == who and r["split"] == "test"]
+
+    assert len(tests("oneway", "global_slm")) == 2
+    assert tests("oneway", "global_slm") == tests("both", "global_slm")
+    assert tests("oneway", "server") == tests("none", "server") != tests("both", "server")
+    train = [r for r in rows["oneway"] if r.get("participant") == "server"
+             and r["split"] == "train"]
+    assert train and all("cotune_kd_llm" not in r and r["cotune_steps"] > 0 for r in train)
+    with pytest.raises(ConfigError, match=r"llm_kd: false.*knowledge: choices"):
+        make_config(LLM, SLM, "method.llm_kd=false", method="fedcollm", name="x1")

@@ -68,6 +68,12 @@ class FedCoLLMConfig(AdapterAveragingConfig):
         'same steps; nothing comes from the other model); "none", no exchange: step 4 '
         "(co-tuning) is skipped, the LLM's own-data epochs, FedAvg and evaluation as in every "
         "arm. shuffled, marginal and self need knowledge: choices."))
+    llm_kd: bool = Field(True, description=(
+        "False (an extension, for a control of LLM -> SLM whose LLM no claim reads; needs "
+        "knowledge: choices): the LLM's side of co-tuning (L^f) is skipped, so the LLM is "
+        "evaluated as after its own-data epochs, as under teacher: none. The SLM's steps are "
+        "those of the same arm with it: its target is the LLM's posteriors from before "
+        "co-tuning, and each side's distillation seeds its own randomness."))
     receiving: ReceivingOptions = Field(default_factory=ReceivingOptions, description=(
         "How each model takes in the other's posteriors while keeping its own (rehearsal, the "
         "LLM's only: the server holds no client data; anchoring, T**2, selective taking): "
@@ -82,6 +88,10 @@ class FedCoLLMConfig(AdapterAveragingConfig):
         if self.teacher not in ("real", "none") and self.knowledge != "choices":
             raise ValueError(f"teacher: {self.teacher!r} permutes or replaces each sample's "
                              "knowledge, which needs knowledge: choices")
+        if not self.llm_kd and self.knowledge != "choices":
+            raise ValueError("llm_kd: false skips the LLM's side of co-tuning, which needs "
+                             "knowledge: choices (with logits both sides descend one loss, "
+                             "Eq. 6)")
         self.receiving.check(self.knowledge, self.teacher)
         return self
 

@@ -216,10 +216,10 @@ def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, data: Fed
     lambda KL(f || g)`` (L_FT: CE on the gold choice; with ``ft_weight: 0`` no label is
     read).  ``teacher: shuffled`` permutes each target across D_a's samples, ``marginal``
     makes it the other's mean posterior on every sample, ``self`` makes each model its own
-    target (the controls).  The receiving options (``receiving``) narrow the samples each
-    model takes, anchor each to its own posteriors of the round's start, scale by T**2,
-    and let the LLM rehearse on ``rehearse``, the server's own records (the SLM has none
-    on the server)."""
+    target (the controls); ``llm_kd: false`` skips the LLM's side.  The receiving options
+    (``receiving``) narrow the samples each model takes, anchor each to its own posteriors
+    of the round's start, scale by T**2, and let the LLM rehearse on ``rehearse``, the
+    server's own records (the SLM has none on the server)."""
     m: FedCoLLMConfig = cfg.method
     p_f = choice_knowledge(cfg, llm, records, data=data, temperature=m.temperature)
     p_g = choice_knowledge(cfg, slm, records, data=data, temperature=m.temperature)
@@ -232,18 +232,23 @@ def cotune_choices(cfg: Any, llm: LM, slm: LM, records: list[dict], *, data: Fed
     common = {"data": data, "epochs": m.cotune_epochs, "seed": seed, "kd_weight": m.kd_weight,
               "ft_weight": m.ft_weight, "temperature": m.temperature,
               "max_steps": m.cotune_max_steps}
-    f = distill_choices(cfg, llm, records, t_f, receiving.taken(m.receiving, t_f, p_f, every),
-                        lr=m.llm_lr or cfg.training.lr, desc="fedcollm kd llm", **common,
-                        **receiving.distill_options(m.receiving, m.temperature, p_f, rehearse,
-                                                    client=False))
+    f: dict[str, float] = {}  # llm_kd: false: the LLM's side skipped
+    if m.llm_kd:
+        f = distill_choices(cfg, llm, records, t_f,
+                            receiving.taken(m.receiving, t_f, p_f, every),
+                            lr=m.llm_lr or cfg.training.lr, desc="fedcollm kd llm", **common,
+                            **receiving.distill_options(m.receiving, m.temperature, p_f,
+                                                        rehearse, client=False))
     g = distill_choices(cfg, slm, records, t_g, receiving.taken(m.receiving, t_g, p_g, every),
                         lr=m.slm_lr or cfg.training.lr, desc="fedcollm kd slm", **common,
                         **receiving.distill_options(m.receiving, m.temperature, p_g, (),
                                                     client=True))
     # how often each model's choice agreed with the other's before co-tuning
     agree = float((p_f.argmax(-1) == p_g.argmax(-1)).float().mean()) if len(records) else 0.0
-    out = {"cotune_llm": f["loss"], "cotune_kd_llm": f["kd_loss"], "cotune_slm": g["loss"],
-           "cotune_kd_slm": g["kd_loss"], "cotune_steps": f["steps"], "cotune_agreement": agree}
+    out = {"cotune_slm": g["loss"], "cotune_kd_slm": g["kd_loss"],
+           "cotune_steps": f.get("steps", g["steps"]), "cotune_agreement": agree}
+    if f:
+        out.update(cotune_llm=f["loss"], cotune_kd_llm=f["kd_loss"])
     for side, stats in (("llm", f), ("slm", g)):  # the receiving options that ran
         out.update({f"cotune_{k}_{side}": stats[k] for k in
                     ("kd_taken", "kd_steps", "rehearsal_steps", "rehearsal_loss", "anchor_loss")
