@@ -177,35 +177,55 @@ def test_the_keep_pilots_run_the_transfer_suites_base_on_other_domains() -> None
         assert (first.op, second.op, second.offset) == (">", ">=", -0.03)
 
 
-def test_the_fedmkt_keep_suite_runs_the_pilots_choice_on_eight_folds() -> None:
-    """suites/clinc150_fedmkt_keep: the transfer suite's base to the byte, the keep pilot's
-    chosen option (rehearsal with anchoring) and its controls, a joint primary, and folds
-    4-7 the same 4-fold cut of two other domains (none of the pilot's): each fold's sides
-    disjoint, 1,000 test records, and the test folds of one pair disjoint."""
+# Each keep suite: (its transfer suite and pilot, the option's arm, the receiver's group,
+# the metric it gains on and the one it keeps, and what its teacher controls add).
+KEEP_SUITES = {
+    "clinc150_fedmkt_keep": ("clinc150_fedmkt_transfer", "clinc150_fedmkt_keep_pilot",
+                             "rehearse_anchor", "fedmkt_none", "server", "accuracy_cli",
+                             "accuracy_srv", {"teacher_from": "clients", "client_kd": False}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEEP_SUITES))
+def test_a_keep_suite_runs_its_pilots_choice_on_eight_folds(name: str) -> None:
+    """A CLINC150 keep suite: its transfer suite's base to the byte, its pilot's chosen
+    option and the same option under shuffled and marginal teachers (their other side's
+    learning skipped: no claim reads it), no exchange as the transfer suite runs it, a
+    joint primary (the gain over the stronger teacher control, the keeping against no
+    exchange), and folds 4-7 the same 4-fold cut of intents 60-89, none of the pilot's."""
     from fedkt.evidence.suite import load_suite
 
-    keep = yaml.safe_load((SUITES / "clinc150_fedmkt_keep.yaml").read_text())
-    transfer = yaml.safe_load((SUITES / "clinc150_fedmkt_transfer.yaml").read_text())
-    pilot = yaml.safe_load((SUITES / "clinc150_fedmkt_keep_pilot.yaml").read_text())
-    assert keep["base"] == transfer["base"]
-    assert keep["arms"]["rehearse_anchor"] == {**pilot["arms"]["rehearse_anchor"],
-                                               "eval": {"round0": True}}
-    assert keep["arms"]["fedmkt_none"] == transfer["arms"]["fedmkt_none"]
-    for control, teacher in (("shuffled", "shuffled"), ("marginal", "marginal")):
-        method = keep["arms"][f"rehearse_anchor_{control}_to_llm"]["method"]
-        assert method == {**pilot["arms"]["rehearse_anchor"]["method"], "teacher": teacher,
-                          "teacher_from": "clients", "client_kd": False}
-    domains = clinc150_domains()
-    assert (domains["auto_and_commute"], domains["travel"]) == ("60-74", "75-89")
-    suite = load_suite(SUITES / "clinc150_fedmkt_keep.yaml")
+    transfer, pilot, option, none, group, gains, keeps, control = KEEP_SUITES[name]
+    keep = yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+    other = yaml.safe_load((SUITES / f"{transfer}.yaml").read_text())
+    chosen = yaml.safe_load((SUITES / f"{pilot}.yaml").read_text())["arms"][option]
+    assert keep["base"] == other["base"]
+    assert keep["arms"][option] == {**chosen, "eval": {"round0": True}}
+    assert keep["arms"][none] == other["arms"][none]
+    for teacher in ("shuffled", "marginal"):
+        arm = keep["arms"][f"{option}_{teacher}"]
+        assert arm == {"method": {**chosen["method"], "teacher": teacher, **control}}
+    assert set(keep["arms"]) == {option, none, f"{option}_shuffled", f"{option}_marginal"}
+    assert keep["fold_overrides"] == yaml.safe_load(
+        (SUITES / "clinc150_fedmkt_keep.yaml").read_text())["fold_overrides"]
+    suite = load_suite(SUITES / f"{name}.yaml")
     assert suite.cfg.folds == list(range(8)) and suite.cfg.seeds_per_fold == 2
     assert (suite.cfg.target_floor, suite.cfg.target_half_width) == (0.10, 0.06)
     gain, kept = suite.primary.parts
-    assert (gain.lhs.group, gain.lhs.metric, gain.rhs.arms) == (
-        "server", "accuracy_cli",
-        ("rehearse_anchor_shuffled_to_llm", "rehearse_anchor_marginal_to_llm"))
-    assert (kept.lhs.metric, kept.rhs.arm, kept.op, kept.offset) == (
-        "accuracy_srv", "fedmkt_none", ">=", -0.03)
+    assert (gain.lhs.arm, gain.lhs.group, gain.lhs.metric, gain.rhs.arms) == (
+        option, group, gains, (f"{option}_shuffled", f"{option}_marginal"))
+    assert (kept.lhs.group, kept.lhs.metric, kept.rhs.arm, kept.op, kept.offset) == (
+        group, keeps, none, ">=", -0.03)
+
+
+def test_the_keep_suites_folds_4_to_7_are_another_testbed() -> None:
+    """Folds 4-7 (auto and commute, and travel): each fold's sides disjoint, 1,000 test
+    records, the four test folds disjoint; folds 0-3 are the transfer suite's own runs."""
+    from fedkt.evidence.suite import load_suite
+
+    domains = clinc150_domains()
+    assert (domains["auto_and_commute"], domains["travel"]) == ("60-74", "75-89")
+    suite = load_suite(SUITES / "clinc150_fedmkt_keep.yaml")
     plain = load_suite(SUITES / "clinc150_fedmkt_transfer.yaml")
     tests: dict[int, set[str]] = {}
     for seed, fold in suite.fold_of.items():
