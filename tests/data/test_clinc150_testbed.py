@@ -183,6 +183,9 @@ KEEP_SUITES = {
     "clinc150_fedmkt_keep": ("clinc150_fedmkt_transfer", "clinc150_fedmkt_keep_pilot",
                              "rehearse_anchor", "fedmkt_none", "server", "accuracy_cli",
                              "accuracy_srv", {"teacher_from": "clients", "client_kd": False}),
+    "clinc150_fedcollm_keep": ("clinc150_fedcollm_transfer", "clinc150_fedcollm_keep_pilot",
+                               "anchor", "fedcollm_none", "global_slm",
+                               "accuracy_srv", "accuracy_cli", {"llm_kd": False}),
 }
 
 
