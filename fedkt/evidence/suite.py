@@ -185,7 +185,7 @@ class SuiteConfig(_Strict):
     @classmethod
     def _fold_overrides(cls, overrides: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         for fold, over in overrides.items():
-            if not isinstance(over, dict) or not over:
+            if not over:
                 raise ValueError(f"fold_overrides: fold {fold}: give a mapping of overrides")
         return overrides
 

@@ -50,6 +50,16 @@ def _metric_rows(cfg):
              and k != "compute_cpu"} for r in rows]
 
 
+def _rows_by_arm(make_config, method, arms):
+    """Each arm (name: overrides) run whole, one round: its metric rows (no timings)."""
+    rows = {}
+    for name, extra in arms.items():
+        cfg = label_free(make_config, method, *extra, name=name)
+        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
+        rows[name] = _metric_rows(cfg)
+    return rows
+
+
 def test_every_path_that_reads_a_public_label_is_refused(make_config):
     base = (LLM, SLM, *DISJOINT)
     cases = {
@@ -406,12 +416,9 @@ def test_client_kd_false_leaves_the_llm_as_it_is_and_the_clients_at_step_1(make_
     the no-exchange arm's (its model of step 1), with no S_0 sent and no KD step."""
     arm = ("method.teacher=shuffled", "method.teacher_from=clients",
            "method.receiving={rehearsal_ratio: 1, anchor_weight: 1}")
-    rows = {}
-    for name, extra in {"both": arm, "oneway": (*arm, "method.client_kd=false"),
-                        "none": ("method.teacher=none",)}.items():
-        cfg = label_free(make_config, "fedmkt", *extra, name=name)
-        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-        rows[name] = _metric_rows(cfg)
+    rows = _rows_by_arm(make_config, "fedmkt", {
+        "both": arm, "oneway": (*arm, "method.client_kd=false"),
+        "none": ("method.teacher=none",)})
 
     def part(name, server):
         return [{k: v for k, v in r.items() if "bytes" not in k}
@@ -443,12 +450,9 @@ def test_llm_kd_false_leaves_the_slm_as_it_is_and_the_llm_before_co_tuning(make_
     arm's (its model after its own-data epochs)."""
     arm = ("clients.num_clients=2", "method.teacher=shuffled",
            "method.receiving={rehearsal_ratio: 1, anchor_weight: 1}")
-    rows = {}
-    for name, extra in {"both": arm, "oneway": (*arm, "method.llm_kd=false"),
-                        "none": ("clients.num_clients=2", "method.teacher=none")}.items():
-        cfg = label_free(make_config, "fedcollm", *extra, name=name)
-        run_job(cfg, LocalTransport(default_state_root(cfg)), quiet=True)
-        rows[name] = _metric_rows(cfg)
+    rows = _rows_by_arm(make_config, "fedcollm", {
+        "both": arm, "oneway": (*arm, "method.llm_kd=false"),
+        "none": ("clients.num_clients=2", "method.teacher=none")})
 
     def tests(name, who):
         return [{k: v for k, v in r.items() if "bytes" not in k} for r in rows[name]

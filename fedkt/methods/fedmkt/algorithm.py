@@ -148,16 +148,15 @@ class FedMKTServer(Server[FedMKTConfig]):
         # steps 3-5 (Alg. 1 l. 12-18): align each S_k, DualMinCE, train the LLM on L2
         metrics.update(self.learn_from_clients(rnd, replies, clients))
         # step 6 (Alg. 1 l. 19): S_0 of the (new) adapter goes to every client lacking it
-        to_clients = exchange and m.client_kd  # client_kd: false (a control): no step 6-7
-        msgs = {cid: Payload() for cid in replies}  # no S_0, no KD
-        if to_clients:
+        msgs = {cid: Payload() for cid in replies}  # no S_0, no KD (the controls)
+        if m.sends_s0:
             fields, s0 = self.s0_message()
             msgs = {cid: self.holdings.offer(Payload(fields), cid, S0, self.s0_version, s0)
                     for cid in replies}
         # step 7 (Alg. 1 l. 20, 33-41): clients align S_0, DualMinCE against their own
         # loss, train on L3
         got = self.clients_distill(msgs, clients)
-        if to_clients:
+        if m.sends_s0:
             self.holdings.confirm(msgs, got, S0, self.s0_version)
             metrics.update(_mean_reported(got, "train/kd_loss", "train/client_kd_loss"))
         return metrics
@@ -303,7 +302,7 @@ def client_distill(ctx: ClientContext, msg: Payload) -> Payload:
     m: FedMKTConfig = ctx.method
     lm = client_lm(ctx.cfg, ctx.cid, ctx.data())
     lm.reset(ctx.load_state("adapter"))
-    if m.teacher == "none" or not m.client_kd:  # controls: the model of step 1, evaluated
+    if not m.sends_s0:  # the controls: the model of step 1, evaluated
         return _step7_reply(ctx, lm, Payload(metrics={"train/kd_steps": 0}))
     knowledge = _knowledge(ctx, lm)
     kept = ctx.load_state(_kept(knowledge))

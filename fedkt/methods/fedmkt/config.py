@@ -147,6 +147,12 @@ class FedMKTConfig(MethodConfig):
         self.receiving.check(self.knowledge, self.teacher)
         return self
 
+    @property
+    def sends_s0(self) -> bool:
+        """Whether steps 6-7 run (the LLM sends S_0, each client distils it): not under
+        ``teacher: none`` nor ``client_kd: false``."""
+        return self.teacher != "none" and self.client_kd
+
     def controls(self, sender: Side) -> bool:
         """Whether ``teacher`` (a sender-side control) replaces what ``sender`` sends."""
         return self.teacher_from in ("both", sender)
