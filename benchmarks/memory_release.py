@@ -13,12 +13,15 @@ whether every metric row matches. ``--toggle`` picks what differs:
   afresh in every forward and keeps each cast for the backward) against ``cast once``
   (frozen linear weights held in bf16 during a training loop,
   :func:`fedkt.infra.precision.frozen_linears_as`, fedkt's default). Without bf16
-  (``precision: auto`` on an AVX2 machine) the two are the same run.
+  (``precision: auto`` on an AVX2 machine) the two are the same run;
+* ``kernel_cache``: ``1,024`` (``FEDKT_KERNEL_CACHE=0``: oneDNN's and ideep's caches of
+  compiled bf16 kernels at their default size) against ``64`` (fedkt's default,
+  ``fedkt/__init__.py``). Without bf16 the two are the same run.
 
 ``--small`` cuts the run to 120 test items, 100 public records and one local epoch (the
 same models and phases, minutes instead of half an hour):
 
-    python benchmarks/memory_release.py [--small] [--toggle trim|frozen_cast]
+    python benchmarks/memory_release.py [--small] [--toggle trim|frozen_cast|kernel_cache]
         [--suite suites/...] [--arm fedmkt]
 """
 
@@ -34,7 +37,10 @@ from pathlib import Path
 
 # --toggle -> (its environment variable, (the name of "0", the name of "1")); "1" is fedkt's default
 TOGGLES = {"trim": ("FEDKT_MALLOC_TRIM", ("kept", "released")),
-           "frozen_cast": ("FEDKT_FROZEN_CAST", ("recast", "cast once"))}
+           "frozen_cast": ("FEDKT_FROZEN_CAST", ("recast", "cast once")),
+           "kernel_cache": ("FEDKT_KERNEL_CACHE", ("1,024", "64"))}
+# set by `import fedkt` here: each run's own import decides them
+KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 SMALL = ["data.max_test=120", "data.max_public=100", "data.require.min_test=100",
          "data.require.min_public=100", "training.local_epochs=1"]
@@ -45,7 +51,8 @@ def _run(config: Path, out: Path, setting: dict[str, str], overrides: list[str]
     """Wall seconds and peak RSS (MB) of one run in its own process, with ``setting`` in
     its environment."""
     env = {**os.environ, **setting}
-    env = {k: v for k, v in env.items() if not k.startswith("MALLOC_")}  # glibc's defaults
+    env = {k: v for k, v in env.items()  # glibc's defaults, fedkt's kernel caches
+           if not k.startswith("MALLOC_") and k not in KERNEL_CACHES}
     cmd = [sys.executable, "-m", "fedkt.cli", "run", str(config), "--output-dir", str(out), "-q",
            "--set", "runtime.torch_threads=1", "--set", "training.reuse=false",
            "--set", "eval.reuse=false", *(x for o in overrides for x in ("--set", o))]

@@ -10,6 +10,18 @@ import os as _os
 # this line (the `fedkt` CLI, suite jobs, `import fedkt` first).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# oneDNN (torch's CPU kernels for bf16 matrix products) keeps each product shape's compiled
+# kernel in two caches of 1,024 (its own and ideep's, torch's layer above it: an entry
+# lives while either holds it), about 0.25 MB each. A run's shapes change with every
+# batch's lengths, so they fill: 0.55 GB of a CLINC150 run's 3.0 GB peak; 64 entries cost
+# about 1% more CPU time. The same kernels run either way, so no number changes
+# (docs/performance.md, "oneDNN's kernel caches bounded"). 64 each unless the user chose
+# a size; FEDKT_KERNEL_CACHE=0 keeps the defaults. Like the line above, it takes effect
+# only when torch loads after this line.
+if _os.environ.get("FEDKT_KERNEL_CACHE") != "0":
+    _os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    _os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
+
 __version__ = "0.1.0"
 
 # bitsandbytes (the `quantization` extra), which peft imports whenever it is installed, warns

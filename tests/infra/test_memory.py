@@ -1,4 +1,5 @@
-"""Freed heap goes back to the OS when a run's outermost phase ends (fedkt.infra.memory)."""
+"""Freed heap goes back to the OS when a run's outermost phase ends (fedkt.infra.memory);
+``import fedkt`` bounds oneDNN's caches of compiled bf16 kernels (fedkt/__init__.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from fedkt.infra import timing
 from fedkt.infra.memory import trim_available
+from fedkt.infra.precision import cpu_supports_bf16
 
 # Frees a 16 MB block (glibc then raises its mmap threshold to 16 MB), allocates 300 MB
 # in 1 MB blocks with a small live object after each, frees the blocks: the holes stay
@@ -60,3 +62,53 @@ def test_it_can_be_turned_off():
                           " release_memory; print(trim_available(), release_memory())"],
                          env=env, capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
+
+
+# 380 bf16 products of as many shapes and their backward (a run's batches of changing
+# lengths, in small): prints the MB the process grew by, and the two cache sizes it ran with.
+_SHAPES = """
+import os, fedkt, torch
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096 / 1e6
+torch.set_num_threads(1)
+w = torch.randn(256, 256, dtype=torch.bfloat16, requires_grad=True)
+x = torch.randn(400, 256, dtype=torch.bfloat16)
+for n in range(1, 20):
+    (x[:n] @ w).sum().backward()
+start = rss()
+for n in range(20, 400):
+    (x[:n] @ w).sum().backward()
+print(rss() - start, os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
+      os.environ.get("LRU_CACHE_CAPACITY"))
+"""
+
+
+_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def _grown(**env: str) -> tuple[float, list[str]]:
+    base = {k: v for k, v in os.environ.items() if k not in (*_CACHES, "FEDKT_KERNEL_CACHE")}
+    out = subprocess.run([sys.executable, "-c", _SHAPES], env={**base, **env},
+                         capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    return float(out[0]), out[1:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.skipif(not cpu_supports_bf16(), reason="bf16 products go through oneDNN only on "
+                    "a CPU with native bf16")
+def test_fedkt_bounds_onednns_kernel_cache():
+    bounded, size = _grown()
+    default, unset = _grown(FEDKT_KERNEL_CACHE="0")
+    assert (size, unset) == (["64", "64"], ["None", "None"])
+    assert default > 200 and bounded < default / 3  # measured: 552 MB against 55
+    one, _ = _grown(FEDKT_KERNEL_CACHE="0", ONEDNN_PRIMITIVE_CACHE_CAPACITY="64")
+    assert one > 2 * bounded  # oneDNN's alone is not enough: ideep's keeps its kernels
+
+
+def test_a_kernel_cache_size_the_user_chose_is_kept():
+    base = {k: v for k, v in os.environ.items() if k not in (*_CACHES, "FEDKT_KERNEL_CACHE")}
+    out = subprocess.run([sys.executable, "-c", "import os, fedkt; print(*(os.environ[k] for "
+                          f"k in {_CACHES!r}))"],
+                         env={**base, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"},
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["512", "64"]
