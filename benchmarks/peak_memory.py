@@ -114,7 +114,9 @@ def _print(peak: dict, recorded: float | None) -> None:
     checkpoints = sum(v for k, v in files.items() if k.endswith((".safetensors", ".bin")))
     print(f"peak RSS {peak['rss']} MB as sampled (the run's environment.json peak_rss_mb: "
           f"{recorded} MB)")
-    print(f"  at {' > '.join(w.split(' ')[-1] for w in peak['where'])} ({peak['where'][-1]})")
+    where = peak["where"]
+    print(f"  at {' > '.join(w.split(' ')[-1] for w in where)} ({where[-1]})" if where
+          else "  outside fedkt's code")
     print(f"  heap {smaps.get('[heap]', 0)} MB (glibc: {heap.get('in use', '?')} MB in use, "
           f"{heap.get('free', '?')} MB free, {heap.get('mmapped', '?')} MB served by mmap); "
           f"checkpoints mapped {checkpoints} MB; other anonymous {smaps.get('[anon]', 0)} MB; "
