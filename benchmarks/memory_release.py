@@ -34,6 +34,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedkt.config import RunConfig
 
 # --toggle -> (its environment variable, (the name of "0", the name of "1")); "1" is fedkt's default
 TOGGLES = {"trim": ("FEDKT_MALLOC_TRIM", ("kept", "released")),
@@ -44,6 +48,27 @@ KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 SMALL = ["data.max_test=120", "data.max_public=100", "data.require.min_test=100",
          "data.require.min_public=100", "training.local_epochs=1"]
+# every measured run: one torch thread, nothing served from the reuse store
+ISOLATED = ["runtime.torch_threads=1", "training.reuse=false", "eval.reuse=false"]
+
+
+def suite_run(suite_name: str, arm: str, small: bool) -> tuple[RunConfig, str]:
+    """The first run (its config) of ``arm`` in ``suite_name``, and a header line naming
+    it and this machine; exits naming the arm when the suite has none."""
+    import torch
+
+    from fedkt.evidence.suite import load_suite
+
+    runs = [(key, c) for key, c in load_suite(suite_name).runs.items() if key[0] == arm]
+    if not runs:
+        raise SystemExit(f"{suite_name}: no arm {arm!r}")
+    (arm, seed), cfg = runs[0]
+    flags = sorted(k for k, v in torch.cpu.get_capabilities().items()
+                   if v and k.startswith(("amx", "avx512_bf16")))
+    return cfg, (f"# {suite_name}, arm {arm}, seed {seed}{', --small' if small else ''}; "
+                 f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} "
+                 f"({', '.join(flags) or 'no bf16 flags'}), {os.cpu_count()} cores, one "
+                 "torch thread")
 
 
 def _run(config: Path, out: Path, setting: dict[str, str], overrides: list[str]
@@ -54,8 +79,7 @@ def _run(config: Path, out: Path, setting: dict[str, str], overrides: list[str]
     env = {k: v for k, v in env.items()  # glibc's defaults, fedkt's kernel caches
            if not k.startswith("MALLOC_") and k not in KERNEL_CACHES}
     cmd = [sys.executable, "-m", "fedkt.cli", "run", str(config), "--output-dir", str(out), "-q",
-           "--set", "runtime.torch_threads=1", "--set", "training.reuse=false",
-           "--set", "eval.reuse=false", *(x for o in overrides for x in ("--set", o))]
+           *(x for o in (*ISOLATED, *overrides) for x in ("--set", o))]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -81,21 +105,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="120 test items, 100 public "
                         "records, one local epoch")
     args = parser.parse_args()
-    import torch
-
-    from fedkt.evidence.suite import load_suite
-
-    suite = load_suite(args.suite)
-    runs = [(key, c) for key, c in suite.runs.items() if key[0] == args.arm]
-    if not runs:
-        raise SystemExit(f"{args.suite}: no arm {args.arm!r}")
-    (arm, seed), cfg = runs[0]
-    flags = sorted(k for k, v in torch.cpu.get_capabilities().items()
-                   if v and k.startswith(("amx", "avx512_bf16")))
-    print(f"# {args.suite}, arm {arm}, seed {seed}{', --small' if args.small else ''}; "
-          f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} "
-          f"({', '.join(flags) or 'no bf16 flags'}), {os.cpu_count()} cores, one torch thread; "
-          f"--toggle {args.toggle}")
+    cfg, header = suite_run(args.suite, args.arm, args.small)
+    print(f"{header}; --toggle {args.toggle}")
     variable, names = TOGGLES[args.toggle]
     off, on = names
     with tempfile.TemporaryDirectory() as tmp:

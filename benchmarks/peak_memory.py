@@ -30,7 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-from memory_release import SMALL
+from memory_release import ISOLATED, SMALL, suite_run
 
 
 class _MallInfo2(ctypes.Structure):
@@ -136,26 +136,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.inside is not None:
         raise SystemExit(_inside(args.inside[1:], Path(args.inside[0])))
-    import torch
-
-    from fedkt.evidence.suite import load_suite
     from fedkt.tracking.summary import read_environment
 
-    suite = load_suite(args.suite)
-    runs = [(key, c) for key, c in suite.runs.items() if key[0] == args.arm]
-    if not runs:
-        raise SystemExit(f"{args.suite}: no arm {args.arm!r}")
-    (arm, seed), cfg = runs[0]
-    flags = sorted(k for k, v in torch.cpu.get_capabilities().items()
-                   if v and k.startswith(("amx", "avx512_bf16")))
-    print(f"# {args.suite}, arm {arm}, seed {seed}{', --small' if args.small else ''}; "
-          f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()} "
-          f"({', '.join(flags) or 'no bf16 flags'}), {os.cpu_count()} cores, one torch thread")
+    cfg, header = suite_run(args.suite, args.arm, args.small)
+    print(header)
     with tempfile.TemporaryDirectory() as tmp:
         config, out, report = Path(tmp) / "run.yaml", Path(tmp) / "run", Path(tmp) / "peak.json"
         config.write_text(cfg.to_yaml())
-        sets = ["runtime.torch_threads=1", "training.reuse=false", "eval.reuse=false",
-                *(SMALL if args.small else [])]
+        sets = [*ISOLATED, *(SMALL if args.small else [])]
         cmd = [sys.executable, __file__, "--inside", str(report), str(config), "--output-dir",
                str(out), "-q", *(x for s in sets for x in ("--set", s))]
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}

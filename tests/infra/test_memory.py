@@ -86,9 +86,13 @@ print(rss() - start, os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
 _CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
+def _unset() -> dict[str, str]:
+    """This environment without the cache sizes (``import fedkt`` here set them)."""
+    return {k: v for k, v in os.environ.items() if k not in (*_CACHES, "FEDKT_KERNEL_CACHE")}
+
+
 def _grown(**env: str) -> tuple[float, list[str]]:
-    base = {k: v for k, v in os.environ.items() if k not in (*_CACHES, "FEDKT_KERNEL_CACHE")}
-    out = subprocess.run([sys.executable, "-c", _SHAPES], env={**base, **env},
+    out = subprocess.run([sys.executable, "-c", _SHAPES], env={**_unset(), **env},
                          capture_output=True, text=True, check=True, timeout=120).stdout.split()
     return float(out[0]), out[1:]
 
@@ -106,9 +110,8 @@ def test_fedkt_bounds_onednns_kernel_cache():
 
 
 def test_a_kernel_cache_size_the_user_chose_is_kept():
-    base = {k: v for k, v in os.environ.items() if k not in (*_CACHES, "FEDKT_KERNEL_CACHE")}
     out = subprocess.run([sys.executable, "-c", "import os, fedkt; print(*(os.environ[k] for "
                           f"k in {_CACHES!r}))"],
-                         env={**base, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"},
+                         env={**_unset(), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"},
                          capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["512", "64"]
