@@ -92,7 +92,8 @@ def encode(cfg: RunConfig, tokenizer: Any, records: Sequence[dict], *,
 
 
 def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
-                    temperature: float = 1.0, layout: str = "auto") -> Tensor:
+                    temperature: float = 1.0, layout: str = "auto", trie: bool = True
+                    ) -> Tensor:
     """[B, C] log-posteriors over each sample's choices, in the graph.
 
     ``encoded[b][c]``: (token ids, continuation length) of sample b's choice c
@@ -105,9 +106,11 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     each sample's context (the common prefix of its choices' contexts) once, the contexts
     of the batch right-padded together, and the choices' tokens after its key/value cache
     copied to each choice, gradients flowing through both; ``auto`` takes whichever
-    computes fewer token positions (:func:`_shared_cheaper`).  Models that cannot continue
-    from a cache (soft prompts, gradient checkpointing while training, no cache returned)
-    and samples whose choices share no context run as whole sequences.
+    computes fewer token positions (:func:`_shared_cheaper`).  With ``trie`` (the shared
+    layout), choices of a sample whose tokens begin alike take their scores from one row
+    (:func:`fedkt.eval.layout.carriers`).  Models that cannot continue from a cache (soft
+    prompts, gradient checkpointing while training, no cache returned) and samples whose
+    choices share no context run as whole sequences.
     """
     from fedkt.eval.layout import LAYOUTS
 
@@ -117,12 +120,12 @@ def choice_logprobs(model: torch.nn.Module, encoded: Encoded, pad_id: int,
     splits = [_split(row) for row in encoded]
     share = [b for b, split in enumerate(splits) if split is not None]
     if layout == "pairs" or not share or not _continues_from_cache(model) or (
-            layout == "auto" and not _shared_cheaper(model, encoded, splits)):
+            layout == "auto" and not _shared_cheaper(model, encoded, splits, trie)):
         share = []
     c = len(encoded[0])
     parts: dict[int, Tensor] = {}
     if share:
-        scores = _shared_scores(model, [splits[b] for b in share], pad_id)
+        scores = _shared_scores(model, [splits[b] for b in share], pad_id, trie)
         if scores is not None:  # else no cache came back: whole sequences
             parts.update(zip(share, scores.view(len(share), c), strict=True))
     rest = [b for b in range(len(encoded)) if b not in parts]
@@ -162,13 +165,13 @@ def _continues_from_cache(model: torch.nn.Module) -> bool:
 
 
 def _shared_cheaper(model: torch.nn.Module, encoded: Encoded,
-                    splits: Sequence[Split | None]) -> bool:
+                    splits: Sequence[Split | None], trie: bool = True) -> bool:
     """Whether the shared layout computes fewer token positions than whole sequences, by
     the scorer's cost model (:func:`fedkt.eval.layout.plan_layout`: positions through the
     body, the output layer's positions weighted by its share, each forward call's fixed
     cost, attention per attended position)."""
     from fedkt.eval.inputs import takes_logits_to_keep
-    from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share, choice_groups
+    from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share, choice_groups, row_widths
 
     head = _head_share(model)
     keeps = takes_logits_to_keep(model)
@@ -180,13 +183,12 @@ def _shared_cheaper(model: torch.nn.Module, encoded: Encoded,
              + ATTENTION_COST * rows * width * (width + 1) / 2)
     got = [s for s in splits if s is not None]
     ctx = max(len(s[0]) for s in got)
-    conts = [cont for s in got for cont, _ in s[1]]
     left = [b for b, s in enumerate(splits) if s is None]
     # The choices' forwards as _shared_scores cuts them: a group after the first also
     # runs the contexts again.
     again = 2 * CALL_COST + len(got) * ctx
-    groups, later = choice_groups([len(cont) - 1 for cont in conts], ctx, head=head,
-                                  call=again, attention=ATTENTION_COST)
+    groups, later = choice_groups(row_widths([[cont for cont, _ in s[1]] for s in got], trie),
+                                  ctx, head=head, call=again, attention=ATTENTION_COST)
     shared = (len(got) * ctx + head * len(got) * (1 if keeps else ctx) + CALL_COST
               + ATTENTION_COST * len(got) * ctx * (ctx + 1) / 2
               + (later - again + CALL_COST if groups else 0.0))
@@ -230,7 +232,7 @@ def _flat_scores(model: torch.nn.Module, flat: Sequence[tuple[list[int], int]],
 
 
 def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
-                   pad_id: int) -> Tensor | None:
+                   pad_id: int, trie: bool = True) -> Tensor | None:
     """[rows] summed log-probabilities of each sample's choices (sample-major), a sample
     given as (context ids, [(tokens after the context, scored tokens at their end)]).
 
@@ -240,10 +242,13 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
     positions L.. after their own context, the context's padding masked out.  Choices of
     very different lengths (many labels) run in groups of similar lengths
     (:func:`_groups`), each after its own forward of the contexts.  A choice's first
-    token is scored from its context's last logits, the others from the later forwards'.
-    None when the model returned no cache.
+    token is scored from its context's last logits, the others from the later forwards':
+    with ``trie``, from the row of the sample's choice that carries it
+    (:func:`fedkt.eval.layout.carriers`), so a run of tokens that begins several choices
+    runs once.  None when the model returned no cache.
     """
     from fedkt.eval.inputs import _pad, takes_logits_to_keep
+    from fedkt.eval.layout import carriers
     from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
 
     device = next(model.parameters()).device
@@ -251,6 +256,12 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
     ids, mask = _pad([ctx for ctx, _ in samples], pad_id, "right")
     positions = torch.arange(ids.shape[1]).expand(len(samples), -1)
     rows = [(b, cont, n) for b, (_, conts) in enumerate(samples) for cont, n in conts]
+    carrier: list[int] = []  # per row, the row whose later forward scores it (-1: none)
+    for _, conts in samples:
+        owners = (carriers([cont for cont, _ in conts]) if trie
+                  else [c if len(cont) > 1 else -1 for c, (cont, _) in enumerate(conts)])
+        start = len(carrier)
+        carrier += [start + o if o >= 0 else -1 for o in owners]
     later_width = max(len(cont) for _, cont, _ in rows) - 1
     # The output layer runs only at each context's last position (a [B, 1] index).
     keeps = takes_logits_to_keep(model)
@@ -271,7 +282,7 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
         scores = scores.index_add(0, torch.tensor(heads, device=device), picked)
     if later_width <= 0:
         return scores
-    for g, group in enumerate(_groups(model, rows, len(samples), ids.shape[1])):
+    for g, group in enumerate(_groups(model, rows, carrier, len(samples), ids.shape[1])):
         if g:  # a fresh cache of the contexts (selecting rows changes a cache in place)
             first = model(input_ids=ids.to(device), attention_mask=mask.to(device),
                           position_ids=positions.to(device), use_cache=True,
@@ -289,28 +300,35 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
                               attention_mask=full_mask.to(device),
                               position_ids=cont_pos.to(device), **{CACHE_KWARG: cache},
                               use_cache=True).logits)  # [group rows, width, V]
-        # Token j (>= 1) of a choice's tokens is predicted at position j - 1 of this forward.
-        targets = torch.zeros(len(group), width, dtype=torch.long)
-        scored = torch.zeros(len(group), width, dtype=torch.bool)
-        for k, r in enumerate(group):
+        # Token j (>= 1) of a choice's tokens is predicted at position j - 1 of its
+        # carrier's row in this forward.
+        at = {row: k for k, row in enumerate(group)}
+        read = [r for r in range(len(rows)) if carrier[r] in at]
+        targets = torch.zeros(len(read), width, dtype=torch.long)
+        scored = torch.zeros(len(read), width, dtype=torch.bool)
+        for k, r in enumerate(read):
             _, cont, n = rows[r]
             targets[k, : len(cont) - 1] = torch.tensor(cont[1:])
             scored[k, max(starts[r], 1) - 1 : len(cont) - 1] = n > 0
         targets, scored = targets.to(device), scored.to(device)
-        picked = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
-        scores = scores.index_add(0, torch.tensor(group, device=device),
+        src = torch.tensor([at[carrier[r]] for r in read], device=device)
+        picked = (logits[src[:, None], torch.arange(width, device=device), targets]
+                  - logits.logsumexp(-1)[src])
+        scores = scores.index_add(0, torch.tensor(read, device=device),
                                   torch.where(scored, picked, torch.zeros_like(picked)).sum(-1))
     return scores
 
 
-def _groups(model: torch.nn.Module, rows: Sequence[tuple[int, list[int], int]], samples: int,
-            context: int) -> list[list[int]]:
-    """The rows with tokens after their first, cut into forwards of similar lengths
+def _groups(model: torch.nn.Module, rows: Sequence[tuple[int, list[int], int]],
+            carrier: Sequence[int], samples: int, context: int) -> list[list[int]]:
+    """The rows that carry a forward (``carrier[r] == r``: tokens after their first, not
+    carried by another row), cut into forwards of similar lengths
     (:func:`fedkt.eval.layout.choice_groups`; a further group also runs the ``samples``
     contexts of ``context`` positions again)."""
     from fedkt.eval.layout import ATTENTION_COST, CALL_COST, _head_share, choice_groups
 
-    return choice_groups([len(cont) - 1 for _, cont, _ in rows], context,
+    return choice_groups([len(cont) - 1 if carrier[r] == r else 0
+                          for r, (_, cont, _) in enumerate(rows)], context,
                          head=_head_share(model), call=2 * CALL_COST + samples * context,
                          attention=ATTENTION_COST)[0]
 

@@ -16,8 +16,8 @@ import torch
 from fedkt.eval.inputs import _pair_batches, _scored_seq, takes_logits_to_keep
 from fedkt.models.kv_cache import CACHE_KWARG
 
-__all__ = ["ATTENTION_COST", "CALL_COST", "LAYOUTS", "LayoutPlan", "choice_groups", "model_plan",
-           "plan_layout"]
+__all__ = ["ATTENTION_COST", "CALL_COST", "LAYOUTS", "LayoutPlan", "carriers", "choice_groups",
+           "model_plan", "plan_layout", "row_widths"]
 
 
 # How the scorer lays out an example's (context, choice) pairs:
@@ -54,6 +54,46 @@ class LayoutPlan:
     pairs: list[tuple[int, int]]
     cost: dict[str, float]
     groups: list[list[list[int]]] = field(default_factory=list)
+
+
+def carriers(conts: Sequence[Sequence[int]]) -> list[int]:
+    """The label trie of one example's choices: for each choice, the choice whose row (its
+    forward after the context) computes its scores; -1 for a choice that needs no row.
+
+    ``conts``: each choice's tokens after the context.  Its first token is scored from the
+    context's last logits; token j >= 1 from the logits after its tokens before j, so a row
+    runs its tokens but the last.  Where one choice's tokens but the last begin another's
+    (``oil change how`` and ``oil change when``; ``card`` and ``card arrival``), the longer
+    row's logits score both: each distinct run of tokens is computed once, as in a trie of
+    the labels.  The longest run (the first of equals) carries a group; deterministic.
+    """
+    runs = [tuple(cont[:-1]) for cont in conts]
+    order = sorted((c for c, run in enumerate(runs) if run), key=lambda c: (-len(runs[c]), c))
+    out = [-1] * len(conts)
+    owner: dict[tuple[int, ...], int] = {}  # every beginning of a carrying row -> its choice
+    for c in order:
+        found = owner.get(runs[c])
+        if found is None:
+            found = c
+            for k in range(1, len(runs[c]) + 1):
+                owner.setdefault(runs[c][:k], c)
+        out[c] = found
+    return out
+
+
+def row_widths(conts_per_example: Sequence[Sequence[Sequence[int]]], trie: bool = True
+               ) -> list[int]:
+    """Each choice row's tokens after its context's last, example by example and choice by
+    choice (:func:`choice_groups`' ``widths``): 0 for a row that runs no forward (one token,
+    or, with ``trie``, carried by another row of its example: :func:`carriers`)."""
+    out: list[int] = []
+    for conts in conts_per_example:
+        if trie:
+            carried = carriers(conts)
+            out += [len(cont) - 1 if carried[c] == c else 0 for c, cont in enumerate(conts)]
+        else:
+            out += [max(len(cont) - 1, 0) for cont in conts]
+    return out
 
 
 def choice_groups(widths: Sequence[int], context: int, *, head: float = 0.0,
@@ -116,6 +156,7 @@ def plan_layout(
     logits_to_keep: bool = True,
     call: float = 0.0,
     attention: float = 0.0,
+    trie: bool = True,
 ) -> LayoutPlan:
     """Choose per batch between a shared context and whole sequences (:data:`LAYOUTS`).
 
@@ -130,7 +171,8 @@ def plan_layout(
     is each forward call's fixed cost (a chunk makes one for its contexts and one per group
     of choice rows, a batch of whole sequences one, shared by its rows) and ``attention`` the cost of each (row, token, attended
     position) (:data:`CALL_COST`, :data:`ATTENTION_COST`).  ``auto`` keeps a chunk shared
-    when it costs less.
+    when it costs less.  With ``trie`` a shared chunk runs each distinct beginning of its
+    examples' choices once (:func:`carriers`); without it, one row per choice.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
@@ -166,7 +208,7 @@ def plan_layout(
             if n + 1 < len(group) and size + len(encoded[group[n + 1]]) <= batch_size:
                 continue
             groups, later = choice_groups(
-                [len(cont) - 1 for e in chunk for _, cont in encoded[e]], length,
+                row_widths([[cont for _, cont in encoded[e]] for e in chunk], trie), length,
                 head=head, call=call, attention=attention)
             own = (len(chunk) * length + head * len(chunk) * (1 if logits_to_keep else length)
                    + call + attention * len(chunk) * length * (length + 1) / 2 + later)
@@ -184,14 +226,15 @@ def plan_layout(
 
 def model_plan(model: torch.nn.Module,
                encoded: Sequence[Sequence[tuple[list[int], list[int]]]], *,
-               batch_size: int, max_length: int, layout: str = "auto") -> LayoutPlan:
+               batch_size: int, max_length: int, layout: str = "auto", trie: bool = True
+               ) -> LayoutPlan:
     """:func:`plan_layout` priced for ``model``: its output layer's share, whether it keeps
     only the logits asked for, the fitted call and attention costs; a soft-prompt model
     scores whole sequences."""
     return plan_layout(encoded, batch_size=batch_size, max_length=max_length,
                        layout=layout if _shares_context(model) else "pairs",
                        head=_head_share(model), logits_to_keep=takes_logits_to_keep(model),
-                       call=CALL_COST, attention=ATTENTION_COST)
+                       call=CALL_COST, attention=ATTENTION_COST, trie=trie)
 
 
 def _shares_context(model: torch.nn.Module) -> bool:

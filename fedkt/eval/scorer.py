@@ -29,7 +29,7 @@ from fedkt.eval.inputs import (
     encode_scored,
     takes_logits_to_keep,
 )
-from fedkt.eval.layout import LAYOUTS, model_plan
+from fedkt.eval.layout import LAYOUTS, carriers, model_plan
 from fedkt.eval.metrics import accuracy
 from fedkt.infra import progress
 from fedkt.models.kv_cache import CACHE_KWARG
@@ -110,6 +110,7 @@ def score_choices(
     batch_size: int = 8,
     max_length: int = 1024,
     layout: str = "auto",
+    trie: bool = True,
 ) -> list[list[float]]:
     """Log-likelihood of each continuation given its context (sum over its tokens).
 
@@ -117,10 +118,13 @@ def score_choices(
     and returns ``logits``, including peft-wrapped (LoRA, prefix or prompt tuning)
     models.  ``layout``: how the pairs are batched (:data:`fedkt.eval.layout.LAYOUTS`;
     the same numbers within float rounding): ``auto`` picks per batch whichever computes
-    fewer token positions.
+    fewer token positions.  ``trie``: after a shared context, choices whose tokens begin
+    alike are scored from one row (:func:`fedkt.eval.layout.carriers`); off, one row per
+    choice (the same numbers within float rounding).
     """
     scored = _score_grouped(model, tokenizer, contexts, continuations_per_example,
-                            batch_size=batch_size, max_length=max_length, layout=layout)
+                            batch_size=batch_size, max_length=max_length, layout=layout,
+                            trie=trie)
     return [[score for score, _ in row] for row in scored]
 
 
@@ -133,6 +137,7 @@ def _score_grouped(
     batch_size: int,
     max_length: int,
     layout: str = "auto",
+    trie: bool = True,
 ) -> list[list[tuple[float, int]]]:
     """``(log-likelihood, tokens)`` of every (context, continuation), grouped per example,
     in the layout :func:`fedkt.eval.layout.plan_layout` chooses (a soft-prompt model: whole
@@ -147,7 +152,7 @@ def _score_grouped(
     encoded = [_encode_example(tokenizer, context, conts, prefix)
                for context, conts in zip(contexts, continuations_per_example, strict=True)]
     plan = model_plan(model, encoded, batch_size=batch_size, max_length=max_length,
-                      layout=layout)
+                      layout=layout, trie=trie)
     out: list[list[tuple[float, int]]] = [[(0.0, 0)] * len(pairs) for pairs in encoded]
     device = _device(model)
     pad_id = _pad_id(tokenizer)
@@ -159,7 +164,8 @@ def _score_grouped(
             with _inference(model):
                 for chunk, groups in zip(plan.shared, plan.groups, strict=True):
                     if _score_chunk(model, [(i, encoded[i][0][0], [c for _, c in encoded[i]])
-                                            for i in chunk], groups, out, device, pad_id, keep):
+                                            for i in chunk], groups, out, device, pad_id, keep,
+                                    trie):
                         shown.update(len(chunk))
                     else:  # the forward returned no cache: whole sequences
                         rows += [(i, c) for i in chunk for c in range(len(encoded[i]))]
@@ -185,16 +191,19 @@ def _score_grouped(
 
 def _score_chunk(model: torch.nn.Module, chunk: list[tuple[int, list[int], list[list[int]]]],
                  groups: Sequence[Sequence[int]], out: list[list[tuple[float, int]]],
-                 device: torch.device, pad_id: int, keep: dict[str, int]) -> bool:
+                 device: torch.device, pad_id: int, keep: dict[str, int], trie: bool = True
+                 ) -> bool:
     """One context forward (equal lengths, no padding), then each group of choice rows
     (``groups``: row indices, example by example and choice by choice; see
     :func:`fedkt.eval.layout.choice_groups`) after its own copy of the cache; the context's
-    last logits score each choice's first token.  False (nothing scored) when choices
-    need the cache and the forward returned none."""
+    last logits score each choice's first token, and a row's logits its own later tokens
+    and, with ``trie``, those of the choices it carries (:func:`fedkt.eval.layout.carriers`).
+    False (nothing scored) when choices need the cache and the forward returned none."""
     ctx = torch.tensor([c for _, c, _ in chunk], dtype=torch.long, device=device)
     first = model(input_ids=ctx, attention_mask=torch.ones_like(ctx), use_cache=True, **keep)
     last = first.logits[:, -1].float().log_softmax(-1)  # [E, V]
     rows = [(e, cont) for e, (_, _, conts) in enumerate(chunk) for cont in conts]
+    carried = _carried(chunk, trie)
     scores: list[tuple[float, int]] = [
         (last[e, cont[0]].item(), len(cont)) if cont else (0.0, 0) for e, cont in rows]
     cache = getattr(first, CACHE_KWARG, None) if groups else None
@@ -208,17 +217,34 @@ def _score_chunk(model: torch.nn.Module, chunk: list[tuple[int, list[int], list[
         mask = torch.cat([torch.ones(len(group), ctx.shape[1], dtype=mask.dtype), mask], 1)
         later = model(input_ids=ids.to(device), attention_mask=mask.to(device),
                       **{CACHE_KWARG: own}, use_cache=True).logits
-        for pos, r in enumerate(group):
-            cont = rows[r][1]
-            logprobs = later[pos, : len(cont) - 1].float().log_softmax(-1)
-            targets = torch.tensor(cont[1:], device=logprobs.device)
-            total = scores[r][0] + logprobs.gather(-1, targets[:, None]).sum().item()
-            scores[r] = (total, len(cont))
+        for pos, row in enumerate(group):
+            for r in carried[row]:
+                cont = rows[r][1]
+                logprobs = later[pos, : len(cont) - 1].float().log_softmax(-1)
+                targets = torch.tensor(cont[1:], device=logprobs.device)
+                total = scores[r][0] + logprobs.gather(-1, targets[:, None]).sum().item()
+                scores[r] = (total, len(cont))
     pos = 0
     for i, _, conts in chunk:
         out[i] = scores[pos : pos + len(conts)]
         pos += len(conts)
     return True
+
+
+def _carried(chunk: Sequence[tuple[int, list[int], list[list[int]]]], trie: bool
+             ) -> dict[int, list[int]]:
+    """Per choice row of ``chunk`` (numbered example by example, choice by choice) that runs
+    a forward, the rows its logits score: itself, and with ``trie`` the rows it carries."""
+    out: dict[int, list[int]] = {}
+    start = 0
+    for _, _, conts in chunk:
+        owners = carriers(conts) if trie else [c if len(cont) > 1 else -1
+                                               for c, cont in enumerate(conts)]
+        for c, owner in enumerate(owners):
+            if owner >= 0:
+                out.setdefault(start + owner, []).append(start + c)
+        start += len(conts)
+    return out
 
 
 def _argmax(values: Sequence[float]) -> int:

@@ -61,7 +61,8 @@ def _forward_rows(model: torch.nn.Module) -> tuple[list[int], object]:
     return rows, handle
 
 
-def _logq_and_grads(lm, encoded: choices.Encoded, target: torch.Tensor, layout: str
+def _logq_and_grads(lm, encoded: choices.Encoded, target: torch.Tensor, layout: str,
+                    trie: bool = True
                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
     """The log-posteriors, and the gradients of KL(target || them) w.r.t. the adapter."""
     model = lm.model
@@ -70,7 +71,7 @@ def _logq_and_grads(lm, encoded: choices.Encoded, target: torch.Tensor, layout: 
     rows, handle = _forward_rows(model)
     try:
         logq = choices.choice_logprobs(model, encoded, lm.tokenizer.pad_token_id or 0,
-                                       temperature=2.0, layout=layout)
+                                       temperature=2.0, layout=layout, trie=trie)
     finally:
         handle.remove()
     (target * (target.log() - logq)).sum().backward()
@@ -204,7 +205,9 @@ def test_many_labels_of_uneven_length_run_in_groups_with_the_same_gradients(make
                                                                            model):
     """30 labels of 1 to 40 tokens (Banking77-like, stretched): the shared layout cuts the
     choices into forwards of similar lengths, each after its own forward of the contexts,
-    and the log-posteriors and the KL loss's gradients are whole sequences'."""
+    and the log-posteriors and the KL loss's gradients are whole sequences'; with the
+    label trie, the labels that begin another ("card top" and "card top up") run in its
+    row, and still are."""
     cfg, lm = _lm(make_config, model)
     # An earlier test may have left checkpointing on in the (cached) base model.
     lm.model.get_base_model().gradient_checkpointing_disable()
@@ -214,13 +217,16 @@ def test_many_labels_of_uneven_length_run_in_groups_with_the_same_gradients(make
                for ctx in CONTEXTS[:2]]
     target = torch.softmax(torch.randn(2, 30, generator=torch.Generator().manual_seed(3)), -1)
     flat_q, flat_g, _ = _logq_and_grads(lm, encoded, target, "pairs")
-    shared_q, shared_g, rows = _logq_and_grads(lm, encoded, target, "shared")
+    shared_q, shared_g, rows = _logq_and_grads(lm, encoded, target, "shared", trie=False)
     # [contexts, a group's rows, contexts again, the next group's rows, ...]
     assert len(rows) >= 4 and rows[0::2] == [2] * (len(rows) // 2)
     assert 30 < sum(rows[1::2]) <= 60
-    # log-posteriors down to -200 here: float32 rounding is relative
-    assert torch.allclose(shared_q, flat_q, atol=1e-5, rtol=1e-6), (shared_q - flat_q).abs().max()
+    trie_q, trie_g, trie_rows = _logq_and_grads(lm, encoded, target, "shared")
+    assert trie_rows[0] == 2 and sum(trie_rows[1::2]) < sum(rows[1::2]) / 2
     scale = max(float(g.abs().max()) for g in flat_g.values())
     assert scale > 0
-    for name, g in flat_g.items():
-        assert torch.allclose(shared_g[name], g, atol=1e-5 * scale, rtol=1e-4), name
+    for q, grads in ((shared_q, shared_g), (trie_q, trie_g)):
+        # log-posteriors down to -200 here: float32 rounding is relative
+        assert torch.allclose(q, flat_q, atol=1e-5, rtol=1e-6), (q - flat_q).abs().max()
+        for name, g in flat_g.items():
+            assert torch.allclose(grads[name], g, atol=1e-5 * scale, rtol=1e-4), name

@@ -10,7 +10,14 @@ import torch
 from transformers.modeling_outputs import CausalLMOutput
 
 from fedkt.eval.inputs import _encode_example, _special_prefix
-from fedkt.eval.layout import CALL_COST, choice_groups, model_plan, plan_layout
+from fedkt.eval.layout import (
+    CALL_COST,
+    carriers,
+    choice_groups,
+    model_plan,
+    plan_layout,
+    row_widths,
+)
 from fedkt.eval.scorer import _score_grouped, mc_predictions, score_choices
 from fedkt.models.tiny import build_tiny_causal_lm
 from tests.conftest import run_data_of
@@ -52,9 +59,12 @@ def test_many_labels_after_a_shared_context_equal_whole_sequences(name):
     assert {0, 1, 2, 3} <= shared and 4 not in shared  # the cut one goes whole
     assert max(len(groups) for groups in plan.groups) > 1  # labels split by length
     for chunk, groups in zip(plan.shared, plan.groups, strict=True):
-        widths = [len(cont) - 1 for i in chunk for _, cont in encoded[i]]
+        # one row per distinct beginning of the labels (the trie): fewer than the labels
+        # of more than one token
+        widths = row_widths([[cont for _, cont in encoded[i]] for i in chunk])
         grouped = sorted(r for group in groups for r in group)
         assert grouped == [r for r, w in enumerate(widths) if w > 0]
+        assert len(grouped) < sum(len(cont) > 1 for i in chunk for _, cont in encoded[i])
     new, old = _both(model, tokenizer)
     for row_new, row_old in zip(new, old, strict=True):
         assert [n for _, n in row_new] == [n for _, n in row_old]  # tokens scored
@@ -89,6 +99,42 @@ def test_bf16_autocast_gives_the_same_answers():
             ranked = sorted(values_old, reverse=True)
             if ranked[0] - ranked[1] > 0.1:  # an answer bf16 rounding cannot flip
                 assert values_new.index(max(values_new)) == values_old.index(ranked[0])
+
+
+def test_the_label_trie_runs_each_beginning_once():
+    # oil change when / oil change how / uber / oil / oil change / gas station / (empty)
+    conts = [[1, 2, 3], [1, 2, 4], [5], [1], [1, 2], [6, 7], []]
+    # The first two share their tokens but the last: one row scores both, and "oil change"
+    # reads its second token from it too; one-token and empty choices need no row.
+    assert carriers(conts) == [0, 0, -1, -1, 0, 5, -1]
+    assert row_widths([conts]) == [2, 0, 0, 0, 0, 1, 0]
+    assert row_widths([conts], trie=False) == [2, 2, 0, 0, 1, 1, 0]
+    assert carriers([[1, 2], [1, 3, 4]]) == [1, 1]  # the longer row carries
+    assert carriers([[1, 2, 3], [1, 2, 3]]) == [0, 0]  # the same label twice: the first
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_the_label_trie_scores_fewer_rows_with_the_same_log_likelihoods(name):
+    model, tokenizer = build_tiny_causal_lm(name, seed=0)
+    rows: list[int] = []
+    handle = model.register_forward_pre_hook(
+        lambda _, args, kwargs: rows.append(int(kwargs["input_ids"].numel())), with_kwargs=True)
+    got = {}
+    try:
+        for trie in (True, False):
+            rows.clear()
+            got[trie] = (score_choices(model, tokenizer, CONTEXTS[:4], CHOICES[:4],
+                                       batch_size=64, max_length=MAX_LENGTH, layout="shared",
+                                       trie=trie), sum(rows))
+    finally:
+        handle.remove()
+    (with_trie, positions), (without, positions_without) = got[True], got[False]
+    assert positions < positions_without  # token positions through the model
+    reference = score_choices(model, tokenizer, CONTEXTS[:4], CHOICES[:4], batch_size=4,
+                              max_length=MAX_LENGTH, layout="pairs")
+    for a, b, ref in zip(with_trie, without, reference, strict=True):
+        assert a == pytest.approx(ref, abs=1e-4) and b == pytest.approx(ref, abs=1e-4)
+    assert mc_predictions(with_trie, CHOICES[:4]) == mc_predictions(reference, CHOICES[:4])
 
 
 class _NoCache(torch.nn.Module):
@@ -141,7 +187,8 @@ def test_77_labels_of_uneven_length_share_their_context():
     # 77 labels of 3-17 tokens after 18-token contexts (Banking77): the planner's groups
     # pad less than one forward, and sharing costs well under whole sequences.
     widths = [2 + (k * 7) % 15 for k in range(77)]
-    encoded = [[(list(range(18)), [5] * (w + 1)) for w in widths] for _ in range(4)]
+    encoded = [[(list(range(18)), [100 + k] + [5] * w) for k, w in enumerate(widths)]
+               for _ in range(4)]
     plan = plan_layout(encoded, batch_size=8, max_length=256, head=0.27, call=CALL_COST)
     assert sorted(i for chunk in plan.shared for i in chunk) == [0, 1, 2, 3]
     assert plan.cost["shared"] < plan.cost["pairs"] / 2

@@ -76,9 +76,10 @@ def test_every_layout_gives_the_same_log_likelihoods(name):
 
 
 def _examples(n: int, context: int, choices: list[int], start: int = 0):
-    """``n`` encoded examples: a context of ``context`` tokens, choices of those lengths."""
-    return [[(list(range(start + i, start + i + context)), [7] * c) for c in choices]
-            for i in range(n)]
+    """``n`` encoded examples: a context of ``context`` tokens, choices of those lengths
+    (each its own first token: no two begin alike)."""
+    return [[(list(range(start + i, start + i + context)), [500 + k] + [7] * (c - 1))
+             for k, c in enumerate(choices)] for i in range(n)]
 
 
 def test_short_choices_after_long_contexts_share_the_context():
@@ -91,8 +92,8 @@ def test_short_choices_after_long_contexts_share_the_context():
 
 def _piqa(n: int, start: int = 0):
     """PIQA: goals of 8-13 tokens, two sentence-long solutions of uneven lengths."""
-    return [[(list(range(start, start + 8 + i % 6)), [7] * (10 + 7 * (i % 9))),
-             (list(range(start, start + 8 + i % 6)), [7] * (10 + 7 * (i * 5 % 9)))]
+    return [[(list(range(start, start + 8 + i % 6)), [8] + [7] * (9 + 7 * (i % 9))),
+             (list(range(start, start + 8 + i % 6)), [9] + [7] * (9 + 7 * (i * 5 % 9)))]
             for i in range(n)]
 
 
