@@ -258,10 +258,9 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
     rows = [(b, cont, n) for b, (_, conts) in enumerate(samples) for cont, n in conts]
     carrier: list[int] = []  # per row, the row whose later forward scores it (-1: none)
     for _, conts in samples:
-        owners = (carriers([cont for cont, _ in conts]) if trie
-                  else [c if len(cont) > 1 else -1 for c, (cont, _) in enumerate(conts)])
         start = len(carrier)
-        carrier += [start + o if o >= 0 else -1 for o in owners]
+        carrier += [start + o if o >= 0 else -1
+                    for o in carriers([cont for cont, _ in conts], trie)]
     later_width = max(len(cont) for _, cont, _ in rows) - 1
     # The output layer runs only at each context's last position (a [B, 1] index).
     keeps = takes_logits_to_keep(model)

@@ -56,9 +56,10 @@ class LayoutPlan:
     groups: list[list[list[int]]] = field(default_factory=list)
 
 
-def carriers(conts: Sequence[Sequence[int]]) -> list[int]:
+def carriers(conts: Sequence[Sequence[int]], trie: bool = True) -> list[int]:
     """The label trie of one example's choices: for each choice, the choice whose row (its
-    forward after the context) computes its scores; -1 for a choice that needs no row.
+    forward after the context) computes its scores; -1 for a choice that needs no row
+    (without ``trie``: each choice of more than one token its own row).
 
     ``conts``: each choice's tokens after the context.  Its first token is scored from the
     context's last logits; token j >= 1 from the logits after its tokens before j, so a row
@@ -68,6 +69,8 @@ def carriers(conts: Sequence[Sequence[int]]) -> list[int]:
     the labels.  The longest run (the first of equals) carries a group; deterministic.
     """
     runs = [tuple(cont[:-1]) for cont in conts]
+    if not trie:
+        return [c if run else -1 for c, run in enumerate(runs)]
     order = sorted((c for c, run in enumerate(runs) if run), key=lambda c: (-len(runs[c]), c))
     out = [-1] * len(conts)
     owner: dict[tuple[int, ...], int] = {}  # every beginning of a carrying row -> its choice
@@ -88,11 +91,8 @@ def row_widths(conts_per_example: Sequence[Sequence[Sequence[int]]], trie: bool 
     or, with ``trie``, carried by another row of its example: :func:`carriers`)."""
     out: list[int] = []
     for conts in conts_per_example:
-        if trie:
-            carried = carriers(conts)
-            out += [len(cont) - 1 if carried[c] == c else 0 for c, cont in enumerate(conts)]
-        else:
-            out += [max(len(cont) - 1, 0) for cont in conts]
+        carried = carriers(conts, trie)
+        out += [len(cont) - 1 if carried[c] == c else 0 for c, cont in enumerate(conts)]
     return out
 
 

@@ -238,9 +238,7 @@ def _carried(chunk: Sequence[tuple[int, list[int], list[list[int]]]], trie: bool
     out: dict[int, list[int]] = {}
     start = 0
     for _, _, conts in chunk:
-        owners = carriers(conts) if trie else [c if len(cont) > 1 else -1
-                                               for c, cont in enumerate(conts)]
-        for c, owner in enumerate(owners):
+        for c, owner in enumerate(carriers(conts, trie)):
             if owner >= 0:
                 out.setdefault(start + owner, []).append(start + c)
         start += len(conts)

@@ -109,6 +109,7 @@ def test_the_label_trie_runs_each_beginning_once():
     assert carriers(conts) == [0, 0, -1, -1, 0, 5, -1]
     assert row_widths([conts]) == [2, 0, 0, 0, 0, 1, 0]
     assert row_widths([conts], trie=False) == [2, 2, 0, 0, 1, 1, 0]
+    assert carriers(conts, trie=False) == [0, 1, -1, -1, 4, 5, -1]
     assert carriers([[1, 2], [1, 3, 4]]) == [1, 1]  # the longer row carries
     assert carriers([[1, 2, 3], [1, 2, 3]]) == [0, 0]  # the same label twice: the first
 
