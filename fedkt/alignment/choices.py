@@ -248,7 +248,7 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
     runs once.  None when the model returned no cache.
     """
     from fedkt.eval.inputs import _pad, takes_logits_to_keep
-    from fedkt.eval.layout import carriers
+    from fedkt.eval.layout import row_carriers
     from fedkt.models.kv_cache import CACHE_KWARG, returned_cache
 
     device = next(model.parameters()).device
@@ -256,11 +256,8 @@ def _shared_scores(model: torch.nn.Module, samples: Sequence[Split],
     ids, mask = _pad([ctx for ctx, _ in samples], pad_id, "right")
     positions = torch.arange(ids.shape[1]).expand(len(samples), -1)
     rows = [(b, cont, n) for b, (_, conts) in enumerate(samples) for cont, n in conts]
-    carrier: list[int] = []  # per row, the row whose later forward scores it (-1: none)
-    for _, conts in samples:
-        start = len(carrier)
-        carrier += [start + o if o >= 0 else -1
-                    for o in carriers([cont for cont, _ in conts], trie)]
+    # per row, the row whose later forward scores it (-1: none)
+    carrier = row_carriers([[cont for cont, _ in conts] for _, conts in samples], trie)
     later_width = max(len(cont) for _, cont, _ in rows) - 1
     # The output layer runs only at each context's last position (a [B, 1] index).
     keeps = takes_logits_to_keep(model)

@@ -17,7 +17,7 @@ from fedkt.eval.inputs import _pair_batches, _scored_seq, takes_logits_to_keep
 from fedkt.models.kv_cache import CACHE_KWARG
 
 __all__ = ["ATTENTION_COST", "CALL_COST", "LAYOUTS", "LayoutPlan", "carriers", "choice_groups",
-           "model_plan", "plan_layout", "row_widths"]
+           "model_plan", "plan_layout", "row_carriers", "row_widths"]
 
 
 # How the scorer lays out an example's (context, choice) pairs:
@@ -84,16 +84,26 @@ def carriers(conts: Sequence[Sequence[int]], trie: bool = True) -> list[int]:
     return out
 
 
+def row_carriers(conts_per_example: Sequence[Sequence[Sequence[int]]], trie: bool = True
+                 ) -> list[int]:
+    """:func:`carriers` of several examples' choices, numbered as one list of rows (example
+    by example, choice by choice): each row's carrying row, -1 for none."""
+    out: list[int] = []
+    for conts in conts_per_example:
+        start = len(out)
+        out += [start + o if o >= 0 else -1 for o in carriers(conts, trie)]
+    return out
+
+
 def row_widths(conts_per_example: Sequence[Sequence[Sequence[int]]], trie: bool = True
                ) -> list[int]:
     """Each choice row's tokens after its context's last, example by example and choice by
     choice (:func:`choice_groups`' ``widths``): 0 for a row that runs no forward (one token,
-    or, with ``trie``, carried by another row of its example: :func:`carriers`)."""
-    out: list[int] = []
-    for conts in conts_per_example:
-        carried = carriers(conts, trie)
-        out += [len(cont) - 1 if carried[c] == c else 0 for c, cont in enumerate(conts)]
-    return out
+    or, with ``trie``, carried by another row of its example: :func:`row_carriers`)."""
+    conts = [cont for example in conts_per_example for cont in example]
+    return [len(cont) - 1 if carrier == r else 0
+            for r, (cont, carrier) in enumerate(zip(conts, row_carriers(conts_per_example, trie),
+                                                    strict=True))]
 
 
 def choice_groups(widths: Sequence[int], context: int, *, head: float = 0.0,

@@ -29,7 +29,7 @@ from fedkt.eval.inputs import (
     encode_scored,
     takes_logits_to_keep,
 )
-from fedkt.eval.layout import LAYOUTS, carriers, model_plan
+from fedkt.eval.layout import LAYOUTS, model_plan, row_carriers
 from fedkt.eval.metrics import accuracy
 from fedkt.infra import progress
 from fedkt.models.kv_cache import CACHE_KWARG
@@ -236,12 +236,9 @@ def _carried(chunk: Sequence[tuple[int, list[int], list[list[int]]]], trie: bool
     """Per choice row of ``chunk`` (numbered example by example, choice by choice) that runs
     a forward, the rows its logits score: itself, and with ``trie`` the rows it carries."""
     out: dict[int, list[int]] = {}
-    start = 0
-    for _, _, conts in chunk:
-        for c, owner in enumerate(carriers(conts, trie)):
-            if owner >= 0:
-                out.setdefault(start + owner, []).append(start + c)
-        start += len(conts)
+    for r, owner in enumerate(row_carriers([conts for _, _, conts in chunk], trie)):
+        if owner >= 0:
+            out.setdefault(owner, []).append(r)
     return out
 
 
