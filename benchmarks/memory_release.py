@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedkt import KERNEL_CACHES
+
 if TYPE_CHECKING:
     from fedkt.config import RunConfig
 
@@ -43,8 +45,6 @@ if TYPE_CHECKING:
 TOGGLES = {"trim": ("FEDKT_MALLOC_TRIM", ("kept", "released")),
            "frozen_cast": ("FEDKT_FROZEN_CAST", ("recast", "cast once")),
            "kernel_cache": ("FEDKT_KERNEL_CACHE", ("1,024", "64"))}
-# set by `import fedkt` here: each run's own import decides them
-KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 SMALL = ["data.max_test=120", "data.max_public=100", "data.require.min_test=100",
          "data.require.min_public=100", "training.local_epochs=1"]
@@ -76,7 +76,9 @@ def _run(config: Path, out: Path, setting: dict[str, str], overrides: list[str]
     """Wall seconds and peak RSS (MB) of one run in its own process, with ``setting`` in
     its environment."""
     env = {**os.environ, **setting}
-    env = {k: v for k, v in env.items()  # glibc's defaults, fedkt's kernel caches
+    # glibc's defaults; fedkt's kernel caches, which `import fedkt` set here: each run's
+    # own import decides them
+    env = {k: v for k, v in env.items()
            if not k.startswith("MALLOC_") and k not in KERNEL_CACHES}
     cmd = [sys.executable, "-m", "fedkt.cli", "run", str(config), "--output-dir", str(out), "-q",
            *(x for o in (*ISOLATED, *overrides) for x in ("--set", o))]

@@ -18,9 +18,10 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # (docs/performance.md, "oneDNN's kernel caches bounded"). 64 each unless the user chose
 # a size; FEDKT_KERNEL_CACHE=0 keeps the defaults. Like the line above, it takes effect
 # only when torch loads after this line.
+KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 if _os.environ.get("FEDKT_KERNEL_CACHE") != "0":
-    _os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
-    _os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
+    for _name in KERNEL_CACHES:
+        _os.environ.setdefault(_name, "64")
 
 __version__ = "0.1.0"
 

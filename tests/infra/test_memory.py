@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from fedkt import KERNEL_CACHES
 from fedkt.infra import timing
 from fedkt.infra.memory import trim_available
 from fedkt.infra.precision import cpu_supports_bf16
@@ -83,12 +84,9 @@ print(rss() - start, os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
 """
 
 
-_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-
-
 def _unset() -> dict[str, str]:
     """This environment without the cache sizes (``import fedkt`` here set them)."""
-    return {k: v for k, v in os.environ.items() if k not in (*_CACHES, "FEDKT_KERNEL_CACHE")}
+    return {k: v for k, v in os.environ.items() if k not in (*KERNEL_CACHES, "FEDKT_KERNEL_CACHE")}
 
 
 def _grown(**env: str) -> tuple[float, list[str]]:
@@ -111,7 +109,7 @@ def test_fedkt_bounds_onednns_kernel_cache():
 
 def test_a_kernel_cache_size_the_user_chose_is_kept():
     out = subprocess.run([sys.executable, "-c", "import os, fedkt; print(*(os.environ[k] for "
-                          f"k in {_CACHES!r}))"],
+                          f"k in {KERNEL_CACHES!r}))"],
                          env={**_unset(), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"},
                          capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["512", "64"]
