@@ -84,11 +84,18 @@ def clinc150(n: int) -> tuple[list[dict[str, Any]], list[str]]:
 SETS = {"banking77": banking77, "snips": snips, "clinc150": clinc150}
 
 
+def _autocast(precision: str) -> Any:
+    """bf16 autocast on the CPU for ``bf16``, none for ``fp32``."""
+    import torch
+
+    return (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+            else torch.autocast("cpu", enabled=False))
+
+
 def run_set(model: Any, tokenizer: Any, records: list[dict[str, Any]], names: list[str],
             *, batch_size: int, max_length: int, precision: str) -> dict[str, Any]:
     """Score ``records`` in every arm (:data:`ARMS`); per arm: seconds per item, answers,
     scores."""
-    import torch
 
     from fedkt.data.formatting import mc_view
     from fedkt.eval.scorer import _score_grouped, mc_predictions
@@ -99,10 +106,8 @@ def run_set(model: Any, tokenizer: Any, records: list[dict[str, Any]], names: li
     golds = [v[2] for v in views]
     out: dict[str, Any] = {"items": len(records), "labels": len(names)}
     for arm, layout, trie in ARMS:
-        ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-               else torch.autocast("cpu", enabled=False))
         wall, cpu = time.perf_counter(), time.process_time()
-        with ctx:
+        with _autocast(precision):
             scored = _score_grouped(model, tokenizer, contexts, choices,
                                     batch_size=batch_size, max_length=max_length,
                                     layout=layout, trie=trie)
@@ -151,12 +156,10 @@ def run_distill(model: Any, tokenizer: Any, records: list[dict[str, Any]], names
     out: dict[str, Any] = {"items": len(records), "labels": len(names)}
     for trie in (False, True):
         peft.zero_grad(set_to_none=True)
-        ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-               else torch.autocast("cpu", enabled=False))
         logqs = []
         wall, cpu = time.perf_counter(), time.process_time()
         for s in range(0, len(encoded), 8):
-            with ctx:
+            with _autocast(precision):
                 logq = choice_logprobs(peft, encoded[s : s + 8], pad, layout="shared",
                                        trie=trie)
             t = target[s : s + 8]
