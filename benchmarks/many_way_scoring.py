@@ -96,7 +96,6 @@ def run_set(model: Any, tokenizer: Any, records: list[dict[str, Any]], names: li
             *, batch_size: int, max_length: int, precision: str) -> dict[str, Any]:
     """Score ``records`` in every arm (:data:`ARMS`); per arm: seconds per item, answers,
     scores."""
-
     from fedkt.data.formatting import mc_view
     from fedkt.eval.scorer import _score_grouped, mc_predictions
 
