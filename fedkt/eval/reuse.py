@@ -9,7 +9,9 @@ of them, and a repeated key reads the stored result instead of running the model
   Face and PEFT configs, and every parameter and buffer (name, dtype, shape, device type
   and bytes).  Trainable tensors are hashed on every call; frozen ones (a base model) once
   per process and again whenever torch records an in-place change to them (their version
-  counter), so a frozen 135M-parameter base costs its hashing once;
+  counter), so a frozen 135M-parameter base costs its hashing once.  An evaluation's key
+  takes a fresh LoRA adapter's A (its B all zeros, as PEFT starts it) by its shape only:
+  it decides no output, so round 0 of a fold's training seeds is one computation;
 * the tokenizer (:func:`tokenizer_digest`): its vocabulary and merges, special tokens,
   chat template and settings;
 * the inputs: test records (ids and every field), or a public set's token ids, or an
@@ -90,7 +92,8 @@ __all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "source
 ENV = "FEDKT_REUSE_CACHE"
 # Seconds a run waits for an entry another process builds before computing it itself.
 WAIT_ENV = "FEDKT_REUSE_WAIT"
-_VERSION = 5  # of the entries' format and what the keys cover (5: fedkt but READERS)
+_VERSION = 6  # of the entries' format and what the keys cover (5: fedkt but READERS; 6: a
+#                fresh LoRA A by its shape, _inert)
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -218,15 +221,57 @@ def _configs(model: torch.nn.Module) -> dict[str, Any]:
     return out
 
 
-def model_digest(model: torch.nn.Module) -> str:
-    """What decides a model's outputs: class, module tree, configs, parameters, buffers."""
+def _is_zero(t: torch.Tensor | None) -> bool:
+    return t is None or not bool(t.detach().any())
+
+
+def _inert(model: torch.nn.Module) -> set[str]:
+    """The LoRA A matrices that cannot change the model's outputs: plain LoRA (no variant
+    such as DoRA) whose B is all zeros, as PEFT initialises it.  The adapter then adds
+    ``B(A(x)) * scaling = 0`` to its base layer whatever A holds (A finite), so an
+    evaluation of a fresh adapter is the same under every seed: round 0 of each training
+    seed is one computation, not one per seed."""
+    inert: set[str] = set()
+    for prefix, module in model.named_modules():
+        variants = getattr(module, "lora_variant", {}) or {}
+        pairs = [("lora_A", "lora_B"), ("lora_embedding_A", "lora_embedding_B")]
+        for a_name, b_name in pairs:
+            a_dict, b_dict = getattr(module, a_name, None), getattr(module, b_name, None)
+            if not isinstance(a_dict, Mapping | torch.nn.ModuleDict | torch.nn.ParameterDict):
+                continue
+            for adapter, a in a_dict.items():
+                b = b_dict[adapter] if b_dict is not None and adapter in b_dict else None
+                if adapter in variants or b is None:
+                    continue
+                a_w = a if isinstance(a, torch.Tensor) else getattr(a, "weight", None)
+                b_w = b if isinstance(b, torch.Tensor) else getattr(b, "weight", None)
+                if (a_w is None or b_w is None or not _is_zero(b_w)
+                        or not _is_zero(getattr(b, "bias", None))
+                        or not bool(torch.isfinite(a_w.detach()).all())):
+                    continue
+                suffix = "" if isinstance(a, torch.Tensor) else ".weight"
+                inert.add(f"{prefix}.{a_name}.{adapter}{suffix}".lstrip("."))
+    return inert
+
+
+def model_digest(model: torch.nn.Module, outputs: bool = False) -> str:
+    """What decides a model's outputs: class, module tree, configs, parameters, buffers.
+
+    ``outputs``: the key of what the model computes now (an evaluation), where a LoRA A
+    whose B is all zeros (:func:`_inert`) is keyed by its dtype and shape, not its values:
+    it decides no output until B moves, and then it is hashed again.  Without it (training
+    keys) every value counts: training moves B along A."""
     h = hashlib.sha256()
     h.update(f"{type(model).__module__}.{type(model).__qualname__}\n".encode())
     h.update(repr(model).encode())
     h.update(digest(_configs(model)).encode())
+    inert = _inert(model) if outputs else set()
     for kind, named in (("p", model.named_parameters()), ("b", model.named_buffers())):
         for name, t in named:
             if t is None:
+                continue
+            if kind == "p" and name in inert:
+                h.update(f"p|{name}|{t.device.type}|inert|{t.dtype}|{tuple(t.shape)}\n".encode())
                 continue
             memo = not t.requires_grad
             h.update(f"{kind}|{name}|{t.device.type}|{tensor_digest(t, memo)}\n".encode())
@@ -305,9 +350,10 @@ def _precision(device: torch.device) -> dict[str, Any]:
 
 def _key(kind: str, model: torch.nn.Module | None, tokenizer: Any, parts: Mapping[str, Any]
          ) -> str:
+    outputs = kind == "eval"  # an evaluation is of outputs only; stored tensors may train
     return digest({"format": _VERSION, "kind": kind, "code": code_digest(),
                    "numerics": numerics(),
-                   "model": model_digest(model) if model is not None else None,
+                   "model": model_digest(model, outputs) if model is not None else None,
                    "tokenizer": tokenizer_digest(tokenizer),
                    **_precision(_device(model)), "parts": parts})
 

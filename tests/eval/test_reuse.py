@@ -133,6 +133,68 @@ def test_the_key_changes_with_the_adapter_the_weights_and_the_settings(make_conf
         lm.model.peft_config["default"].lora_alpha -= 1
 
 
+def _lora_pairs(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
+    return [(m.lora_A["default"], m.lora_B["default"]) for m in model.modules()
+            if hasattr(m, "lora_A") and "default" in getattr(m, "lora_A", {})]
+
+
+def test_a_fresh_adapter_is_keyed_by_its_shape_until_b_moves(make_config):
+    """PEFT starts LoRA's B at zero, so a fresh adapter's A (another seed's draw) changes no
+    output: an evaluation's key ignores its values.  Once B moves, A decides outputs and is
+    keyed.  A training's key always holds A: training moves B along it."""
+    from fedkt.train.lm import client_lm
+
+    lm = client_lm(make_config(), 0)
+    pairs = _lora_pairs(lm.model)
+    assert pairs and all(not b.weight.any() for _, b in pairs)
+    fresh = reuse.model_digest(lm.model, outputs=True)
+    training = reuse.model_digest(lm.model)
+    with torch.no_grad():
+        for a, _ in pairs:
+            a.weight.normal_()  # another seed's A
+    assert reuse.model_digest(lm.model, outputs=True) == fresh
+    assert reuse.model_digest(lm.model) != training
+    a0, b0 = pairs[0]
+    with torch.no_grad():
+        b0.weight[0, 0] = 1e-3  # one adapter's B moves: its A now decides outputs
+    moved = reuse.model_digest(lm.model, outputs=True)
+    assert moved != fresh
+    with torch.no_grad():
+        a0.weight.mul_(2.0)
+    assert reuse.model_digest(lm.model, outputs=True) != moved
+    with torch.no_grad():  # B back at zero: inert again, unless A is not finite
+        b0.weight.zero_()
+        assert reuse.model_digest(lm.model, outputs=True) == fresh
+        a0.weight[0, 0] = float("nan")  # 0 * NaN is NaN: such an A decides outputs
+    assert reuse.model_digest(lm.model, outputs=True) != fresh
+
+
+def test_round0_of_another_training_seed_is_read_and_equals_its_computation(
+        make_config, tmp_path):
+    """Two seeds of one config on a saved checkpoint (pretrained weights: the seed draws
+    only LoRA's A and the data order): the second's round 0 reads the first's evaluations,
+    and its rows and prediction files equal the same seed run with eval.reuse off."""
+    from fedkt.models.tiny import build_tiny_causal_lm
+
+    model, tokenizer = build_tiny_causal_lm("tiny-llama")
+    model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    small = ("rounds=1", "data.max_private_per_client=8", "data.split.folds=2",
+             "data.split.fold=0",  # one test fold for both seeds, as a suite's fold
+             f"clients.models=[{{name: {tmp_path / 'ckpt'}}}]")
+    rows_first = _run(make_config(*small, "seed=1", name="first"))
+    assert any(r["round"] == 0 for r in rows_first)
+    on = make_config(*small, "seed=2", name="on")
+    rows_on = _run(on)
+    off = make_config(*small, "seed=2", "eval.reuse=false", name="off")
+    rows_off = _run(off)
+    round0 = [r for r in rows_on if r["round"] == 0 and r["split"] == "test"]
+    assert len(round0) == 3 and all(r.get("eval_saved_seconds", 0) > 0 for r in round0)
+    assert not any(r.get("eval_saved_seconds") for r in rows_on if r["round"] == 1)
+    assert without_timings(rows_on) == without_timings(rows_off)
+    assert _prediction_bytes(on.run_dir) == _prediction_bytes(off.run_dir)
+
+
 def cfg_records(cfg) -> list[dict]:
     from fedkt.data.splits import run_data
 
