@@ -169,6 +169,22 @@ def test_a_fresh_adapter_is_keyed_by_its_shape_until_b_moves(make_config):
     assert reuse.model_digest(lm.model, outputs=True) != fresh
 
 
+def test_a_lora_variant_keeps_its_a_in_the_key():
+    """DoRA normalises W + BA by its norm: no B-is-zero shortcut for a variant."""
+    from peft import LoraConfig, get_peft_model
+
+    from fedkt.models.tiny import build_tiny_causal_lm
+
+    model = get_peft_model(build_tiny_causal_lm("tiny-llama")[0],
+                           LoraConfig(r=4, target_modules="all-linear", use_dora=True))
+    fresh = reuse.model_digest(model, outputs=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.normal_()
+    assert reuse.model_digest(model, outputs=True) != fresh
+
+
 def test_round0_of_another_training_seed_is_read_and_equals_its_computation(
         make_config, tmp_path):
     """Two seeds of one config on a saved checkpoint (pretrained weights: the seed draws
