@@ -225,6 +225,10 @@ def _is_zero(t: torch.Tensor | None) -> bool:
     return t is None or not bool(t.detach().any())
 
 
+# PEFT's LoRA weights: (A, B) attribute pairs of a LoRA layer, each a dict by adapter.
+_LORA_PAIRS = (("lora_A", "lora_B"), ("lora_embedding_A", "lora_embedding_B"))
+
+
 def _inert(model: torch.nn.Module) -> set[str]:
     """The LoRA A matrices that cannot change the model's outputs: plain LoRA (no variant
     such as DoRA) whose B is all zeros, as PEFT initialises it.  The adapter then adds
@@ -234,8 +238,7 @@ def _inert(model: torch.nn.Module) -> set[str]:
     inert: set[str] = set()
     for prefix, module in model.named_modules():
         variants = getattr(module, "lora_variant", {}) or {}
-        pairs = [("lora_A", "lora_B"), ("lora_embedding_A", "lora_embedding_B")]
-        for a_name, b_name in pairs:
+        for a_name, b_name in _LORA_PAIRS:
             a_dict, b_dict = getattr(module, a_name, None), getattr(module, b_name, None)
             if not isinstance(a_dict, Mapping | torch.nn.ModuleDict | torch.nn.ParameterDict):
                 continue
