@@ -27,7 +27,8 @@ of them, and a repeated key reads the stored result instead of running the model
   ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``, ...:
   :data:`fedkt.infra.environment.KERNEL_ENV`);
 * the code (:func:`code_digest`): every fedkt source file but those of the packages that
-  only read finished runs (:data:`READERS`: ``fedkt/evidence``), the versions of torch,
+  only read finished runs (:func:`fedkt.infra.environment.source_digest`, without
+  :data:`fedkt.infra.environment.READERS`: ``fedkt/evidence``), the versions of torch,
   transformers and peft, and what picks the kernels (torch's CPU capability, the CPU's
   matrix flags such as AMX, ``ONEDNN_MAX_CPU_ISA``, the GPU:
   :func:`fedkt.infra.environment.kernels`).
@@ -82,11 +83,11 @@ import torch
 
 from fedkt.eval import predictions
 from fedkt.infra.cache import CACHE_ERRORS, EntryBusy, cache_dir, cached
-from fedkt.infra.environment import kernels, libraries, numerics
+from fedkt.infra.environment import kernels, libraries, numerics, source_digest
 from fedkt.infra.timing import now, phase, saved
 
-__all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "source_files",
-           "stats", "store", "tensor_digest", "tensors", "tokenizer_digest"]
+__all__ = ["ENV", "code_digest", "digest", "evaluation", "model_digest", "stats", "store",
+           "tensor_digest", "tensors", "tokenizer_digest"]
 
 # The folder of reuse entries (default: fedkt's cache folder's reuse/).
 ENV = "FEDKT_REUSE_CACHE"
@@ -307,35 +308,13 @@ def tokenizer_digest(tokenizer: Any) -> str:
                    "truncation_side": getattr(tokenizer, "truncation_side", None)})
 
 
-_PACKAGE = Path(__file__).resolve().parents[1]  # fedkt/, not this module's fedkt/eval/
-
-
-#: fedkt's packages that read finished runs (tables, verdicts, suites, power) and compute
-#: nothing the store keeps: left out of :func:`code_digest`, so a change to a report does
-#: not void every stored result.  A test runs a job that builds every kind of entry and
-#: checks that none of their code runs while one is built.
-READERS = ("evidence",)
-
-
-def source_files() -> list[Path]:
-    """Every fedkt source file but the readers' (the package's ``*.py``, sorted, without
-    :data:`READERS`): the code :func:`code_digest` holds, training and knowledge as well as
-    evaluation."""
-    return sorted(p for p in _PACKAGE.rglob("*.py")
-                  if p.relative_to(_PACKAGE).parts[0] not in READERS)
-
-
 @functools.cache
 def code_digest() -> str:
-    """fedkt's source files (:func:`source_files`), the versions of torch, transformers and
+    """fedkt's source files (:func:`fedkt.infra.environment.source_digest`), the versions of torch, transformers and
     peft, and what picks the kernels (:func:`fedkt.infra.environment.kernels`: the CPU's
     capability and matrix flags such as AMX, oneDNN's ISA cap, the GPU): a result computed
     by other code or kernels is never reused."""
-    h = hashlib.sha256()
-    for path in source_files():
-        h.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(json.dumps({**libraries(), **kernels()}, sort_keys=True).encode())
-    return h.hexdigest()
+    return digest({"sources": source_digest(), **libraries(), **kernels()})
 
 
 def _device(model: torch.nn.Module | None) -> torch.device:

@@ -66,6 +66,11 @@ def _table_lines(table: Path) -> list[str]:
         return []
 
 
+#: The code part of an environment line (:func:`fedkt.infra.environment.describe`): runs of
+#: two commits under one setting are not two kernel settings.
+_CODE = re.compile(r"fedkt code [0-9a-f]+(?: \(commit [^)]*\))?; ")
+
+
 def _environment_from_table(lines: list[str]) -> list[str]:
     """The environment lines of a ``suite.md`` (as :func:`fedkt.evidence.suite.
     environment_lines` writes them), for a folder whose suite.json does not keep them."""
@@ -415,10 +420,11 @@ def across_report(specs: list[str | Path]) -> str:
         lines += [f"   {e}" for e in env]
     seen: dict[tuple[str, ...], str] = {}
     for r, label in zip(results, labels, strict=True):
-        if r.environment and tuple(r.environment) in seen:
+        setting = tuple(_CODE.sub("", e) for e in r.environment)  # another code: same kernels
+        if setting and setting in seen:
             lines.append(f"- note: {label} reports the same environment as "
-                         f"{seen[tuple(r.environment)]}; this is not a second kernel setting")
-        seen.setdefault(tuple(r.environment), label)
+                         f"{seen[setting]}; this is not a second kernel setting")
+        seen.setdefault(setting, label)
     folds = {r.folds for r in results}
     what = ("CI (items, seeds, folds), each fold's difference" if folds == {True} else
             "CI (items, seeds), each seed's difference" if folds == {False} else

@@ -402,13 +402,21 @@ class SuiteChangedError(ConfigError):
 
 class SuiteMachineError(ConfigError):
     """Finished (or started) runs of a suite folder were computed under another setting
-    (libraries, kernels, CPU, threads) than a run started now would be."""
+    (fedkt's code, libraries, kernels, CPU, threads) than a run started now would be."""
 
 
 #: The fields of environment.json whose difference moves a run's numbers: one suite folder
-#: holds runs of one setting (docs/evidence.md, "Machines").
-SETTING_KEYS = ("torch", "transformers", "peft", "cpu_capability", "cpu_flags", "cpu_model",
-                "onednn_max_cpu_isa", "kernel_env", "cuda", "torch_threads")
+#: holds runs of one setting (docs/evidence.md, "Machines"), fedkt's code included
+#: (``code``: :func:`fedkt.infra.environment.source_digest`; ``commit`` only names it).
+SETTING_KEYS = ("code", "torch", "transformers", "peft", "cpu_capability", "cpu_flags",
+                "cpu_model", "onednn_max_cpu_isa", "kernel_env", "cuda", "torch_threads")
+
+
+def _code(env: dict[str, Any]) -> str:
+    """An environment's code as a change names it: the digest's first 12 hex digits and,
+    where recorded, its commit."""
+    named = f" (commit {env['commit']})" if env.get("commit") else ""
+    return f"{str(env['code'])[:12]}{named}"
 
 
 def setting_changes(run_dir: Path, now: dict[str, Any]) -> list[str]:
@@ -419,7 +427,9 @@ def setting_changes(run_dir: Path, now: dict[str, Any]) -> list[str]:
     for entry in read_environment(run_dir):
         for key in SETTING_KEYS:
             if key in entry and key in now and entry[key] != now[key]:
-                change = f"{key}: {entry[key]} -> {now[key]}"
+                kept, here = ((_code(entry), _code(now)) if key == "code"
+                              else (entry[key], now[key]))
+                change = f"{key}: {kept} -> {here}"
                 if change not in out:
                     out.append(change)
     return out
@@ -484,7 +494,8 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True,
             + "\n".join(lines[:12]) + (f"\n  and {len(lines) - 12} more" if len(lines) > 12
                                        else "")
             + "\nfinish the suite on a machine of its setting (the same libraries, kernels, "
-            "CPU and --jobs), or run it into a new folder (--output-dir)")
+            "CPU and --jobs) with the fedkt code it began with (a git worktree of the commit "
+            "named), or run it into a new folder (--output-dir)")
     if changed and not rerun_changed:
         lines = [f"  {arm} seed {seed}: {', '.join(keys[:8])}"
                  + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")

@@ -7,19 +7,24 @@ a fine-tuning run's final accuracy by more than a second seed does
 over 1 or 2 threads sums in another order). Each run folder keeps ``environment.json``;
 ``summary.md`` and a suite's ``suite.md`` name it, and the reuse keys
 (:mod:`fedkt.eval.reuse`) include :func:`kernels` and, read when each key is made,
-:func:`numerics`.
+:func:`numerics`.  The code counts too: :func:`source_digest` names fedkt's source files
+(a label trie that lets another row compute a label's tokens rounds bf16 otherwise), and
+:func:`commit` the git checkout they were imported from, so a suite folder holds runs of
+one code as well as one setting (:data:`fedkt.evidence.suite.SETTING_KEYS`).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "describe", "environment", "kernels", "libraries",
-           "numerics"]
+__all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "commit", "describe", "environment",
+           "kernels", "libraries", "numerics", "source_digest", "source_files"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
@@ -97,13 +102,64 @@ def libraries() -> dict[str, str | None]:
     return out
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # fedkt/, not this module's fedkt/infra/
+
+#: fedkt's packages that read finished runs (tables, verdicts, suites, power) and compute
+#: nothing a run's numbers depend on: left out of :func:`source_digest`, so a change to a
+#: report neither voids the reuse store nor parts a suite folder.  A test runs a job that
+#: builds every kind of stored entry and checks that none of their code runs while one is.
+READERS = ("evidence",)
+
+
+def source_files() -> list[Path]:
+    """Every fedkt source file but the readers' (the package's ``*.py``, sorted, without
+    :data:`READERS`): the code a run's numbers come from, training and knowledge as well as
+    evaluation."""
+    return sorted(p for p in _PACKAGE.rglob("*.py")
+                  if p.relative_to(_PACKAGE).parts[0] not in READERS)
+
+
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 of :func:`source_files`, each by its path in the package and its bytes: the
+    same for a git checkout and a wheel of one commit, another for any edit that may move a
+    number (not for one to :data:`READERS`)."""
+    h = hashlib.sha256()
+    for path in source_files():
+        h.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
+def commit() -> str | None:
+    """The git commit of the checkout fedkt is imported from, with ``+edited`` when files
+    under its ``fedkt/`` differ from that commit (or are new); None for an installed wheel,
+    or where git cannot tell.  A name for people: :func:`source_digest` is what is compared."""
+    root = _PACKAGE.parent
+    if not (root / ".git").exists():  # a file in a git worktree, a folder in a clone
+        return None
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "HEAD")
+        edited = git("status", "--porcelain", "--untracked-files=normal", "--", "fedkt")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+edited" if edited else "")
+
+
 def environment() -> dict[str, Any]:
-    """Versions (fedkt, Python, :func:`libraries`), :func:`kernels` and threads."""
+    """Versions (fedkt, Python, :func:`libraries`), the code (:func:`source_digest`,
+    :func:`commit`), :func:`kernels` and threads."""
     import torch
 
     from fedkt import __version__
 
     return {"fedkt": __version__, "python": platform.python_version(), **libraries(),
+            "code": source_digest(), "commit": commit(),
             **kernels(), "torch_threads": torch.get_num_threads()}
 
 
@@ -116,5 +172,10 @@ def describe(env: dict[str, Any]) -> str:
     if env.get("cpu_model"):
         cpu += f", on {env['cpu_model']}"
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
-    return (f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
+    code = f"fedkt code {env['code'][:12]}" if env.get("code") else ""
+    if code and env.get("commit"):
+        edited = "+edited" if env["commit"].endswith("+edited") else ""
+        code += f" (commit {env['commit'][:9]}{edited})"
+    return ((f"{code}; " if code else "")
+            + f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
             f"peft {env.get('peft')}; {cpu}{gpu}")

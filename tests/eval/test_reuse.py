@@ -15,6 +15,7 @@ import torch
 
 from fedkt.eval import predictions, reuse
 from fedkt.eval.evaluate import evaluate_causal_lm
+from fedkt.infra import environment
 from fedkt.runtime.base import default_state_root
 from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
@@ -582,13 +583,14 @@ def test_a_repeated_distillation_is_reused_with_identical_rows(
 
 def test_no_stored_result_is_built_by_the_packages_the_key_leaves_out(make_config, reuse_store,
                                                                      monkeypatch):
-    """The key's code leaves out fedkt/evidence (``reuse.READERS``: it reads finished runs).
+    """The key's code leaves out fedkt/evidence (``fedkt.infra.environment.READERS``: it reads finished runs).
     A label-free FedMKT round builds every kind of entry (evaluations, trainings, knowledge
     sets, choice distillations), and no function of a left-out package runs while one is
     built, in any thread: a stored result never depends on their code."""
     import sys
 
-    readers = tuple(str(reuse._PACKAGE / name) + "/" for name in reuse.READERS)
+    package = Path(environment.__file__).resolve().parents[1]
+    readers = tuple(str(package / name) + "/" for name in environment.READERS)
     building: list[str] = []
     hits: list[str] = []
     real = reuse.cached

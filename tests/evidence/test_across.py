@@ -79,6 +79,15 @@ def test_same_environment_twice_is_named(tmp_path):
     b = _folder(tmp_path, "b", [_claim(PRIMARY, "reproduced", "primary")], env)
     assert "b reports the same environment as a; this is not a second kernel setting" in (
         across_report([a, b]))
+    # another commit's code under the same kernels is not a second kernel setting either
+    c = _folder(tmp_path, "c", [_claim(PRIMARY, "reproduced", "primary")],
+                ["- environment: fedkt code 0123456789ab (commit 339dd2470); torch 2.13.0; "
+                 "CPU AVX2"])
+    d = _folder(tmp_path, "d", [_claim(PRIMARY, "reproduced", "primary")],
+                ["- environment: torch 2.13.0; CPU AVX512 (amx_bf16)"])
+    text = across_report([a, c, d])
+    assert "c reports the same environment as a; this is not a second kernel setting" in text
+    assert "d reports the same environment" not in text
 
 
 def test_environments_of_a_mixed_suite_md_end_with_their_list(tmp_path):

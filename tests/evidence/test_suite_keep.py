@@ -74,8 +74,17 @@ def test_a_suite_folder_refuses_runs_of_another_setting_by_name(tmp_path):
         text = str(err.value)
         assert f"standalone seed 1: {key}: {other} -> {here[key]}" in text
         assert "fedavg seed 0" not in text and "--output-dir" in text
+    # fedkt's code is part of the setting, named by its digest and the commit it came from
+    (run / "environment.json").write_text(json.dumps([{"from_round": 1, **here,
+                                                       "code": "ab" * 32,
+                                                       "commit": "339dd24+edited"}]))
+    with pytest.raises(SuiteMachineError) as err:
+        plan_runs(load_suite(path), threads=1)
+    assert ("standalone seed 1: code: abababababab (commit 339dd24+edited) -> "
+            f"{here['code'][:12]}") in str(err.value)
+    assert "a git worktree of the commit" in str(err.value)
     # A record from before fedkt kept a field is not compared on it.
-    older = {k: v for k, v in here.items() if k != "cpu_model"}
+    older = {k: v for k, v in here.items() if k not in ("cpu_model", "code")}
     (run / "environment.json").write_text(json.dumps([{"from_round": 1, **older}]))
     assert plan_runs(load_suite(path), threads=1) == []
     # The suite file's own thread count decides (runtime.torch_threads: 1), not --jobs.

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fedkt.evidence.suite import environment_lines, peak_memory
-from fedkt.infra.environment import describe, environment, kernels
+from fedkt.infra.environment import describe, environment, kernels, source_digest
 from fedkt.infra.memory import peak_rss_mb
 from fedkt.runner import run
 from fedkt.runtime import job
@@ -29,7 +29,10 @@ def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_co
     assert entry["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert set(entry["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16",
                                        "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
-    assert f"- environment: torch {torch.__version__}" in (cfg.run_dir / "summary.md").read_text()
+    assert entry["code"] == source_digest()
+    summary = (cfg.run_dir / "summary.md").read_text()
+    assert f"- environment: fedkt code {entry['code'][:12]}" in summary
+    assert f"; torch {torch.__version__}, transformers" in summary
     # the CPU's model name: another vendor's CPU of the same ISA may take other MKL paths
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text(
         ).splitlines() if line.startswith("model name")), None) if Path(
@@ -138,7 +141,7 @@ def test_the_reuse_key_holds_every_fedkt_source_file_not_only_the_evaluations():
     reads finished runs, does not (tests/eval/test_reuse.py checks that no entry's build
     runs its code)."""
     import fedkt
-    from fedkt.eval.reuse import source_files
+    from fedkt.infra.environment import source_files
 
     package = Path(fedkt.__file__).resolve().parent
     files = source_files()
@@ -147,3 +150,46 @@ def test_the_reuse_key_holds_every_fedkt_source_file_not_only_the_evaluations():
     for name in ("train/lm.py", "alignment/choices.py", "methods/fedmkt/algorithm.py",
                  "eval/reuse.py", "eval/scorer.py", "runtime/job.py", "config/schema.py"):
         assert package / name in files
+
+
+def _digest_and_commit(package_root: Path) -> list[str]:
+    """:func:`source_digest` and :func:`commit` of the fedkt imported from ``package_root``,
+    in a process of its own (both are computed once per process)."""
+    code = ("from fedkt.infra.environment import commit, source_digest; "
+            "print(source_digest(), commit())")
+    env = {**os.environ, "PYTHONPATH": str(package_root)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120, check=True, cwd=package_root)
+    return out.stdout.split()
+
+
+def test_the_code_is_named_by_its_source_files_and_its_commit(tmp_path):
+    """environment.json's ``code`` moves with a source file that computes, not with one of
+    fedkt/evidence (it reads finished runs); ``commit`` is the checkout's HEAD, ``+edited``
+    once a file under fedkt/ differs from it, and None outside a git checkout."""
+    import shutil
+
+    import fedkt
+
+    package = Path(fedkt.__file__).resolve().parent
+    root = tmp_path / "checkout"
+    for path in package.rglob("*.py"):
+        (root / "fedkt" / path.relative_to(package)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, root / "fedkt" / path.relative_to(package))
+    plain, named = _digest_and_commit(root)
+    assert plain == source_digest() and named == "None"  # the same files; not a checkout
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "fedkt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "fedkt"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert _digest_and_commit(root) == [plain, head]
+    reader = root / "fedkt" / "evidence" / "claims.py"
+    reader.write_text(reader.read_text() + "\n# a report's edit\n")
+    assert _digest_and_commit(root) == [plain, head + "+edited"]
+    subprocess.run([*git, "checkout", "-q", "--", "fedkt"], check=True)
+    trainer = root / "fedkt" / "train" / "lm.py"
+    trainer.write_text(trainer.read_text() + "\n# an edit that may move a number\n")
+    edited, named = _digest_and_commit(root)
+    assert edited != plain and named == head + "+edited"
