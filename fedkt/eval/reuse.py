@@ -310,10 +310,11 @@ def tokenizer_digest(tokenizer: Any) -> str:
 
 @functools.cache
 def code_digest() -> str:
-    """fedkt's source files (:func:`fedkt.infra.environment.source_digest`), the versions of torch, transformers and
-    peft, and what picks the kernels (:func:`fedkt.infra.environment.kernels`: the CPU's
-    capability and matrix flags such as AMX, oneDNN's ISA cap, the GPU): a result computed
-    by other code or kernels is never reused."""
+    """fedkt's source files (:func:`fedkt.infra.environment.source_digest`), the versions
+    of torch, transformers and peft, and what picks the kernels
+    (:func:`fedkt.infra.environment.kernels`: the CPU's capability and matrix flags such as
+    AMX, oneDNN's ISA cap, the GPU): a result computed by other code or kernels is never
+    reused."""
     return digest({"sources": source_digest(), **libraries(), **kernels()})
 
 

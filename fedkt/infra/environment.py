@@ -132,9 +132,9 @@ def source_digest() -> str:
 
 @functools.cache
 def commit() -> str | None:
-    """The git commit of the checkout fedkt is imported from, with ``+edited`` when files
-    under its ``fedkt/`` differ from that commit (or are new); None for an installed wheel,
-    or where git cannot tell.  A name for people: :func:`source_digest` is what is compared."""
+    """The git commit of the checkout fedkt is imported from, with ``+edited`` when a
+    ``fedkt/**/*.py`` differs from that commit (or is new); None for an installed wheel, or
+    where git cannot tell.  A name for people: :func:`source_digest` is what is compared."""
     root = _PACKAGE.parent
     if not (root / ".git").exists():  # a file in a git worktree, a folder in a clone
         return None
@@ -145,7 +145,8 @@ def commit() -> str | None:
 
     try:
         head = git("rev-parse", "HEAD")
-        edited = git("status", "--porcelain", "--untracked-files=normal", "--", "fedkt")
+        edited = git("status", "--porcelain", "--untracked-files=all", "--",
+                     ":(glob)fedkt/**/*.py")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+edited" if edited else "")

@@ -166,17 +166,20 @@ def _digest_and_commit(package_root: Path) -> list[str]:
 def test_the_code_is_named_by_its_source_files_and_its_commit(tmp_path):
     """environment.json's ``code`` moves with a source file that computes, not with one of
     fedkt/evidence (it reads finished runs); ``commit`` is the checkout's HEAD, ``+edited``
-    once a file under fedkt/ differs from it, and None outside a git checkout."""
+    once a source file under fedkt/ differs from it (not for the bytecode a run leaves), and
+    None outside a git checkout."""
     import shutil
 
     import fedkt
 
     package = Path(fedkt.__file__).resolve().parent
-    root = tmp_path / "checkout"
+    wheel, root = tmp_path / "site-packages", tmp_path / "checkout"
     for path in package.rglob("*.py"):
-        (root / "fedkt" / path.relative_to(package)).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, root / "fedkt" / path.relative_to(package))
-    plain, named = _digest_and_commit(root)
+        for where in (wheel, root):
+            copy = where / "fedkt" / path.relative_to(package)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, copy)
+    plain, named = _digest_and_commit(wheel)
     assert plain == source_digest() and named == "None"  # the same files; not a checkout
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
@@ -184,6 +187,10 @@ def test_the_code_is_named_by_its_source_files_and_its_commit(tmp_path):
     subprocess.run([*git, "commit", "-qm", "fedkt"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
+    assert _digest_and_commit(root) == [plain, head]
+    cache = root / "fedkt" / "infra" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "environment.cpython-312.pyc").write_bytes(b"\0")  # untracked, no .gitignore
     assert _digest_and_commit(root) == [plain, head]
     reader = root / "fedkt" / "evidence" / "claims.py"
     reader.write_text(reader.read_text() + "\n# a report's edit\n")
@@ -193,3 +200,6 @@ def test_the_code_is_named_by_its_source_files_and_its_commit(tmp_path):
     trainer.write_text(trainer.read_text() + "\n# an edit that may move a number\n")
     edited, named = _digest_and_commit(root)
     assert edited != plain and named == head + "+edited"
+    trainer.unlink()
+    (root / "fedkt" / "train" / "new.py").write_text("")  # a new file counts as an edit
+    assert _digest_and_commit(root)[1] == head + "+edited"
