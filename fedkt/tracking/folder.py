@@ -3,7 +3,7 @@
 Layout of ``run_dir``::
 
     config.yaml              the validated run config
-    environment.json         where its rounds were computed: versions, kernels, peak memory
+    environment.json         where its rounds were computed: code, versions, kernels, peak memory
                              (:mod:`fedkt.infra.environment`; a second entry after a resume
                              elsewhere)
     metrics.jsonl            one JSON object per (round, participant, split)
