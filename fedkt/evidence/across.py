@@ -66,8 +66,9 @@ def _table_lines(table: Path) -> list[str]:
         return []
 
 
-#: The code part of an environment line (:func:`fedkt.infra.environment.describe`): runs of
-#: two commits under one setting are not two kernel settings.
+#: The code part of an environment line (:func:`fedkt.infra.environment.describe`, from
+#: :func:`fedkt.infra.environment.code_label`): runs of two commits under one setting are
+#: not two kernel settings.
 _CODE = re.compile(r"fedkt code [0-9a-f]+(?: \(commit [^)]*\))?; ")
 
 

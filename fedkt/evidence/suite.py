@@ -95,7 +95,7 @@ from fedkt.evidence.runs import (
 )
 from fedkt.evidence.stats import DEFAULT_BOOTSTRAP, DEFAULT_LEVEL
 from fedkt.evidence.suite_plots import suite_plots
-from fedkt.infra.environment import describe, environment
+from fedkt.infra.environment import code_label, describe, environment
 from fedkt.infra.precision import physical_cores
 from fedkt.tracking.folder import CONFIG_FILE, LATEST_FILE
 from fedkt.tracking.resume import changed_keys
@@ -412,13 +412,6 @@ SETTING_KEYS = ("code", "torch", "transformers", "peft", "cpu_capability", "cpu_
                 "cpu_model", "onednn_max_cpu_isa", "kernel_env", "cuda", "torch_threads")
 
 
-def _code(env: dict[str, Any]) -> str:
-    """An environment's code as a change names it: the digest's first 12 hex digits and,
-    where recorded, its commit."""
-    named = f" (commit {env['commit']})" if env.get("commit") else ""
-    return f"{str(env['code'])[:12]}{named}"
-
-
 def setting_changes(run_dir: Path, now: dict[str, Any]) -> list[str]:
     """``key: kept -> now`` for each :data:`SETTING_KEYS` field in which an environment
     a run recorded (any of its entries) differs from ``now``; a field a run did not record
@@ -427,7 +420,7 @@ def setting_changes(run_dir: Path, now: dict[str, Any]) -> list[str]:
     for entry in read_environment(run_dir):
         for key in SETTING_KEYS:
             if key in entry and key in now and entry[key] != now[key]:
-                kept, here = ((_code(entry), _code(now)) if key == "code"
+                kept, here = ((code_label(entry), code_label(now)) if key == "code"
                               else (entry[key], now[key]))
                 change = f"{key}: {kept} -> {here}"
                 if change not in out:

@@ -23,8 +23,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "commit", "describe", "environment",
-           "kernels", "libraries", "numerics", "source_digest", "source_files"]
+__all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "code_label", "commit", "describe",
+           "environment", "kernels", "libraries", "numerics", "source_digest", "source_files"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
@@ -164,6 +164,16 @@ def environment() -> dict[str, Any]:
             **kernels(), "torch_threads": torch.get_num_threads()}
 
 
+def code_label(env: dict[str, Any]) -> str:
+    """An environment's code as people read it: the digest's first 12 hex digits and, where
+    recorded, its commit's first 9 (``+edited`` kept): ``21d67268e15c (commit 06b79522f)``."""
+    label = str(env["code"])[:12]
+    if env.get("commit"):
+        head, edited, _ = str(env["commit"]).partition("+edited")
+        label += f" (commit {head[:9]}{edited})"
+    return label
+
+
 def describe(env: dict[str, Any]) -> str:
     """One line: versions and kernels (what summary.md and suite.md print)."""
     flags = ", ".join(f for f in env.get("cpu_flags") or [] if f.startswith(("amx", "avx512_bf")))
@@ -173,10 +183,6 @@ def describe(env: dict[str, Any]) -> str:
     if env.get("cpu_model"):
         cpu += f", on {env['cpu_model']}"
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
-    code = f"fedkt code {env['code'][:12]}" if env.get("code") else ""
-    if code and env.get("commit"):
-        edited = "+edited" if env["commit"].endswith("+edited") else ""
-        code += f" (commit {env['commit'][:9]}{edited})"
-    return ((f"{code}; " if code else "")
-            + f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
+    code = f"fedkt code {code_label(env)}; " if env.get("code") else ""
+    return (code + f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
             f"peft {env.get('peft')}; {cpu}{gpu}")
