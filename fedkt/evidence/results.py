@@ -16,7 +16,8 @@ makes the README's demo table and its per-kind table from them.
 
 ``python -m fedkt.evidence.results docs/suites > docs/results.md`` writes the page;
 ``--readme README.md`` rewrites the README's two generated blocks (results summary, demo)
-in place.  The
+in place.  The README's summary holds the suites that decide (:func:`decides`: split by
+fold, with seeds inside each fold, and not a pilot); docs/results.md holds every suite.  The
 tests regenerate both and compare them with the files, so a number that differs from its
 suite fails.
 """
@@ -39,7 +40,7 @@ from fedkt.tracking.tables import format_table
 
 __all__ = ["DEMO_END", "DEMO_START", "README_END", "README_START", "Provenance",
            "Published", "demo_block", "demo_records", "kernels", "main", "provenance",
-           "published", "readme_summary", "replace_block", "results_markdown"]
+           "decides", "published", "readme_summary", "replace_block", "results_markdown"]
 
 README_START = "<!-- results:start (python -m fedkt.evidence.results docs/suites --readme README.md) -->"
 README_END = "<!-- results:end -->"
@@ -229,11 +230,19 @@ def _summary_table(suites: Sequence[Published], *, link_prefix: str) -> str:
     return format_table(header, rows, markdown=True)
 
 
+def decides(suite: Published) -> bool:
+    """Whether a suite is one the README shows: it splits its items by fold (the unit of
+    its verdict, seeds inside each fold) and it is not a pilot (a name ending ``_pilot``:
+    a pilot chooses or sizes a suite; it does not decide a claim for fedkt)."""
+    return bool(suite.result.folds) and not suite.result.name.endswith("_pilot")
+
+
 def readme_summary(root: Path) -> str:
-    """The README's block: every suite's primary claim and verdicts (links into
-    docs/results.md), between :data:`README_START` and :data:`README_END`."""
-    return "\n".join([README_START, _summary_table(published(root), link_prefix="docs/"),
-                      README_END])
+    """The README's block: the primary claim and verdicts of every suite that
+    :func:`decides` (links into docs/results.md, which lists every suite), between
+    :data:`README_START` and :data:`README_END`."""
+    shown = [s for s in published(root) if decides(s)]
+    return "\n".join([README_START, _summary_table(shown, link_prefix="docs/"), README_END])
 
 
 def replace_block(text: str, block: str, start: str = README_START,

@@ -28,10 +28,10 @@ def test_readme_summary_is_what_the_suites_generate():
 
 
 def test_a_changed_number_in_a_suite_changes_the_page_and_the_readme(tmp_path):
-    for name in ("fedmkt_keep", "fedmkt_hetero"):  # suite.json, and a suite.md only
+    for name in ("clinc150_fedcollm_transfer", "fedmkt_hetero"):  # suite.json; suite.md only
         shutil.copytree(SUITES / name, tmp_path / name)
     before = results.results_markdown(tmp_path), results.readme_summary(tmp_path)
-    path = tmp_path / "fedmkt_keep" / "suite.json"
+    path = tmp_path / "clinc150_fedcollm_transfer" / "suite.json"
     data = json.loads(path.read_text())
     assert data["claims"][0]["role"] == "primary"
     data["claims"][0]["estimate"] = "+0.9876"
@@ -57,6 +57,23 @@ def test_provenance_is_read_from_the_suites_comment_once_per_table(tmp_path):
     assert "commit not recorded" in results.results_markdown(tmp_path)
 
 
+def test_the_readme_shows_the_suites_that_decide_and_the_page_every_suite(tmp_path):
+    """A suite split by fold that is not a pilot is on the README; a suite of seeds
+    without folds, and a pilot, are only on docs/results.md."""
+    names = ("clinc150_fedmkt_transfer", "clinc150_fedmkt_pilot", "fedmkt_keep")
+    for name in names:
+        shutil.copytree(SUITES / name, tmp_path / name)
+    page, readme = results.results_markdown(tmp_path), results.readme_summary(tmp_path)
+    assert all(f"| [{n}](" in page for n in names)
+    assert [n for n in names if f"| [{n}](" in readme] == ["clinc150_fedmkt_transfer"]
+    # folds, not the name, decide: the same folder without its folds leaves the README
+    path = tmp_path / "clinc150_fedmkt_transfer" / "suite.json"
+    data = json.loads(path.read_text())
+    data["folds"] = None
+    path.write_text(json.dumps(data))
+    assert "| [clinc150_fedmkt_transfer](" not in results.readme_summary(tmp_path)
+
+
 def _primary_row(text: str, name: str) -> list[str]:
     line = next(x for x in text.splitlines() if x.startswith(f"| [{name}]"))
     return [c.strip() for c in line.strip("|").split(" | ")]
@@ -76,18 +93,17 @@ def test_a_suite_under_two_settings_shows_its_word_across_them_and_the_pooled_ve
     mean = sum(means) / 4
     sd = (sum((m - mean) ** 2 for m in means) / 3) ** 0.5
     half = student_t.ppf(0.975, 3) * sd / 2
-    row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
+    row = _primary_row(results.results_markdown(tmp_path), "fedmkt_transfer")
     assert row[-2] == "differs: reproduced / not resolved"
     assert row[-1] == f"not resolved: {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
-    assert row[-1] in results.results_markdown(tmp_path)
     # one setting only: nothing to compare
-    assert _primary_row(results.readme_summary(tmp_path), "fedmkt_iid_keep")[-2:] == ["-", "-"]
+    assert _primary_row(results.results_markdown(tmp_path), "fedmkt_iid_keep")[-2:] == ["-", "-"]
     # the settings must have run the same folds: one fold short (a partial run) is not pooled
     path = tmp_path / "fedmkt_transfer_bf16" / "suite.json"
     data = json.loads(path.read_text())
     data["claims"][0]["per_seed"] = {k: per_fold[1][k] for k in "012"}
     path.write_text(json.dumps(data))
-    row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
+    row = _primary_row(results.results_markdown(tmp_path), "fedmkt_transfer")
     assert row[-1] == "not computed: the folds differ between settings"
 
 
@@ -101,6 +117,6 @@ def test_the_pooled_verdict_moves_with_a_setting_s_fold_differences(tmp_path):
                                         .read_text())["claims"][0]["per_seed"])
     claim["verdict"] = "reproduced"
     path.write_text(json.dumps(data))
-    row = _primary_row(results.readme_summary(tmp_path), "fedmkt_transfer")
+    row = _primary_row(results.results_markdown(tmp_path), "fedmkt_transfer")
     assert row[-2] == "reproduced under both"
     assert row[-1].startswith("reproduced: +0.3507 [")  # both settings' own folds: fp32's
