@@ -33,6 +33,7 @@ from typing import Any
 from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.claims import ClaimError, Decision, Joint, decide_joint, parse_claim
 from fedkt.evidence.pooled import Pooled, pooled_decision
+from fedkt.infra.environment import without_code
 from fedkt.tracking.tables import format_table
 
 __all__ = ["PooledClaim", "SuiteResult", "across_report", "joint_verdict", "pool_claim",
@@ -64,12 +65,6 @@ def _table_lines(table: Path) -> list[str]:
         return table.read_text().splitlines()
     except (OSError, UnicodeDecodeError):
         return []
-
-
-#: The code part of an environment line (:func:`fedkt.infra.environment.describe`, from
-#: :func:`fedkt.infra.environment.code_label`): runs of two commits under one setting are
-#: not two kernel settings.
-_CODE = re.compile(r"fedkt code [0-9a-f]+(?: \(commit [^)]*\))?; ")
 
 
 def _environment_from_table(lines: list[str]) -> list[str]:
@@ -421,7 +416,7 @@ def across_report(specs: list[str | Path]) -> str:
         lines += [f"   {e}" for e in env]
     seen: dict[tuple[str, ...], str] = {}
     for r, label in zip(results, labels, strict=True):
-        setting = tuple(_CODE.sub("", e) for e in r.environment)  # another code: same kernels
+        setting = tuple(without_code(e) for e in r.environment)  # another code: same kernels
         if setting and setting in seen:
             lines.append(f"- note: {label} reports the same environment as "
                          f"{seen[setting]}; this is not a second kernel setting")

@@ -19,12 +19,13 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 __all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "code_label", "commit", "describe",
-           "environment", "kernels", "libraries", "numerics", "source_digest", "source_files"]
+           "environment", "kernels", "libraries", "numerics", "source_digest", "source_files", "without_code"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
@@ -172,6 +173,16 @@ def code_label(env: dict[str, Any]) -> str:
         head, edited, _ = str(env["commit"]).partition("+edited")
         label += f" (commit {head[:9]}{edited})"
     return label
+
+
+#: The code part :func:`describe` puts before an environment line (:func:`code_label`).
+_CODE_PART = re.compile(r"fedkt code [0-9a-f]+(?: \(commit [^)]*\))?; ")
+
+
+def without_code(line: str) -> str:
+    """An environment line (:func:`describe`'s) without its code part: what two runs of
+    other commits under one kernel setting share."""
+    return _CODE_PART.sub("", line)
 
 
 def describe(env: dict[str, Any]) -> str:

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from fedkt.evidence.suite import environment_lines, peak_memory
-from fedkt.infra.environment import describe, environment, kernels, source_digest
+from fedkt.infra.environment import (
+    describe,
+    environment,
+    kernels,
+    source_digest,
+    without_code,
+)
 from fedkt.infra.memory import peak_rss_mb
 from fedkt.runner import run
 from fedkt.runtime import job
@@ -206,3 +212,15 @@ def test_the_code_is_named_by_its_source_files_and_its_commit(tmp_path):
     trainer.unlink()
     (root / "fedkt" / "train" / "new.py").write_text("")  # a new file counts as an edit
     assert _digest_and_commit(root)[1] == head + "+edited"
+
+
+@pytest.mark.parametrize("commit", [None, "06b79522f0e1c6b2", "339dd24a1b2c3d4e+edited"])
+def test_an_environment_line_without_its_code_is_the_line_of_no_code(commit):
+    """What ``fedkt suite across`` compares: the same kernels under two commits give the
+    same line once the code part is taken off, and nothing else is taken."""
+    env = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "peft": "0.21.2",
+           "cpu_capability": "AVX512", "cpu_flags": ["amx_bf16", "avx512_bf16"],
+           "cpu_model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"}
+    named = describe({**env, "code": "21d67268e15c" + "0" * 52, "commit": commit})
+    assert named.startswith("fedkt code 21d67268e15c") and named != describe(env)
+    assert without_code(named) == describe(env) == without_code(describe(env))
