@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "code_label", "commit", "describe",
-           "environment", "kernels", "libraries", "numerics", "source_digest", "source_files", "without_code"]
+           "environment", "kernels", "libraries", "numerics", "source_digest", "source_files",
+           "without_code"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
