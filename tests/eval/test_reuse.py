@@ -584,9 +584,10 @@ def test_a_repeated_distillation_is_reused_with_identical_rows(
 def test_no_stored_result_is_built_by_the_packages_the_key_leaves_out(make_config, reuse_store,
                                                                      monkeypatch):
     """The key's code leaves out fedkt/evidence (``fedkt.infra.environment.READERS``: it
-    reads finished runs). A label-free FedMKT round builds every kind of entry (evaluations, trainings, knowledge
-    sets, choice distillations), and no function of a left-out package runs while one is
-    built, in any thread: a stored result never depends on their code."""
+    reads finished runs). A label-free FedMKT round builds every kind of entry
+    (evaluations, trainings, knowledge sets, choice distillations), and no function of a
+    left-out package runs while one is built, in any thread: a stored result never
+    depends on their code."""
     import sys
 
     package = Path(environment.__file__).resolve().parents[1]
