@@ -89,7 +89,9 @@ def _first(pattern: str, text: str) -> str:
 
 def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     """The provenance comment of ``folder/suite.md`` read into its fields; a field the
-    comment does not state is ``not recorded``."""
+    comment does not state is ``not recorded``.  The wall time is the first duration
+    followed by ``wall`` or ``for N runs``, with its ``about`` where the comment has one (a
+    time put together afterwards, from the runs' own files)."""
     try:
         lines = (folder / "suite.md").read_text().splitlines()
     except OSError:
@@ -103,7 +105,7 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
         command=command,
         commit=commit.group(1) if commit else NOT_RECORDED,
         date=_first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC)?", comment),
-        time=_first(r"(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment),
+        time=_first(r"(?:about )?(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment),
         machine=_first(r"a \d+-core [A-Za-z0-9 \-]+?(?=,| \(| beside|;|$)", comment),
         environment=env,
     )

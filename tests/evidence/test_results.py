@@ -57,6 +57,23 @@ def test_provenance_is_read_from_the_suites_comment_once_per_table(tmp_path):
     assert "commit not recorded" in results.results_markdown(tmp_path)
 
 
+def test_a_wall_time_is_the_comments_wall_duration_with_its_about(tmp_path):
+    """Of a comment's durations, the wall time is the one it calls wall; one put together
+    afterwards keeps its "about"; a comment that calls none wall records none."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+
+    def time_of(comment: str) -> str:
+        (folder / "suite.md").write_text(f"<!-- {comment} -->\n\n# Suite s\n")
+        return results.provenance(folder).time
+
+    assert time_of("fold 0 65 min, fold 1 84 min, 2 h 29 min wall in all") == "2 h 29 min"
+    assert time_of("(2 h 7 min 12 s of the third sitting); 64 runs, about 5 h 28 min wall "
+                   "in all") == "about 5 h 28 min"
+    assert time_of("fold 0 65 min, fold 1 84 min, 2 h 29 min in all") == results.NOT_RECORDED
+    assert "wall time: about 5 h 28 min" in results.results_markdown(SUITES)
+
+
 def test_the_readme_shows_the_suites_that_decide_and_the_page_every_suite(tmp_path):
     """A suite split by fold that is not a pilot is on the README; a suite of seeds
     without folds, and a pilot, are only on docs/results.md."""
