@@ -36,6 +36,7 @@ from typing import Any
 from fedkt.evidence.across import SuiteResult, primary_across, read_suite_result
 from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.paper import paper_markdown
+from fedkt.infra.environment import BF16_ISAS
 from fedkt.tracking.tables import format_table
 
 __all__ = ["DEMO_END", "DEMO_START", "README_END", "README_START", "Provenance",
@@ -113,15 +114,27 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
 
 def kernels(environment: str) -> str:
     """The arithmetic and kernels an environment line names: bf16 on AMX or AVX512-BF16,
-    fp32 on AVX2 (``training.precision: auto``)."""
+    fp32 on AVX2 (``training.precision: auto``).  A line with ``ONEDNN_MAX_CPU_ISA`` (a lower
+    machine kind emulated on a higher one) names the kernels its cap leaves and the host,
+    as the demo's table does: ``bf16, AVX512-BF16 kernels on the AMX host``."""
     low = environment.lower()
-    if "amx" in low:
-        return "bf16, AMX"
-    if "avx512_bf16" in low:
-        return "bf16, AVX512-BF16"
-    if "avx2" in low or "avx512" in low:
-        return "fp32, " + ("AVX512" if "avx512" in low else "AVX2")
-    return NOT_RECORDED
+    host = ("AMX" if "amx" in low else "AVX512-BF16" if "avx512_bf16" in low
+            else "AVX512" if "avx512" in low else "AVX2" if "avx2" in low else None)
+    if host is None:
+        return NOT_RECORDED
+    bf16 = host in ("AMX", "AVX512-BF16")
+    found = re.search(r"onednn_max_cpu_isa=([a-z0-9_]+)", low)
+    if found is None:
+        return f"bf16, {host}" if bf16 else f"fp32, {host}"
+    cap = found.group(1).upper()
+    if bf16 and cap in BF16_ISAS:  # the cap leaves bf16 dot products: auto stays bf16
+        used = "AMX" if host == "AMX" and ("AMX" in cap or cap in ("ALL", "DEFAULT")) \
+            else "AVX512-BF16"
+        kind = f"bf16, {used}"
+    else:
+        used = "AVX512" if cap.startswith("AVX512") else "AVX2"
+        kind = f"fp32, {used}"
+    return kind if used == host else f"{kind} kernels on the {host} host"
 
 
 def published(root: Path) -> list[Published]:

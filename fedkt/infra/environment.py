@@ -24,9 +24,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "code_label", "commit", "describe",
-           "environment", "kernels", "libraries", "numerics", "source_digest", "source_files",
-           "without_code"]
+__all__ = ["BF16_ISAS", "ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "code_label", "commit",
+           "describe", "environment", "kernels", "libraries", "numerics", "source_digest",
+           "source_files", "without_code"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
@@ -38,6 +38,13 @@ KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
               "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE",
               "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE",
               "TORCH_MKLDNN_MATMUL_MIN_DIM", "NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG")
+
+#: oneDNN's ISA caps (``ONEDNN_MAX_CPU_ISA``) under which its matrix kernels still have bf16
+#: dot products; a lower cap (AVX2, AVX512_CORE, ...) leaves bf16 emulated, however new the
+#: CPU (:func:`fedkt.infra.precision.cpu_supports_bf16`; the results page's kernel names).
+BF16_ISAS = frozenset({"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512",
+                       "AVX512_CORE_AMX", "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16",
+                       "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT"})
 
 
 @functools.cache

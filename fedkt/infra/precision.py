@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fedkt.errors import ConfigError
+from fedkt.infra.environment import BF16_ISAS
 
 __all__ = [
     "PRECISIONS",
@@ -49,20 +50,13 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) under which its matrix kernels still have bf16
-# dot products; a lower cap (AVX2, AVX512_CORE, ...) leaves bf16 emulated, however new the CPU.
-_BF16_ISAS = {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX",
-              "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "ALL",
-              "DEFAULT"}
-
-
 def _isa_cap_allows_bf16() -> bool:
     """False when ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) caps oneDNN below
     AVX512-BF16, as the emulation of a lower machine kind does."""
     for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         cap = os.environ.get(var, "").strip().upper()
         if cap:
-            return cap in _BF16_ISAS
+            return cap in BF16_ISAS
     return True
 
 

@@ -57,6 +57,26 @@ def test_provenance_is_read_from_the_suites_comment_once_per_table(tmp_path):
     assert "commit not recorded" in results.results_markdown(tmp_path)
 
 
+def test_the_kernels_of_an_environment_line_follow_its_onednn_cap():
+    """The native kinds by their flags; an emulated one (``ONEDNN_MAX_CPU_ISA``) by the
+    kernels its cap leaves, on its host: a suite emulated on the AMX host gets its own
+    column, not the native AMX one."""
+    amx = "torch 2.13.0+cpu; CPU AVX512 (avx512_bf16, amx_bf16, amx_int8, amx_tile)"
+    cases = {
+        amx: "bf16, AMX",
+        "torch 2.13.0+cpu; CPU AVX512 (avx512_bf16), on AMD EPYC": "bf16, AVX512-BF16",
+        "torch 2.13.0+cpu; CPU AVX2, on AMD EPYC": "fp32, AVX2",
+        f"{amx}, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, on Intel(R) Xeon(R)":
+            "bf16, AVX512-BF16 kernels on the AMX host",
+        f"{amx}, ONEDNN_MAX_CPU_ISA=AVX2": "fp32, AVX2 kernels on the AMX host",
+        f"{amx}, ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX": "bf16, AMX",
+        "torch; CPU AVX512 (avx512_bf16), ONEDNN_MAX_CPU_ISA=AVX512_CORE":
+            "fp32, AVX512 kernels on the AVX512-BF16 host",
+        "torch 2.13.0+cpu": results.NOT_RECORDED,
+    }
+    assert {line: results.kernels(line) for line in cases} == cases
+
+
 def test_a_wall_time_is_the_comments_wall_duration_with_its_about(tmp_path):
     """Of a comment's durations, the wall time is the one it calls wall; one put together
     afterwards keeps its "about"; a comment that calls none wall records none."""
