@@ -114,27 +114,31 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
 
 def kernels(environment: str) -> str:
     """The arithmetic and kernels an environment line names: bf16 on AMX or AVX512-BF16,
-    fp32 on AVX2 (``training.precision: auto``).  A line with ``ONEDNN_MAX_CPU_ISA`` (a lower
-    machine kind emulated on a higher one) names the kernels its cap leaves and the host,
-    as the demo's table does: ``bf16, AVX512-BF16 kernels on the AMX host``."""
+    fp32 on AVX2 (``training.precision: auto``).  A lower machine kind emulated on a higher
+    one names the kernels it leaves and the host, as the demo's table does: oneDNN's by
+    ``ONEDNN_MAX_CPU_ISA`` (``bf16, AVX512-BF16 kernels on the AMX host``), and ATen's
+    where its CPU capability (``ATEN_CPU_CAPABILITY``) is AVX2 under AVX512 matrix kernels
+    (``bf16, AMX (ATen AVX2) kernels on the AMX host``)."""
     low = environment.lower()
     host = ("AMX" if "amx" in low else "AVX512-BF16" if "avx512_bf16" in low
             else "AVX512" if "avx512" in low else "AVX2" if "avx2" in low else None)
     if host is None:
         return NOT_RECORDED
-    bf16 = host in ("AMX", "AVX512-BF16")
     found = re.search(r"onednn_max_cpu_isa=([a-z0-9_]+)", low)
-    if found is None:
-        return f"bf16, {host}" if bf16 else f"fp32, {host}"
-    cap = found.group(1).upper()
-    if bf16 and cap in BF16_ISAS:  # the cap leaves bf16 dot products: auto stays bf16
-        used = "AMX" if host == "AMX" and ("AMX" in cap or cap in ("ALL", "DEFAULT")) \
-            else "AVX512-BF16"
+    cap = found.group(1).upper() if found else None
+    if host in ("AMX", "AVX512-BF16") and (cap is None or cap in BF16_ISAS):
+        # the cap (if any) leaves bf16 dot products: auto stays bf16
+        used = "AMX" if host == "AMX" and (cap is None or "AMX" in cap
+                                           or cap in ("ALL", "DEFAULT")) else "AVX512-BF16"
         kind = f"bf16, {used}"
     else:
-        used = "AVX512" if cap.startswith("AVX512") else "AVX2"
+        used = host if cap is None else "AVX512" if cap.startswith("AVX512") else "AVX2"
         kind = f"fp32, {used}"
-    return kind if used == host else f"{kind} kernels on the {host} host"
+    aten = re.search(r"\bcpu (avx2|default)\b", low)  # ATen's capability below AVX512
+    if aten and used != "AVX2":
+        kind += f" (ATen {aten.group(1).upper()})"
+    return kind if used == host and not (aten and used != "AVX2") \
+        else f"{kind} kernels on the {host} host"
 
 
 def published(root: Path) -> list[Published]:

@@ -72,6 +72,10 @@ def test_the_kernels_of_an_environment_line_follow_its_onednn_cap():
         f"{amx}, ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX": "bf16, AMX",
         "torch; CPU AVX512 (avx512_bf16), ONEDNN_MAX_CPU_ISA=AVX512_CORE":
             "fp32, AVX512 kernels on the AVX512-BF16 host",
+        "torch 2.13.0+cpu; CPU AVX2 (avx512_bf16, amx_bf16, amx_int8, amx_tile)":
+            "bf16, AMX (ATen AVX2) kernels on the AMX host",
+        "torch; CPU AVX2 (avx512_bf16, amx_bf16), ONEDNN_MAX_CPU_ISA=AVX2":
+            "fp32, AVX2 kernels on the AMX host",
         "torch 2.13.0+cpu": results.NOT_RECORDED,
     }
     assert {line: results.kernels(line) for line in cases} == cases
