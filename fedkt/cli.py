@@ -241,13 +241,16 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import status_suite, suite_status, time_left
+    from fedkt.evidence.suite import status_suite, suite_status, suite_wall, time_left
 
     def make() -> str:
         suite = status_suite(args.suite, args.output_dir)  # loaded once for both
-        return "".join(f"{arm:<24} seed {seed:<4} {state}\n"
-                       for arm, seed, state in suite_status(args.suite, suite=suite)
-                       ) + time_left(args.suite, suite=suite) + "\n"
+        states = suite_status(args.suite, suite=suite)
+        wall = suite_wall([suite.run_dir(arm, seed) for arm, seed, state in states
+                           if state.startswith("done")])
+        return ("".join(f"{arm:<24} seed {seed:<4} {state}\n" for arm, seed, state in states)
+                + time_left(args.suite, suite=suite) + "\n"
+                + (f"finished runs' wall time so far: {wall.text()}\n" if wall else ""))
     return _table(make, None)
 
 

@@ -88,11 +88,26 @@ def _first(pattern: str, text: str) -> str:
     return found.group(0) if found else NOT_RECORDED
 
 
+def _recorded_wall(folder: Path) -> dict[str, Any] | None:
+    """suite.json's ``wall`` (:func:`fedkt.evidence.suite.suite_wall`, what the suite's runs
+    recorded), where it has one in the form the report writes."""
+    try:
+        wall = json.loads((folder / "suite.json").read_text()).get("wall")
+    except (OSError, ValueError, AttributeError):
+        return None
+    keys = {"duration": str, "timed_runs": int, "runs": int, "sittings": list}
+    if not isinstance(wall, dict) or not all(isinstance(wall.get(k), v)
+                                             for k, v in keys.items()):
+        return None
+    return wall
+
+
 def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     """The provenance comment of ``folder/suite.md`` read into its fields; a field the
-    comment does not state is ``not recorded``.  The wall time is the first duration
-    followed by ``wall`` or ``for N runs``, with its ``about`` where the comment has one (a
-    time put together afterwards, from the runs' own files)."""
+    comment does not state is ``not recorded``.  The wall time is the one its runs
+    recorded (suite.json's ``wall``) where every run recorded its times; else the comment's
+    first duration followed by ``wall`` or ``for N runs``, with its ``about`` where it has
+    one (a time put together afterwards); else the runs' record as a lower bound."""
     try:
         lines = (folder / "suite.md").read_text().splitlines()
     except OSError:
@@ -102,11 +117,18 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     env = env.strip().removeprefix("- ").removeprefix("environment: ") or NOT_RECORDED
     command = _first(r"`fedkt suite run [^`]+`", comment).strip("`")
     commit = re.search(r"at commit ([0-9a-f]{7,40})", comment)
+    time = _first(r"(?:about )?(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment)
+    wall = _recorded_wall(folder)
+    if wall and wall["timed_runs"] == wall["runs"]:
+        time = f"{wall['duration']} in {len(wall['sittings'])} sitting(s), its runs' record"
+    elif wall and time == NOT_RECORDED:
+        time = (f"at least {wall['duration']} ({wall['timed_runs']} of its {wall['runs']} "
+                "runs recorded their times)")
     return Provenance(
         command=command,
         commit=commit.group(1) if commit else NOT_RECORDED,
         date=_first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC)?", comment),
-        time=_first(r"(?:about )?(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment),
+        time=time,
         machine=_first(r"a \d+-core [A-Za-z0-9 \-]+?(?=,| \(| beside|;|$)", comment),
         environment=env,
     )

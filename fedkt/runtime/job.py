@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ def _run_job(cfg: RunConfig, transport: Transport, recorder: RunRecorder, tracki
         recorder.log_rows(report.rows())
         _client_predictions(cfg, server, recorder, rnd, traffic)
         checkpoint.mark_checkpoint(recorder, rnd, cfg.seed, sums)  # the round is complete
-        _record_peak_memory(run_dir)
+        _record_round_end(run_dir)
         if not quiet:
             print(recorder.round_table(rnd), flush=True)
     summary = recorder.summary()
@@ -246,19 +247,31 @@ def _client_threads(cfg: RunConfig) -> dict[str, Any]:
         "machine's physical cores)")}
 
 
-_PER_PROCESS = ("from_round", "peak_rss_mb")  # an entry's keys that are not the machine's
+#: An entry's keys that are not the machine's: the first round it computed, its processes'
+#: peak memory, and ``spans``: when each process computed its rounds, ``[start, end]`` in
+#: UTC (ISO 8601, to the second; the end moved on after every round), which a suite's
+#: wall time is read from (:func:`fedkt.evidence.suite.suite_wall`).
+_PER_PROCESS = ("from_round", "peak_rss_mb", "spans")
 
 
-def _record_peak_memory(run_dir: Path) -> None:
-    """After each round: the last ``environment.json`` entry's ``peak_rss_mb``, the largest
-    resident memory of the processes that computed its rounds (this one's so far). Under
-    the local runtime with one client worker that is every participant's; otherwise the
-    server process's."""
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _record_round_end(run_dir: Path) -> None:
+    """After each round, in the last ``environment.json`` entry: ``peak_rss_mb``, the
+    largest resident memory of the processes that computed its rounds (this one's so far;
+    under the local runtime with one client worker every participant's, otherwise the
+    server process's), and the end of this process's span, now."""
     entries = read_environment(run_dir)
-    peak = peak_rss_mb()
-    if not entries or peak is None:
+    if not entries:
         return
-    entries[-1]["peak_rss_mb"] = max(peak, float(entries[-1].get("peak_rss_mb") or 0.0))
+    peak = peak_rss_mb()
+    if peak is not None:
+        entries[-1]["peak_rss_mb"] = max(peak, float(entries[-1].get("peak_rss_mb") or 0.0))
+    spans = entries[-1].get("spans")
+    if isinstance(spans, list) and spans and isinstance(spans[-1], list):
+        spans[-1] = [spans[-1][0], _utc_now()]
     atomic_write(run_dir / ENVIRONMENT_FILE, json.dumps(entries, indent=1) + "\n")
 
 
@@ -267,12 +280,16 @@ def _record_environment(run_dir: Path, start: int, cfg: RunConfig | None = None)
     resumed elsewhere gets a second entry; rounds before it came from the first). It is
     the server process's machine: in the local and flower-sim runtimes every participant's,
     deployed (`flower`) only the server's; ``torch_threads`` are the server's, and with
-    ``cfg`` the clients' are recorded too (``client_threads``, and what set them)."""
+    ``cfg`` the clients' are recorded too (``client_threads``, and what set them).  This
+    process begins a span (``spans``) in the entry, a resume on the same machine one more
+    in the same entry."""
     entries = [e for e in read_environment(run_dir) if start > 1
                and int(e.get("from_round", 1)) < start]
     here = environment() | (_client_threads(cfg) if cfg is not None else {})
+    span = [_utc_now()] * 2
     if entries and {k: v for k, v in entries[-1].items() if k not in _PER_PROCESS} == here:
-        return
-    entries.append({"from_round": start, **here})
+        entries[-1]["spans"] = [*(entries[-1].get("spans") or []), span]
+    else:
+        entries.append({"from_round": start, **here, "spans": [span]})
     atomic_write(run_dir / ENVIRONMENT_FILE, json.dumps(entries, indent=1) + "\n")
 

@@ -59,15 +59,42 @@ def test_a_run_records_its_peak_memory_and_a_resume_keeps_the_larger(make_config
     path = cfg.run_dir / "environment.json"
     path.write_text(json.dumps([{**entry, "peak_rss_mb": 1e9}]))  # an earlier, larger process
     job._record_environment(cfg.run_dir, 2, cfg)  # resumed on the same machine: no new entry
-    job._record_peak_memory(cfg.run_dir)
+    job._record_round_end(cfg.run_dir)
     assert [e["peak_rss_mb"] for e in read_environment(cfg.run_dir)] == [1e9]
     path.write_text(json.dumps([{**entry, "peak_rss_mb": 0.5}]))
     before = peak_rss_mb()
-    job._record_peak_memory(cfg.run_dir)
+    job._record_round_end(cfg.run_dir)
     [kept] = [e["peak_rss_mb"] for e in read_environment(cfg.run_dir)]
     assert before <= kept <= peak_rss_mb()  # this process's, not the smaller one kept
     assert environment_lines([cfg.run_dir]) == [f"- environment: {describe(entry)}"]
     assert peak_memory({"a": [cfg.run_dir], "b": [cfg.run_dir.parent]}) == {"a": kept}
+
+
+def test_each_process_of_a_run_records_its_span_and_each_round_moves_its_end(make_config):
+    """A run's entry holds when each process computed its rounds (``spans``, UTC): one
+    for the first process, one more for a resume on the same machine, whose end moves
+    with each round; the spans are not the machine (no second entry)."""
+    from datetime import UTC, datetime
+
+    before = datetime.now(UTC).replace(microsecond=0)
+    cfg = make_config("rounds=2")
+    run(cfg, quiet=True)
+    after = datetime.now(UTC)
+    [entry] = read_environment(cfg.run_dir)
+    [[start, end]] = [[datetime.fromisoformat(x) for x in s] for s in entry["spans"]]
+    assert before <= start <= end <= after
+    job._record_environment(cfg.run_dir, 2, cfg)  # a resume on the same machine
+    [entry] = read_environment(cfg.run_dir)
+    first, second = ([datetime.fromisoformat(x) for x in s] for s in entry["spans"])
+    assert first == [start, end] and second[0] == second[1] >= end
+    path = cfg.run_dir / "environment.json"
+    entry["spans"][-1] = ["2026-12-05T09:00:00+00:00"] * 2
+    path.write_text(json.dumps([entry]))
+    job._record_round_end(cfg.run_dir)
+    [entry] = read_environment(cfg.run_dir)
+    assert entry["spans"][-1][0] == "2026-12-05T09:00:00+00:00"
+    assert datetime.fromisoformat(entry["spans"][-1][1]) >= before
+    assert entry["spans"][0] == [start.isoformat(), end.isoformat()]
 
 
 def test_a_run_resumed_elsewhere_records_a_second_environment(make_config, monkeypatch):
