@@ -157,10 +157,10 @@ def kernels(environment: str) -> str:
         used = host if cap is None else "AVX512" if cap.startswith("AVX512") else "AVX2"
         kind = f"fp32, {used}"
     aten = re.search(r"\bcpu (avx2|default)\b", low)  # ATen's capability below AVX512
-    if aten and used != "AVX2":
+    aten_lower = aten is not None and used != "AVX2"
+    if aten_lower:
         kind += f" (ATen {aten.group(1).upper()})"
-    return kind if used == host and not (aten and used != "AVX2") \
-        else f"{kind} kernels on the {host} host"
+    return f"{kind} kernels on the {host} host" if used != host or aten_lower else kind
 
 
 def published(root: Path) -> list[Published]:
