@@ -241,7 +241,8 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import status_suite, suite_status, suite_wall, time_left
+    from fedkt.evidence.suite import status_suite, suite_status, time_left
+    from fedkt.evidence.wall import suite_wall
 
     def make() -> str:
         suite = status_suite(args.suite, args.output_dir)  # loaded once for both

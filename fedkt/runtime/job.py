@@ -250,7 +250,7 @@ def _client_threads(cfg: RunConfig) -> dict[str, Any]:
 #: An entry's keys that are not the machine's: the first round it computed, its processes'
 #: peak memory, and ``spans``: when each process computed its rounds, ``[start, end]`` in
 #: UTC (ISO 8601, to the second; the end moved on after every round), which a suite's
-#: wall time is read from (:func:`fedkt.evidence.suite.suite_wall`).
+#: wall time is read from (:func:`fedkt.evidence.wall.suite_wall`).
 _PER_PROCESS = ("from_round", "peak_rss_mb", "spans")
 
 

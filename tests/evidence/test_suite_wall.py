@@ -12,7 +12,8 @@ import yaml
 
 from fedkt.cli import main
 from fedkt.evidence import results
-from fedkt.evidence.suite import SITTING_GAP_S, report_suite, suite_wall
+from fedkt.evidence.suite import report_suite
+from fedkt.evidence.wall import SITTING_GAP_S, suite_wall
 
 
 def _at(clock: str, day: str = "2026-12-05") -> str:
