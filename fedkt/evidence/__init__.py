@@ -12,7 +12,8 @@
 * :mod:`fedkt.evidence.suite`: ``fedkt suite run / report``;
 * :mod:`fedkt.evidence.method_table`: a suite's cross-method table (accuracy, bytes,
   compute, exposure per arm);
-* :mod:`fedkt.evidence.suite_plots`: a suite's figures.
+* :mod:`fedkt.evidence.suite_plots`: a suite's figures;
+* :mod:`fedkt.evidence.wall`: a suite's wall time and sittings, from its runs' spans;
 * :mod:`fedkt.evidence.across`: ``fedkt suite across``, one suite's verdicts under several
   environments (kernel settings);
 * :mod:`fedkt.evidence.pooled`: the pooled verdict across kernel settings, blocked by

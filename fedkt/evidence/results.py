@@ -89,7 +89,7 @@ def _first(pattern: str, text: str) -> str:
 
 
 def _recorded_wall(folder: Path) -> dict[str, Any] | None:
-    """suite.json's ``wall`` (:func:`fedkt.evidence.suite.suite_wall`, what the suite's runs
+    """suite.json's ``wall`` (:func:`fedkt.evidence.wall.suite_wall`, what the suite's runs
     recorded), where it has one in the form the report writes."""
     try:
         wall = json.loads((folder / "suite.json").read_text()).get("wall")
