@@ -106,8 +106,9 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     """The provenance comment of ``folder/suite.md`` read into its fields; a field the
     comment does not state is ``not recorded``.  The wall time is the one its runs
     recorded (suite.json's ``wall``) where every run recorded its times; else the comment's
-    first duration followed by ``wall`` or ``for N runs``, with its ``about`` where it has
-    one (a time put together afterwards); else the runs' record as a lower bound."""
+    first duration followed by ``wall`` or ``for N runs``, with its ``about`` or ``at
+    least`` where it has one (a time put together afterwards); else the runs' record as a
+    lower bound."""
     try:
         lines = (folder / "suite.md").read_text().splitlines()
     except OSError:
@@ -117,7 +118,7 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     env = env.strip().removeprefix("- ").removeprefix("environment: ") or NOT_RECORDED
     command = _first(r"`fedkt suite run [^`]+`", comment).strip("`")
     commit = re.search(r"at commit ([0-9a-f]{7,40})", comment)
-    time = _first(r"(?:about )?(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment)
+    time = _first(r"(?:about |at least )?(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment)
     wall = _recorded_wall(folder)
     if wall and wall["timed_runs"] == wall["runs"]:
         time = f"{wall['duration']} in {len(wall['sittings'])} sitting(s), its runs' record"
