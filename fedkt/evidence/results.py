@@ -118,7 +118,8 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     env = env.strip().removeprefix("- ").removeprefix("environment: ") or NOT_RECORDED
     command = _first(r"`fedkt suite run [^`]+`", comment).strip("`")
     commit = re.search(r"at commit ([0-9a-f]{7,40})", comment)
-    time = _first(r"(?:about |at least )?(?:\d+ h )?\d+ min(?: \d+ s)?(?= wall| for \d+ runs)", comment)
+    time = _first(r"(?:about |at least )?(?:\d+ h )?\d+ min(?: \d+ s)?"
+                  r"(?= wall| for \d+ runs)", comment)
     wall = _recorded_wall(folder)
     if wall and wall["timed_runs"] == wall["runs"]:
         time = f"{wall['duration']} in {len(wall['sittings'])} sitting(s), its runs' record"

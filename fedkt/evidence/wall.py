@@ -47,7 +47,7 @@ class Wall:
                + ", ".join(at(a, b) for a, b in self.sittings) + " UTC)")
         if self.timed < self.runs:
             out += (f"; {self.runs - self.timed} of its {self.runs} runs recorded no times "
-                    "(made before runs kept them), so their time is not in it")
+                    "(made before runs recorded their spans), so their time is not in it")
         return out
 
 

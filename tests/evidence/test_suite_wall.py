@@ -55,8 +55,8 @@ def test_runs_at_once_are_one_sitting_and_a_stop_starts_another(tmp_path):
     assert wall.duration() == "1 h 10 min 0 s"
     assert wall.text() == (
         "1 h 10 min 0 s in 2 sitting(s) (2026-12-05 09:00:00-10:00:00, 2026-12-05 "
-        "11:00:00-11:10:00 UTC); 2 of its 6 runs recorded no times (made before runs kept "
-        "them), so their time is not in it")
+        "11:00:00-11:10:00 UTC); 2 of its 6 runs recorded no times (made before runs "
+        "recorded their spans), so their time is not in it")
     # a gap of exactly SITTING_GAP_S is a stop; one second less is the same sitting
     late = _run(tmp_path / "g", [[_at("10:00:00"), _at("10:00:00")]])
     later = _run(tmp_path / "h", [[f"2026-12-05T10:{gap // 60:02d}:{gap % 60:02d}+00:00",
