@@ -52,6 +52,7 @@ class SuiteResult:
     paper: dict[str, Any] | None = None  # the paper's numbers beside the suite's, if any
     folds: bool = False  # its claims' units are folds (seeds inside them), not seeds
     choice: dict[str, Any] | None = None  # a pilot's choice (fedkt.evidence.choice), if any
+    wall: dict[str, Any] | None = None  # the runs' recorded wall time (fedkt.evidence.wall)
 
     @property
     def unit(self) -> str:
@@ -223,8 +224,22 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     choice = data.get("choice")
     if choice is not None:
         _check_choice(choice, f"{result}: choice")
+    wall = data.get("wall")
+    if wall is not None:
+        _check_wall(wall, f"{result}: wall")
     return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper,
-                       folds=bool(data.get("folds")), choice=choice)
+                       folds=bool(data.get("folds")), choice=choice, wall=wall)
+
+
+def _check_wall(wall: Any, where: str) -> None:
+    """Refuse a ``wall`` entry of suite.json (:func:`fedkt.evidence.suite.report_suite`'s)
+    that the results page could not read."""
+    if not isinstance(wall, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    for key, kind in {"duration": str, "timed_runs": int, "runs": int, "sittings": list}.items():
+        if not isinstance(wall.get(key), kind):
+            raise ValueError(f"{where}.{key}: expected {kind.__name__}, got "
+                             f"{type(wall.get(key)).__name__}")
 
 
 def _check_choice(choice: Any, where: str) -> None:

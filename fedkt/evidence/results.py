@@ -88,24 +88,12 @@ def _first(pattern: str, text: str) -> str:
     return found.group(0) if found else NOT_RECORDED
 
 
-def _recorded_wall(folder: Path) -> dict[str, Any] | None:
-    """suite.json's ``wall`` (:func:`fedkt.evidence.wall.suite_wall`, what the suite's runs
-    recorded), where it has one in the form the report writes."""
-    try:
-        wall = json.loads((folder / "suite.json").read_text()).get("wall")
-    except (OSError, ValueError, AttributeError):
-        return None
-    keys = {"duration": str, "timed_runs": int, "runs": int, "sittings": list}
-    if not isinstance(wall, dict) or not all(isinstance(wall.get(k), v)
-                                             for k, v in keys.items()):
-        return None
-    return wall
-
-
-def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
+def provenance(folder: Path, environment: Sequence[str] = (),
+               wall: dict[str, Any] | None = None) -> Provenance:
     """The provenance comment of ``folder/suite.md`` read into its fields; a field the
     comment does not state is ``not recorded``.  The wall time is the one its runs
-    recorded (suite.json's ``wall``) where every run recorded its times; else the comment's
+    recorded (``wall``: suite.json's, as :func:`fedkt.evidence.across.read_suite_result`
+    reads it) where every run recorded its times; else the comment's
     first duration followed by ``wall`` or ``for N runs``, with its ``about`` or ``at
     least`` where it has one (a time put together afterwards); else the runs' record as a
     lower bound."""
@@ -120,7 +108,6 @@ def provenance(folder: Path, environment: Sequence[str] = ()) -> Provenance:
     commit = re.search(r"at commit ([0-9a-f]{7,40})", comment)
     time = _first(r"(?:about |at least )?(?:\d+ h )?\d+ min(?: \d+ s)?"
                   r"(?= wall| for \d+ runs)", comment)
-    wall = _recorded_wall(folder)
     if wall and wall["timed_runs"] == wall["runs"]:
         time = f"{wall['duration']} in {len(wall['sittings'])} sitting(s), its runs' record"
     elif wall and time == NOT_RECORDED:
@@ -173,7 +160,7 @@ def published(root: Path) -> list[Published]:
         if not ((folder / "suite.json").is_file() or (folder / "suite.md").is_file()):
             continue
         result = read_suite_result(folder)
-        out.append(Published(folder, result, provenance(folder, result.environment)))
+        out.append(Published(folder, result, provenance(folder, result.environment, result.wall)))
     if not out:
         raise FileNotFoundError(f"{root}: no suite folders (each needs suite.json or suite.md)")
     return out

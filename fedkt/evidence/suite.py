@@ -745,7 +745,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
         text.append(f"- test examples per run: {n_items}")
     if missing:
         text.append(f"- not finished: {', '.join(missing)}")
-    env_lines = environment_lines([r.path for g in present.values() for r in g.runs])
+    run_dirs = [r.path for g in present.values() for r in g.runs]
+    env_lines = environment_lines(run_dirs)
     text += env_lines
     peaks = peak_memory({arm: [r.path for r in g.runs] for arm, g in present.items()})
     if peaks:
@@ -780,7 +781,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
 
         choice = choose(cfg.choice, mean, missing)
         text += ["## The pilot's choice", "", choice_markdown(choice), ""]
-    wall = suite_wall([r.path for g in present.values() for r in g.runs])
+    wall = suite_wall(run_dirs)
     text += ["## Where the time went", "",
              *([f"Wall time: {wall.text()}; from the finished runs' own spans "
                 f"(environment.json), runs less than {SITTING_GAP_S:.0f} s apart one "

@@ -8,10 +8,12 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fedkt.cli import main
 from fedkt.evidence import results
+from fedkt.evidence.across import read_suite_result
 from fedkt.evidence.suite import report_suite
 from fedkt.evidence.wall import SITTING_GAP_S, suite_wall
 
@@ -95,7 +97,10 @@ def test_the_report_the_status_and_the_results_page_give_the_wall_the_runs_recor
     assert capsys.readouterr().out.endswith(
         "finished runs' wall time so far: 41 min 0 s in 2 sitting(s) (2026-12-05 "
         "09:00:00-09:21:00, 2026-12-05 13:00:00-13:20:00 UTC)\n")
-    got = results.provenance(folder)
+    def provenance(folder: Path) -> results.Provenance:
+        return results.provenance(folder, wall=read_suite_result(folder).wall)
+
+    got = provenance(folder)
     assert got.time == "41 min 0 s in 2 sitting(s), its runs' record"
     # the comment's time stands where a run recorded none; the runs' is then a floor
     (folder / "suite.md").write_text("<!-- `fedkt suite run x` at commit abc1234, 2 h 3 min "
@@ -104,7 +109,13 @@ def test_the_report_the_status_and_the_results_page_give_the_wall_the_runs_recor
     env.write_text(json.dumps([{"from_round": 1}]))
     report_suite(folder, into=tmp_path / "copy")
     (tmp_path / "copy" / "suite.md").write_text((folder / "suite.md").read_text())
-    assert results.provenance(tmp_path / "copy").time == "2 h 3 min"
+    assert provenance(tmp_path / "copy").time == "2 h 3 min"
     (tmp_path / "copy" / "suite.md").write_text(text)
-    assert results.provenance(tmp_path / "copy").time == (
+    assert provenance(tmp_path / "copy").time == (
         "at least 21 min 0 s (3 of its 4 runs recorded their times)")
+    # a wall the page could not read is refused by file and field, as every field is
+    data = json.loads((tmp_path / "copy" / "suite.json").read_text())
+    data["wall"]["timed_runs"] = "3"
+    (tmp_path / "copy" / "suite.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"suite.json: wall.timed_runs: expected int, got str"):
+        read_suite_result(tmp_path / "copy")
