@@ -129,7 +129,9 @@ def kernels(environment: str) -> str:
     one names the kernels it leaves and the host, as the demo's table does: oneDNN's by
     ``ONEDNN_MAX_CPU_ISA`` (``bf16, AVX512-BF16 kernels on the AMX host``), and ATen's
     where its CPU capability (``ATEN_CPU_CAPABILITY``) is AVX2 under AVX512 matrix kernels
-    (``bf16, AMX (ATen AVX2) kernels on the AMX host``)."""
+    (``bf16, AMX (ATen AVX2) kernels on the AMX host``).  Where the line records the
+    arithmetic (``precision fp32 (pinned)``, from 2026-12-05) that wins over what ``auto``
+    would pick: ``fp32, AVX512 kernels on the AMX host``, ``bf16 (emulated), AVX2``."""
     low = environment.lower()
     host = ("AMX" if "amx" in low else "AVX512-BF16" if "avx512_bf16" in low
             else "AVX512" if "avx512" in low else "AVX2" if "avx2" in low else None)
@@ -137,14 +139,17 @@ def kernels(environment: str) -> str:
         return NOT_RECORDED
     found = re.search(r"onednn_max_cpu_isa=([a-z0-9_]+)", low)
     cap = found.group(1).upper() if found else None
-    if host in ("AMX", "AVX512-BF16") and (cap is None or cap in BF16_ISAS):
-        # the cap (if any) leaves bf16 dot products: auto stays bf16
+    native = host in ("AMX", "AVX512-BF16") and (cap is None or cap in BF16_ISAS)
+    recorded = re.search(r"\bprecision (bf16|fp32) \((?:auto|pinned)\)", low)
+    bf16 = recorded.group(1) == "bf16" if recorded else native
+    if bf16 and native:  # the cap (if any) leaves bf16 dot products
         used = "AMX" if host == "AMX" and (cap is None or "AMX" in cap
                                            or cap in ("ALL", "DEFAULT")) else "AVX512-BF16"
         kind = f"bf16, {used}"
-    else:
-        used = host if cap is None else "AVX512" if cap.startswith("AVX512") else "AVX2"
-        kind = f"fp32, {used}"
+    else:  # fp32, or bf16 without bf16 dot products (emulated)
+        level = host if cap is None else cap
+        used = "AVX512" if level.startswith(("AVX512", "AMX")) else "AVX2"
+        kind = f"{'bf16 (emulated)' if bf16 else 'fp32'}, {used}"
     aten = re.search(r"\bcpu (avx2|default)\b", low)  # ATen's capability below AVX512
     aten_lower = aten is not None and used != "AVX2"
     if aten_lower:

@@ -194,7 +194,8 @@ def without_code(line: str) -> str:
 
 
 def describe(env: dict[str, Any]) -> str:
-    """One line: versions and kernels (what summary.md and suite.md print)."""
+    """One line: versions, kernels and, where recorded, the arithmetic (``precision bf16
+    (auto)``, ``precision fp32 (pinned)``): what summary.md and suite.md print."""
     flags = ", ".join(f for f in env.get("cpu_flags") or [] if f.startswith(("amx", "avx512_bf")))
     cpu = f"CPU {env.get('cpu_capability')}" + (f" ({flags})" if flags else "")
     if env.get("onednn_max_cpu_isa"):
@@ -203,5 +204,7 @@ def describe(env: dict[str, Any]) -> str:
         cpu += f", on {env['cpu_model']}"
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     code = f"fedkt code {code_label(env)}; " if env.get("code") else ""
+    how = "auto" if env.get("precision") == "auto" else "pinned"
+    arithmetic = f"; precision {env['autocast']} ({how})" if env.get("autocast") else ""
     return (code + f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
-            f"peft {env.get('peft')}; {cpu}{gpu}")
+            f"peft {env.get('peft')}; {cpu}{gpu}{arithmetic}")

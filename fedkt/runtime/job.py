@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedkt.config import RunConfig
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
@@ -247,6 +249,15 @@ def _client_threads(cfg: RunConfig) -> dict[str, Any]:
         "machine's physical cores)")}
 
 
+def _precision(cfg: RunConfig) -> dict[str, str]:
+    """The arithmetic the run computes in, as ``environment.json`` records it:
+    ``training.precision`` (``precision``) and what it resolved to on the run's device
+    (``autocast``: bf16, fp16 or fp32), which ``auto`` makes a fact of the machine."""
+    dtype = resolve_precision(cfg.training.precision, cfg.runtime.device)
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
+    return {"precision": cfg.training.precision, "autocast": names[dtype]}
+
+
 #: An entry's keys that are not the machine's: the first round it computed, its processes'
 #: peak memory, and ``spans``: when each process computed its rounds, ``[start, end]`` in
 #: UTC (ISO 8601, to the second; the end moved on after every round), which a suite's
@@ -285,7 +296,7 @@ def _record_environment(run_dir: Path, start: int, cfg: RunConfig | None = None)
     in the same entry."""
     entries = [e for e in read_environment(run_dir) if start > 1
                and int(e.get("from_round", 1)) < start]
-    here = environment() | (_client_threads(cfg) if cfg is not None else {})
+    here = environment() | (_client_threads(cfg) | _precision(cfg) if cfg is not None else {})
     span = [_utc_now()] * 2
     if entries and {k: v for k, v in entries[-1].items() if k not in _PER_PROCESS} == here:
         entries[-1]["spans"] = [*(entries[-1].get("spans") or []), span]

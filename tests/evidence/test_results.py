@@ -81,6 +81,26 @@ def test_the_kernels_of_an_environment_line_follow_its_onednn_cap():
     assert {line: results.kernels(line) for line in cases} == cases
 
 
+def test_the_kernels_of_an_environment_line_follow_its_recorded_precision():
+    """A line that records the arithmetic (a run's resolved ``training.precision``) is
+    placed by it, not by what ``auto`` would pick: a pinned fp32 suite on the AMX host
+    gets its own column, and ``auto``, recorded or not, the kind's."""
+    amx = "torch 2.13.0+cpu; CPU AVX512 (avx512_bf16, amx_bf16, amx_int8, amx_tile)"
+    epyc = "torch 2.13.0+cpu; CPU AVX512 (avx512_bf16), on AMD EPYC"
+    cases = {
+        f"{amx}; precision bf16 (auto)": "bf16, AMX",
+        f"{amx}; precision bf16 (pinned)": "bf16, AMX",
+        f"{amx}; precision fp32 (pinned)": "fp32, AVX512 kernels on the AMX host",
+        f"{epyc}; precision fp32 (pinned)": "fp32, AVX512 kernels on the AVX512-BF16 host",
+        f"{epyc}; precision bf16 (auto)": "bf16, AVX512-BF16",
+        "torch; CPU AVX2, on AMD EPYC; precision fp32 (auto)": "fp32, AVX2",
+        "torch; CPU AVX2, on AMD EPYC; precision bf16 (pinned)": "bf16 (emulated), AVX2",
+        f"{amx}, ONEDNN_MAX_CPU_ISA=AVX2; precision bf16 (pinned)":
+            "bf16 (emulated), AVX2 kernels on the AMX host",
+    }
+    assert {line: results.kernels(line) for line in cases} == cases
+
+
 def test_a_wall_time_is_the_comments_wall_duration_with_its_qualifier(tmp_path):
     """Of a comment's durations, the wall time is the one it calls wall; one put together
     afterwards keeps its "about" or "at least"; a comment that calls none wall records

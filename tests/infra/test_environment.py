@@ -20,6 +20,7 @@ from fedkt.infra.environment import (
     without_code,
 )
 from fedkt.infra.memory import peak_rss_mb
+from fedkt.infra.precision import resolve_precision
 from fedkt.runner import run
 from fedkt.runtime import job
 from fedkt.tracking.summary import read_environment, summary_markdown
@@ -37,7 +38,13 @@ def test_a_run_keeps_its_versions_and_kernels_and_its_summary_names_them(make_co
     assert set(entry["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16",
                                        "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
     assert entry["code"] == source_digest()
+    # the arithmetic: what training.precision resolved to here, which auto leaves to the CPU
+    want = {torch.bfloat16: "bf16", None: "fp32"}[resolve_precision(cfg.training.precision,
+                                                                    cfg.runtime.device)]
+    assert (entry["precision"], entry["autocast"]) == (cfg.training.precision, want)
     summary = (cfg.run_dir / "summary.md").read_text()
+    assert describe(entry).endswith(
+        f"; precision {want} ({'auto' if cfg.training.precision == 'auto' else 'pinned'})")
     assert f"- environment: fedkt code {entry['code'][:12]}" in summary
     assert f"; torch {torch.__version__}, transformers" in summary
     # the CPU's model name: another vendor's CPU of the same ISA may take other MKL paths
