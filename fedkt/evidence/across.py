@@ -33,7 +33,7 @@ from typing import Any
 from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.claims import ClaimError, Decision, Joint, decide_joint, parse_claim
 from fedkt.evidence.pooled import Pooled, pooled_decision
-from fedkt.infra.environment import without_code
+from fedkt.infra.environment import setting_line
 from fedkt.tracking.tables import format_table
 
 __all__ = ["PooledClaim", "SuiteResult", "across_report", "joint_verdict", "pool_claim",
@@ -431,7 +431,7 @@ def across_report(specs: list[str | Path]) -> str:
         lines += [f"   {e}" for e in env]
     seen: dict[tuple[str, ...], str] = {}
     for r, label in zip(results, labels, strict=True):
-        setting = tuple(without_code(e) for e in r.environment)  # another code: same kernels
+        setting = tuple(setting_line(e) for e in r.environment)  # another code: same kernels
         if setting and setting in seen:
             lines.append(f"- note: {label} reports the same environment as "
                          f"{seen[setting]}; this is not a second kernel setting")

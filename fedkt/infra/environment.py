@@ -26,7 +26,7 @@ from typing import Any
 
 __all__ = ["BF16_ISAS", "ENVIRONMENT_FILE", "KERNEL_ENV", "READERS", "code_label", "commit",
            "describe", "environment", "kernels", "libraries", "numerics", "source_digest",
-           "source_files", "without_code"]
+           "setting_line", "source_files", "without_code"]
 
 ENVIRONMENT_FILE = "environment.json"
 # CPU flags that choose which matrix kernels run (bf16/int8 paths of oneDNN and ATen)
@@ -191,6 +191,17 @@ def without_code(line: str) -> str:
     """An environment line (:func:`describe`'s) without its code part: what two runs of
     other commits under one kernel setting share."""
     return _CODE_PART.sub("", line)
+
+
+#: The arithmetic :func:`describe` ends a line with where ``training.precision`` is auto.
+_AUTO_PRECISION = re.compile(r"; precision [a-z0-9]+ \(auto\)$")
+
+
+def setting_line(line: str) -> str:
+    """An environment line as a kernel setting: :func:`without_code`, and without the
+    arithmetic where ``auto`` chose it (the rest of the line decides it), so a run that
+    recorded it and one from before it did name one setting; a pinned precision stays."""
+    return _AUTO_PRECISION.sub("", without_code(line))
 
 
 def describe(env: dict[str, Any]) -> str:

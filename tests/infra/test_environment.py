@@ -16,6 +16,7 @@ from fedkt.infra.environment import (
     describe,
     environment,
     kernels,
+    setting_line,
     source_digest,
     without_code,
 )
@@ -258,3 +259,15 @@ def test_an_environment_line_without_its_code_is_the_line_of_no_code(commit):
     named = describe({**env, "code": "21d67268e15c" + "0" * 52, "commit": commit})
     assert named.startswith("fedkt code 21d67268e15c") and named != describe(env)
     assert without_code(named) == describe(env) == without_code(describe(env))
+
+
+def test_a_setting_line_drops_the_code_and_an_auto_precision_but_not_a_pinned_one():
+    """``fedkt suite across`` names two folders one kernel setting where only the code or
+    an auto precision's record differs (auto follows from the CPU); a pinned one differs."""
+    env = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "peft": "0.21.2",
+           "cpu_capability": "AVX512", "cpu_flags": ["avx512_bf16"], "cpu_model": "AMD EPYC"}
+    auto = describe({**env, "code": "ab" * 32, "precision": "auto", "autocast": "bf16"})
+    pinned = describe({**env, "precision": "fp32", "autocast": "fp32"})
+    assert auto.endswith("; precision bf16 (auto)") and pinned.endswith("(pinned)")
+    assert setting_line(auto) == setting_line(describe(env)) == describe(env)
+    assert setting_line(pinned) == pinned != describe(env)
