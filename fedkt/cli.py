@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Callable
@@ -184,7 +185,7 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
     try:
         run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
                   rerun_changed=args.rerun_changed, keep=args.keep,
-                  runs_from=args.runs_from or ())
+                  runs_from=args.runs_from or (), command=args.command_line)
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -574,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["fedkt", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "light", False):  # `fedkt models|configs|list ...`: no torch needed

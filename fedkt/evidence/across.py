@@ -32,6 +32,7 @@ from typing import Any
 
 from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.claims import ClaimError, Decision, Joint, decide_joint, parse_claim
+from fedkt.evidence.invocations import check_commands
 from fedkt.evidence.pooled import Pooled, pooled_decision
 from fedkt.infra.environment import setting_line
 from fedkt.tracking.tables import format_table
@@ -53,6 +54,7 @@ class SuiteResult:
     folds: bool = False  # its claims' units are folds (seeds inside them), not seeds
     choice: dict[str, Any] | None = None  # a pilot's choice (fedkt.evidence.choice), if any
     wall: dict[str, Any] | None = None  # the runs' recorded wall time (fedkt.evidence.wall)
+    commands: list[dict[str, str]] | None = None  # fedkt.evidence.invocations, if recorded
 
     @property
     def unit(self) -> str:
@@ -227,8 +229,12 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     wall = data.get("wall")
     if wall is not None:
         _check_wall(wall, f"{result}: wall")
+    commands = data.get("commands")
+    if commands is not None:
+        check_commands(commands, f"{result}: commands")
     return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper,
-                       folds=bool(data.get("folds")), choice=choice, wall=wall)
+                       folds=bool(data.get("folds")), choice=choice, wall=wall,
+                       commands=commands)
 
 
 def _check_wall(wall: Any, where: str) -> None:

@@ -30,6 +30,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,13 @@ def _first(pattern: str, text: str) -> str:
 
 
 def provenance(folder: Path, environment: Sequence[str] = (),
-               wall: dict[str, Any] | None = None) -> Provenance:
+               wall: dict[str, Any] | None = None,
+               commands: Sequence[dict[str, str]] | None = None) -> Provenance:
     """The provenance comment of ``folder/suite.md`` read into its fields; a field the
-    comment does not state is ``not recorded``.  The wall time is the one its runs
+    comment does not state is taken from the runs' record where it holds one (the
+    command from ``commands``, suite.json's :mod:`fedkt.evidence.invocations`; the commit
+    and CPU from the environment line; the dates from ``wall``'s sittings), else ``not
+    recorded``.  The wall time is the one its runs
     recorded (``wall``: suite.json's, as :func:`fedkt.evidence.across.read_suite_result`
     reads it) where every run recorded its times; else the comment's
     first duration followed by ``wall`` or ``for N runs``, with its ``about`` or ``at
@@ -105,7 +110,20 @@ def provenance(folder: Path, environment: Sequence[str] = (),
     env = next((e for e in environment if e.strip()), "")
     env = env.strip().removeprefix("- ").removeprefix("environment: ") or NOT_RECORDED
     command = _first(r"`fedkt suite run [^`]+`", comment).strip("`")
-    commit = re.search(r"at commit ([0-9a-f]{7,40})", comment)
+    if command == NOT_RECORDED and commands:
+        command = "` then `".join(dict.fromkeys(c["command"] for c in commands))
+    commit = (re.search(r"at commit ([0-9a-f]{7,40})", comment)
+              or re.search(r"\(commit ([0-9a-f]{7})[0-9a-f]*\)", env))
+    date = _first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC)?", comment)
+    if date == NOT_RECORDED and wall and wall["sittings"]:
+        a, b = (datetime.fromisoformat(t) for t in (wall["sittings"][0][0],
+                                                     wall["sittings"][-1][1]))
+        date = f"{a:%Y-%m-%d %H:%M:%S}-{b:%H:%M:%S} UTC" if a.date() == b.date() else (
+            f"{a:%Y-%m-%d %H:%M:%S} UTC to {b:%Y-%m-%d %H:%M:%S} UTC")
+    machine = _first(r"a \d+-core [A-Za-z0-9 \-]+?(?=,| \(| beside|;|$)", comment)
+    cpu = re.search(r", on ([^;,]+)", env)
+    if machine == NOT_RECORDED and cpu:
+        machine = f"{cpu.group(1).strip()} (its runs' record)"
     time = _first(r"(?:about |at least )?(?:\d+ h )?\d+ min(?: \d+ s)?"
                   r"(?= wall| for \d+ runs)", comment)
     if wall and wall["timed_runs"] == wall["runs"]:
@@ -116,9 +134,9 @@ def provenance(folder: Path, environment: Sequence[str] = (),
     return Provenance(
         command=command,
         commit=commit.group(1) if commit else NOT_RECORDED,
-        date=_first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC)?", comment),
+        date=date,
         time=time,
-        machine=_first(r"a \d+-core [A-Za-z0-9 \-]+?(?=,| \(| beside|;|$)", comment),
+        machine=machine,
         environment=env,
     )
 
@@ -165,7 +183,8 @@ def published(root: Path) -> list[Published]:
         if not ((folder / "suite.json").is_file() or (folder / "suite.md").is_file()):
             continue
         result = read_suite_result(folder)
-        out.append(Published(folder, result, provenance(folder, result.environment, result.wall)))
+        out.append(Published(folder, result, provenance(folder, result.environment,
+                                                        result.wall, result.commands)))
     if not out:
         raise FileNotFoundError(f"{root}: no suite folders (each needs suite.json or suite.md)")
     return out

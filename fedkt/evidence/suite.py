@@ -78,6 +78,12 @@ from fedkt.evidence.claims import (
     decide_joint,
     parse_claim,
 )
+from fedkt.evidence.invocations import (
+    commands_text,
+    keep_invocations,
+    read_invocations,
+    record_invocation,
+)
 from fedkt.evidence.method_table import (
     ComparisonConfig,
     check_comparison,
@@ -530,7 +536,7 @@ def load_suite_folder(folder: str | Path) -> Suite:
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
               quiet: bool = False, rerun_changed: bool = False,
               keep: str | Path | None = None,
-              runs_from: Sequence[str | Path] = ()) -> Path:
+              runs_from: Sequence[str | Path] = (), command: str | None = None) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder.
 
     A run of the folder made with another config than the suite file now gives it (an
@@ -540,7 +546,9 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     finishes, so a suite stopped at any point has kept every run it finished; a folder
     :func:`keep_runs` would refuse is refused before anything runs.  ``runs_from``: suite
     folders whose finished runs this suite would make itself (the same config and setting)
-    are taken from them (:func:`take_runs`) rather than run again."""
+    are taken from them (:func:`take_runs`) rather than run again.  ``command``: the
+    command line to record in the folder (:mod:`fedkt.evidence.invocations`), which the
+    report names."""
     suite = load_suite(path, output_dir)
     threads = max(1, physical_cores() // max(1, jobs))
     if runs_from:
@@ -564,6 +572,8 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
         if any(run_state(suite.run_dir(*k), cfg.rounds) == "done"
                for k, cfg in suite.runs.items()):
             keep_runs(suite.folder, keep)
+    if command is not None and todo:  # it runs something: after every refusal above
+        record_invocation(suite.folder, command)
     running: list[tuple[str, int, subprocess.Popen, Any, float]] = []
     log_dir = suite.folder / "logs"
     conf_dir = suite.folder / "configs"
@@ -746,6 +756,9 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
     if missing:
         text.append(f"- not finished: {', '.join(missing)}")
     run_dirs = [r.path for g in present.values() for r in g.runs]
+    commands = read_invocations(folder)
+    if commands:
+        text.append(f"- run by: {commands_text(commands)}")
     env_lines = environment_lines(run_dirs)
     text += env_lines
     peaks = peak_memory({arm: [r.path for r in g.runs] for arm, g in present.items()})
@@ -809,6 +822,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
         {"name": cfg.name, "seeds": suite.seeds, "folds": suite.fold_of, "metrics": metrics,
          "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines,
+         **({"commands": commands} if commands else {}),
          **({"peak_rss_mb": peaks} if peaks else {}),
          **({"wall": {"seconds": round(wall.seconds), "duration": wall.duration(),
                       "text": wall.text(), "timed_runs": wall.timed, "runs": wall.runs,
@@ -1170,6 +1184,7 @@ def keep_runs(source: str | Path, dest: str | Path,
     dest.mkdir(parents=True, exist_ok=True)
     if copy_of.resolve() != (dest / "suite.yaml").resolve():
         shutil.copyfile(copy_of, dest / "suite.yaml")
+        keep_invocations(source, dest)
     size = 0
     for arm, seed in done:
         run_dir = suite.run_dir(arm, seed)

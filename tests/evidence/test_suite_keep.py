@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fedkt.cli import main
+from fedkt.evidence.invocations import read_invocations
 from fedkt.evidence.suite import (
     SuiteChangedError,
     SuiteMachineError,
@@ -196,6 +197,12 @@ def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_
     files = sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file())
     assert all((again / f).read_bytes() == (kept / f).read_bytes() for f in files)
+    # the command that ran, recorded once (the refused one is not) and named by the report
+    [entry] = read_invocations(kept)
+    assert entry["command"] == f"fedkt suite run {path} --keep {kept}"
+    assert read_invocations(tmp_path / "out") == [entry]
+    assert f"- run by: `fedkt suite run {path} --keep {kept}` (" in (
+        tmp_path / "out" / "suite.md").read_text()
 
 
 def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp_path,
