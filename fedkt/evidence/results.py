@@ -95,8 +95,8 @@ def provenance(folder: Path, environment: Sequence[str] = (),
     """The provenance comment of ``folder/suite.md`` read into its fields; a field the
     comment does not state is taken from the runs' record where it holds one (the
     command from ``commands``, suite.json's :mod:`fedkt.evidence.invocations`; the commit
-    and CPU from the environment line; the dates from ``wall``'s sittings), else ``not
-    recorded``.  The wall time is the one its runs
+    and CPU from the environment line; the dates from ``wall``'s sittings where every run
+    recorded its times), else ``not recorded``.  The wall time is the one its runs
     recorded (``wall``: suite.json's, as :func:`fedkt.evidence.across.read_suite_result`
     reads it) where every run recorded its times; else the comment's
     first duration followed by ``wall`` or ``for N runs``, with its ``about`` or ``at
@@ -115,7 +115,7 @@ def provenance(folder: Path, environment: Sequence[str] = (),
     commit = (re.search(r"at commit ([0-9a-f]{7,40})", comment)
               or re.search(r"\(commit ([0-9a-f]{7})[0-9a-f]*\)", env))
     date = _first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC)?", comment)
-    if date == NOT_RECORDED and wall and wall["sittings"]:
+    if date == NOT_RECORDED and wall and wall["sittings"] and wall["timed_runs"] == wall["runs"]:
         a, b = (datetime.fromisoformat(t) for t in (wall["sittings"][0][0],
                                                      wall["sittings"][-1][1]))
         date = f"{a:%Y-%m-%d %H:%M:%S}-{b:%H:%M:%S} UTC" if a.date() == b.date() else (

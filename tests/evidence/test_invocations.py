@@ -78,6 +78,9 @@ def test_the_commands_are_kept_in_order_named_by_the_report_and_read_by_the_page
     assert (prov.commit, prov.machine, prov.date) == (
         "26c26ed", "AMD EPYC (its runs' record)", "2026-12-05 09:00:00-09:41:00 UTC")
     assert prov.time == "41 min 0 s in 1 sitting(s), its runs' record"
+    partial = {**got.wall, "timed_runs": 3}  # a run without times: its dates are not known
+    assert results.provenance(folder, got.environment, partial, got.commands).date == (
+        results.NOT_RECORDED)
     table = folder / "suite.md"
     table.write_text("<!-- `fedkt suite run suites/y` at commit 1234567, 2026-12-04 10:00 UTC, "
                      "a 2-core Intel Xeon with AMX; 41 min wall -->\n" + table.read_text())
