@@ -1224,13 +1224,17 @@ def take_runs(suite: Suite, sources: Sequence[str | Path], *, threads: int | Non
     repeated in another's design) then run each once.  A run already in the folder is left
     as it is; a matching run of another setting is not taken.  Returns the runs taken,
     ``(arm, seed, the run folder it came from)``, and one line per run not taken for its
-    setting."""
+    setting.  The commands recorded in a folder a run is taken from are kept beside the
+    suite's own (:func:`fedkt.evidence.invocations.keep_invocations`)."""
     now = current_setting(threads)
     others = []
+    folder_of: dict[Path, Path] = {}
     for source in sources:
         other = load_suite_folder(source)
-        others += [(other.run_dir(a, s), cfg) for (a, s), cfg in other.runs.items()
-                   if run_state(other.run_dir(a, s), cfg.rounds) == "done"]
+        done = [(other.run_dir(a, s), cfg) for (a, s), cfg in other.runs.items()
+                if run_state(other.run_dir(a, s), cfg.rounds) == "done"]
+        others += done
+        folder_of |= {run_dir: Path(source) for run_dir, _ in done}
     taken: list[tuple[str, int, Path]] = []
     refused: list[str] = []
     for (arm, seed), cfg in suite.runs.items():
@@ -1249,4 +1253,6 @@ def take_runs(suite: Suite, sources: Sequence[str | Path], *, threads: int | Non
             copy_records(source_dir, run_dir)
             taken.append((arm, seed, source_dir))
             break
+    for source in dict.fromkeys(folder_of[source_dir] for _, _, source_dir in taken):
+        keep_invocations(source, suite.folder)
     return taken, refused

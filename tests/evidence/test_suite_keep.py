@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fedkt.cli import main
-from fedkt.evidence.invocations import read_invocations
+from fedkt.evidence.invocations import read_invocations, record_invocation
 from fedkt.evidence.suite import (
     SuiteChangedError,
     SuiteMachineError,
@@ -296,7 +296,9 @@ def test_runs_another_suite_made_with_the_same_config_and_setting_are_taken_not_
     more = tmp_path / "more.yaml"
     more.write_text(yaml.safe_dump(data))
     suite = load_suite(more)
+    made = record_invocation(tmp_path / "out", "fedkt suite run suite.yaml")
     taken, refused = take_runs(suite, [tmp_path / "out"], threads=1)
+    assert read_invocations(tmp_path / "more") == [made]  # the taken runs' command beside
     assert sorted((arm, seed, str(src.relative_to(tmp_path))) for arm, seed, src in taken) == [
         ("shared", 0, "out/fedavg/seed_0"), ("shared", 1, "out/fedavg/seed_1"),
         ("standalone", 0, "out/standalone/seed_0")]
