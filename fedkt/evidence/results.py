@@ -4,8 +4,8 @@ Each folder under a suites root (``docs/suites/<name>/``) holds what one ``fedkt
 run`` decided: ``suite.json``, or only ``suite.md`` for a folder published before
 suite.json was kept (:func:`fedkt.evidence.across.read_suite_result` reads either).  Its
 provenance is the comment at the top of ``suite.md`` (the command, commit, date, wall time
-and machine of the run, written when the folder was published) and the suite's
-environment line.  Each setting's numbers are the suite's own text; for a suite published
+and machine of the run, written when the folder was published), the suite's environment
+line, and what its runs recorded where the comment is silent (:func:`provenance`).  Each setting's numbers are the suite's own text; for a suite published
 under two or more kernel settings the summary adds what ``fedkt suite across`` gives from
 the same files (the word across the settings, the pooled verdict blocked by fold).
 
