@@ -242,7 +242,7 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import status_suite, suite_status, time_left
+    from fedkt.evidence.suite import fold_progress, status_suite, suite_status, time_left
     from fedkt.evidence.wall import suite_wall
 
     def make() -> str:
@@ -252,6 +252,7 @@ def cmd_suite_status(args: argparse.Namespace) -> int:
                            if state.startswith("done")])
         return ("".join(f"{arm:<24} seed {seed:<4} {state}\n" for arm, seed, state in states)
                 + time_left(args.suite, suite=suite) + "\n"
+                + (fold_progress(suite.fold_of, states) + "\n" if suite.fold_of else "")
                 + (f"finished runs' wall time so far: {wall.text()}\n" if wall else ""))
     return _table(make, None)
 

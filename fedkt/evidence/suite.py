@@ -1037,6 +1037,21 @@ def status_suite(path: str | Path, output_dir: str | Path | None) -> Suite:
     return load_suite(path, output_dir)
 
 
+def fold_progress(fold_of: dict[int, int], states: Sequence[tuple[str, int, str]]) -> str:
+    """Which test folds of a suite are whole (every arm and seed done) and how far the
+    others are, from :func:`suite_status`'s ``states``: ``whole folds: 2 of 4 (0, 1); fold
+    2: 5 of 12 runs done``.  A suite kept fold by fold is stopped at a whole fold."""
+    done: dict[int, list[bool]] = {}
+    for _, seed, state in states:
+        done.setdefault(fold_of[seed], []).append(state.startswith("done"))
+    whole = [str(f) for f, runs in sorted(done.items()) if all(runs)]
+    parts = [f"fold {f}: {sum(runs)} of {len(runs)} runs done"
+             for f, runs in sorted(done.items()) if any(runs) and not all(runs)]
+    head = f"whole folds: {len(whole)} of {len(done)}" + (f" ({', '.join(whole)})"
+                                                          if whole else "")
+    return "; ".join([head, *parts])
+
+
 def time_left(path: str | Path, output_dir: str | Path | None = None, *,
               suite: Suite | None = None) -> str:
     """One line: the runs left of a suite and their time, each left run at the mean wall

@@ -322,3 +322,23 @@ def test_runs_another_suite_made_with_the_same_config_and_setting_are_taken_not_
     assert main(["suite", "run", str(more), "--runs-from", str(tmp_path / "nope"), "-q"]) == 2
     assert "no suite.yaml" in capsys.readouterr().err
     assert not suite.run_dir("fedavg_lr", 0).exists()
+
+
+def test_status_says_which_folds_are_whole_and_how_far_the_others_are(tmp_path, capsys):
+    """A suite kept fold by fold is stopped at a whole fold: ``fedkt suite status`` says
+    which folds are (every arm and seed done) and how many runs of each other fold are."""
+    from fedkt.evidence.suite import fold_progress
+
+    fold_of = {1000: 0, 2000: 0, 1001: 1, 2001: 1, 1002: 2, 2002: 2}
+    states = [(arm, seed, state) for arm in ("a", "b") for seed, state in (
+        (1000, "done"), (2000, "done"), (1001, "done"), (2001, "started"),
+        (1002, "new"), (2002, "new"))]
+    states[-1] = ("b", 2002, "done (taken)")
+    assert fold_progress(fold_of, states) == (
+        "whole folds: 1 of 3 (0); fold 1: 2 of 4 runs done; fold 2: 1 of 4 runs done")
+    assert fold_progress(fold_of, [(a, s, "new") for a, s, _ in states]) == (
+        "whole folds: 0 of 3")
+    # a shipped fold suite with nothing run yet: no fold is whole
+    assert main(["suite", "status", "suites/clinc150_llm2slm_transfer", "--output-dir",
+                 str(tmp_path / "none")]) == 0
+    assert "\nwhole folds: 0 of 4\n" in capsys.readouterr().out
