@@ -220,21 +220,14 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
     elif not isinstance(env, list) or not all(isinstance(x, str) for x in env):
         raise ValueError(f"{result}: environment: expected a list of lines, got "
                          f"{type(env).__name__}")
-    paper = data.get("paper")
-    if paper is not None:
-        _check_paper(paper, f"{result}: paper")
-    choice = data.get("choice")
-    if choice is not None:
-        _check_choice(choice, f"{result}: choice")
-    wall = data.get("wall")
-    if wall is not None:
-        _check_wall(wall, f"{result}: wall")
-    commands = data.get("commands")
-    if commands is not None:
-        check_commands(commands, f"{result}: commands")
-    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env], paper,
-                       folds=bool(data.get("folds")), choice=choice, wall=wall,
-                       commands=commands)
+    optional = {"paper": _check_paper, "choice": _check_choice, "wall": _check_wall,
+                "commands": check_commands}  # each refused by field where malformed
+    for key, check in optional.items():
+        if data.get(key) is not None:
+            check(data[key], f"{result}: {key}")
+    return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env],
+                       folds=bool(data.get("folds")),
+                       **{key: data.get(key) for key in optional})
 
 
 def _check_wall(wall: Any, where: str) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "physical_cores",
     "precision_name",
     "resolve_precision",
+    "resolved_precision",
     "set_threads",
     "upcast",
 ]
@@ -128,6 +129,14 @@ def resolve_precision(name: str, device: torch.device | str | torch.nn.Module | 
     if name == "bf16" and kind == "cpu" and not cpu_supports_bf16():
         _warn_emulated_bf16()
     return _DTYPES[name]
+
+
+def resolved_precision(name: str, device: torch.device | str | torch.nn.Module | None
+                       ) -> str:
+    """What ``training.precision`` ``name`` computes in on ``device``, as a name
+    (:func:`resolve_precision`'s dtype): ``auto`` becomes ``bf16`` or ``fp32``."""
+    dtype = resolve_precision(name, device)
+    return next(key for key, value in _DTYPES.items() if value == dtype)
 
 
 @functools.cache

@@ -17,8 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedkt.config import RunConfig
 from fedkt.errors import CheckpointError
 from fedkt.eval import predictions
@@ -27,7 +25,7 @@ from fedkt.evidence.paired_table import round0_summary
 from fedkt.infra import progress
 from fedkt.infra.environment import ENVIRONMENT_FILE, environment
 from fedkt.infra.memory import peak_rss_mb
-from fedkt.infra.precision import resolve_precision, set_threads
+from fedkt.infra.precision import resolve_precision, resolved_precision, set_threads
 from fedkt.infra.timing import Clock, clocks, eval_clock, now, phase_seconds
 from fedkt.methods import get_method
 from fedkt.methods.base import (
@@ -253,9 +251,8 @@ def _precision(cfg: RunConfig) -> dict[str, str]:
     """The arithmetic the run computes in, as ``environment.json`` records it:
     ``training.precision`` (``precision``) and what it resolved to on the run's device
     (``autocast``: bf16, fp16 or fp32), which ``auto`` makes a fact of the machine."""
-    dtype = resolve_precision(cfg.training.precision, cfg.runtime.device)
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
-    return {"precision": cfg.training.precision, "autocast": names[dtype]}
+    return {"precision": cfg.training.precision,
+            "autocast": resolved_precision(cfg.training.precision, cfg.runtime.device)}
 
 
 #: An entry's keys that are not the machine's: the first round it computed, its processes'
