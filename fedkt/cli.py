@@ -185,7 +185,8 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
     try:
         run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
                   rerun_changed=args.rerun_changed, keep=args.keep,
-                  runs_from=args.runs_from or (), command=args.command_line)
+                  runs_from=args.runs_from or (), command=args.command_line,
+                  folds=args.fold)
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -484,6 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take each finished run of the suite folder DIR (or a kept one) "
                         "that this suite would make itself, the same config and setting, "
                         "rather than run it again (repeatable)")
+    q.add_argument("--fold", type=int, action="append", metavar="K",
+                   help="run only this of the suite's folds (repeatable): each fold's runs "
+                        "are the whole suite's, and the report names the folds left out; "
+                        "e.g. a second kernel setting on 4 of 8 folds, pooled on the folds "
+                        "both ran (docs/evidence.md, \"Machines\")")
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")

@@ -335,7 +335,11 @@ class PooledClaim:
         cells = [f"{p.estimate:+.4f} [{p.low:+.4f}, {p.high:+.4f}]"
                  + ("; per fold " + ", ".join(f"{m:+.3f}" for m in p.fold_means)
                     if folds else "") for p in self.parts]
-        return [f"part {k}: {c}" for k, c in enumerate(cells, 1)] if self.joint else cells
+        cells = [f"part {k}: {c}" for k, c in enumerate(cells, 1)] if self.joint else cells
+        shared = self.parts[0]
+        if shared.shared_only:  # some settings ran more folds: say which were pooled
+            cells[-1] += f" (folds {', '.join(shared.folds)}, those every setting ran)"
+        return cells
 
     def cell(self) -> str:
         """The long form: each part's estimate, interval and fold means, then the verdict."""
@@ -442,8 +446,9 @@ def across_report(specs: list[str | Path]) -> str:
     lines += ["", f"Each environment's cell: estimate, {what}, that suite's verdict (a joint "
               "claim: part by part). across: the verdict every environment "
               "gave; machine-dependent only where two decided opposite sides (one reproduced, "
-              "one contradicted), differs where they disagree otherwise. pooled: per fold, "
-              "the difference averaged over the environments, Student's t over those fold "
+              "one contradicted), differs where they disagree otherwise. pooled: per fold "
+              "(the folds every environment ran), the difference averaged over the "
+              "environments, Student's t over those fold "
               "means, decided by the suite's rules: the effect averaged over these kernel "
               "settings (docs/evidence.md, \"Machines\").", "",
               format_table(["", "claim", *labels, "across", "pooled (blocked by fold)"], rows,

@@ -39,19 +39,35 @@ class Pooled:
     high: float
     fold_means: tuple[float, ...]
     decision: Decision
-    aligned_by: str  # "fold label" or "position"
+    aligned_by: str  # "fold label", "shared folds" or "position"
+    folds: tuple[str, ...] = ()  # the fold labels pooled (by position: "#0", "#1", ...)
+
+    @property
+    def shared_only(self) -> bool:
+        """Pooled on the folds every setting ran, where some ran more."""
+        return self.aligned_by == "shared folds"
 
 
-def align_folds(per_setting: Sequence[dict[str, float]]) -> tuple[np.ndarray, str] | None:
-    """``[folds, settings]`` differences: by fold label where every setting has the same
-    labels, else by position where they have the same count; None otherwise."""
+def align_folds(per_setting: Sequence[dict[str, float]]
+                ) -> tuple[np.ndarray, str, list[str]] | None:
+    """``[folds, settings]`` differences, how they were matched and the folds' labels: by
+    fold label where every setting has the same labels; on the labels every setting has
+    (``shared folds``, two or more) where some ran more folds (``fedkt suite run
+    --fold``); else by position where they have the same count; None otherwise."""
     if not per_setting or any(not p for p in per_setting):
         return None
     labels = [list(p) for p in per_setting]
     if all(set(x) == set(labels[0]) for x in labels):
-        return np.array([[p[f] for p in per_setting] for f in labels[0]], float), "fold label"
+        return (np.array([[p[f] for p in per_setting] for f in labels[0]], float),
+                "fold label", labels[0])
+    shared = [f for f in labels[0] if all(f in p for p in per_setting)
+              and not f.startswith("#")]
+    if len(shared) >= 2:
+        return (np.array([[p[f] for p in per_setting] for f in shared], float),
+                "shared folds", shared)
     if len({len(x) for x in labels}) == 1:
-        return np.array([list(p.values()) for p in per_setting], float).T, "position"
+        return (np.array([list(p.values()) for p in per_setting], float).T, "position",
+                [f"#{k}" for k in range(len(labels[0]))])
     return None
 
 
@@ -62,7 +78,7 @@ def pooled_decision(claim_text: str, per_setting: Sequence[dict[str, float]],
     got = align_folds(per_setting)
     if got is None or got[0].shape[0] < 2:
         return None
-    table, how = got
+    table, how, labels = got
     means = table.mean(1)
     low, high = seed_interval(means.tolist(), level)  # type: ignore[misc]
     claim = parse_claim(claim_text)
@@ -73,7 +89,7 @@ def pooled_decision(claim_text: str, per_setting: Sequence[dict[str, float]],
                       floor=(high - low) / 2 * (1 + _normal_quantile(DEFAULT_POWER)
                                                 / _normal_quantile(1 - (1 - level) / 2)))
     return Pooled(float(means.mean()), float(low), float(high),
-                  tuple(float(m) for m in means), decision, how)
+                  tuple(float(m) for m in means), decision, how, tuple(labels))
 
 
 def t_rule(d: np.ndarray, level: float = DEFAULT_LEVEL, min_folds: int = MIN_SEEDS

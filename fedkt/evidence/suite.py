@@ -110,7 +110,7 @@ from fedkt.tracking.rows import mean_breakdown, sum_breakdown, time_breakdown
 from fedkt.tracking.summary import read_environment
 from fedkt.tracking.tables import breakdown_table, format_table
 
-__all__ = ["SuiteConfig", "load_suite", "report_suite", "run_suite"]
+__all__ = ["SuiteConfig", "load_suite", "only_folds", "report_suite", "run_suite"]
 
 FOLD_SEED_BASE = 1000  # a run's seed inside fold f: 1000 * (r + 1) + f
 SUITE_TABLE = "suite.md"
@@ -132,6 +132,10 @@ class SuiteConfig(_Strict):
     # folds 4-7 the same cut of other classes, so that a suite has more folds than one
     # testbed's records make.  Each fold stays one unit of the verdict.
     fold_overrides: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    # The suite file's folds where a folder runs only some of them (`fedkt suite run
+    # --fold`, e.g. a second kernel setting on 4 of 8 folds): written into the folder's
+    # suite.yaml, never into a suite file, and named by the folder's report.
+    declared_folds: list[int] | None = None
     # The design's targets: the claims table says, per claim, whether they were met.
     target_floor: float | None = Field(None, gt=0)
     target_half_width: float | None = Field(None, gt=0)
@@ -225,6 +229,22 @@ class Suite:
         return self.folder / arm / f"seed_{seed}"
 
 
+def only_folds(cfg: SuiteConfig, folds: Sequence[int]) -> SuiteConfig:
+    """``cfg`` run on only ``folds`` of its folds, in the file's order: each fold's runs
+    are the very runs of the whole suite (the same seeds, configs and overrides), so a
+    folder of some folds can be finished, or taken from (``--runs-from``), by the whole
+    suite later.  ``declared_folds`` keeps the file's folds for the report.  Raises
+    ``ValueError`` naming a fold the suite does not have."""
+    if cfg.folds is None:
+        raise ValueError("--fold: the suite has no folds (its seeds are its units)")
+    stray = [f for f in folds if f not in cfg.folds]
+    if stray:
+        raise ValueError(f"--fold: the suite has no fold {stray[0]} (folds {cfg.folds})")
+    chosen = [f for f in cfg.folds if f in set(folds)]
+    return cfg.model_copy(update={"folds": chosen,
+                                  "declared_folds": cfg.declared_folds or list(cfg.folds)})
+
+
 def _deep_merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
@@ -249,9 +269,11 @@ def _read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{what}: {path} is not valid YAML ({exc})") from None
 
 
-def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
+def load_suite(path: str | Path, output_dir: str | Path | None = None,
+               folds: Sequence[int] | None = None) -> Suite:
     """Read and validate a suite file: every (arm, seed) config and every claim, before
-    any run starts, with errors naming the file, arm and key."""
+    any run starts, with errors naming the file, arm and key.  ``folds``: only these of
+    the suite's folds (:func:`only_folds`)."""
     path = Path(path)
     if not path.is_file():  # a shipped suite's name, e.g. suites/quick
         try:
@@ -298,13 +320,21 @@ def load_suite(path: str | Path, output_dir: str | Path | None = None) -> Suite:
             raise ConfigError(f"suite {path}: {exc}") from None
     if cfg.seeds_per_fold is not None and cfg.folds is None:
         raise ConfigError(f"suite {path}: seeds_per_fold: needs folds (the test folds)")
-    stray = sorted(set(cfg.fold_overrides) - set(cfg.folds or []))
+    stray = sorted(set(cfg.fold_overrides) - set(cfg.declared_folds or cfg.folds or []))
     if stray:
         raise ConfigError(f"suite {path}: fold_overrides: fold {stray[0]} is not one of the "
-                          f"suite's folds ({cfg.folds})")
+                          f"suite's folds ({cfg.declared_folds or cfg.folds})")
     if cfg.folds is not None and "seeds" in raw:
         raise ConfigError(f"suite {path}: seeds: with folds, each run's seed is derived "
                           f"({FOLD_SEED_BASE} * (r + 1) + fold); give seeds_per_fold instead")
+    if cfg.declared_folds is not None and not set(cfg.folds or []) <= set(cfg.declared_folds):
+        raise ConfigError(f"suite {path}: declared_folds: {cfg.declared_folds} must hold "
+                          f"every fold the folder runs ({cfg.folds})")
+    if folds is not None:
+        try:
+            cfg = only_folds(cfg, folds)
+        except ValueError as exc:
+            raise ConfigError(f"suite {path}: {exc}") from None
     folder = Path(output_dir or cfg.output_dir.format(name=cfg.name))
     fold_of = {s: f for s, f in cfg.run_seeds().items() if f is not None} or None
     probe = Suite(cfg, folder, {}, [], path, None, fold_of)
@@ -536,7 +566,8 @@ def load_suite_folder(folder: str | Path) -> Suite:
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
               quiet: bool = False, rerun_changed: bool = False,
               keep: str | Path | None = None,
-              runs_from: Sequence[str | Path] = (), command: str | None = None) -> Path:
+              runs_from: Sequence[str | Path] = (), command: str | None = None,
+              folds: Sequence[int] | None = None) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder.
 
     A run of the folder made with another config than the suite file now gives it (an
@@ -548,8 +579,8 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     folders whose finished runs this suite would make itself (the same config and setting)
     are taken from them (:func:`take_runs`) rather than run again.  ``command``: the
     command line to record in the folder (:mod:`fedkt.evidence.invocations`), which the
-    report names."""
-    suite = load_suite(path, output_dir)
+    report names.  ``folds``: run only these of the suite's folds (:func:`only_folds`)."""
+    suite = load_suite(path, output_dir, folds)
     threads = max(1, physical_cores() // max(1, jobs))
     if runs_from:
         taken, refused = take_runs(suite, runs_from, threads=threads)
@@ -562,13 +593,13 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     suite.folder.mkdir(parents=True, exist_ok=True)
     # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
     dumped = suite.cfg.model_dump(exclude={"seeds"} if suite.cfg.folds is not None else None)
-    (suite.folder / "suite.yaml").write_text(
-        f"# copied from {suite.source}\n" + yaml.safe_dump(dumped, sort_keys=False))
+    _write_suite_file(f"# copied from {suite.source}\n"
+                      + yaml.safe_dump(dumped, sort_keys=False), suite.folder / "suite.yaml")
     failures: list[str] = []
     if keep is not None:  # refused here, before any run, where keeping would be refused
         _check_kept_suite(suite, Path(keep))
         if (Path(keep) / "suite.yaml").is_file():  # its kept runs: this config and setting
-            plan_runs(load_suite(path, keep), threads=threads)
+            plan_runs(load_suite(path, keep, folds), threads=threads)
         if any(run_state(suite.run_dir(*k), cfg.rounds) == "done"
                for k, cfg in suite.runs.items()):
             keep_runs(suite.folder, keep)
@@ -736,8 +767,11 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
         table.append(line)
     verdicts = [_decide(suite, c) for c in suite.claims]
     if suite.fold_of:
-        design = (f"- folds: {cfg.folds}, {cfg.seeds_per_fold or 1} training seed(s) in each "
-                  f"(seeds {suite.seeds}); the fold is the unit of the verdicts")
+        some = (f" (of the suite file's {cfg.declared_folds}: these folds only, "
+                "`fedkt suite run --fold`)"
+                if cfg.declared_folds and cfg.declared_folds != cfg.folds else "")
+        design = (f"- folds: {cfg.folds}{some}, {cfg.seeds_per_fold or 1} training seed(s) in "
+                  f"each (seeds {suite.seeds}); the fold is the unit of the verdicts")
         resampling = ("- resampling: folds, then seeds within a fold, then each seed's test "
                       "items (each level shrunk by what the level below supplies); "
                       "t-interval and per fold: over the folds' means")
@@ -1135,16 +1169,13 @@ KEPT_FILES = (CONFIG_FILE, "environment.json", "metrics.jsonl", "summary.md",
 
 
 def _check_kept_suite(suite: Suite, dest: Path) -> None:
-    """Refuse a ``dest`` that keeps runs of another suite file than ``suite``'s folder."""
+    """Refuse a ``dest`` that keeps runs of another suite file than ``suite``'s folder
+    (the same file run on other of its folds is the same suite)."""
     kept = dest / "suite.yaml"
-    if kept.is_file() and kept.resolve() != (suite.folder / "suite.yaml").resolve():
-        def body(path: Path) -> Any:  # the suite as run, wherever its folder was
-            data = yaml.safe_load(path.read_text())
-            return {k: v for k, v in data.items() if k != "output_dir"} if isinstance(
-                data, dict) else data
-
-        if body(kept) != body(suite.folder / "suite.yaml"):
-            raise SuiteChangedError(f"{dest}: holds runs of another suite file than "
+    if kept.is_file() and kept.resolve() != (suite.folder / "suite.yaml").resolve() and \
+            _suite_body(yaml.safe_load(kept.read_text())) != _suite_body(
+                yaml.safe_load((suite.folder / "suite.yaml").read_text())):
+        raise SuiteChangedError(f"{dest}: holds runs of another suite file than "
                                     f"{suite.folder}'s suite.yaml; keep them in a new folder")
 
 
@@ -1185,7 +1216,6 @@ def keep_runs(source: str | Path, dest: str | Path,
     are not copied (they start again).  Refused before anything is copied: a ``dest`` of
     another suite file, and runs (kept there or to keep) of another setting than the first
     run kept.  Returns (runs copied, bytes)."""
-    import shutil
 
     source, dest = Path(source), Path(dest)
     suite = load_suite_folder(source)
@@ -1198,13 +1228,45 @@ def keep_runs(source: str | Path, dest: str | Path,
     _check_keep(suite, done, dest)
     dest.mkdir(parents=True, exist_ok=True)
     if copy_of.resolve() != (dest / "suite.yaml").resolve():
-        shutil.copyfile(copy_of, dest / "suite.yaml")
+        _write_suite_file(copy_of.read_text(), dest / "suite.yaml")
         keep_invocations(source, dest)
     size = 0
     for arm, seed in done:
         run_dir = suite.run_dir(arm, seed)
         size += copy_records(run_dir, dest / run_dir.relative_to(source))
     return len(done), size
+
+
+def _suite_body(data: Any) -> Any:
+    """A folder's ``suite.yaml`` as the suite file it was run from, wherever the folder
+    was and whichever of the file's folds it ran (``declared_folds``)."""
+    if not isinstance(data, dict):
+        return data
+    folds = data.get("declared_folds") or data.get("folds")
+    return {**{k: v for k, v in data.items() if k not in ("output_dir", "declared_folds")},
+            "folds": folds}
+
+
+def _write_suite_file(text: str, dest: Path) -> None:
+    """Write a folder's ``suite.yaml`` (``text``); over one of the same suite file
+    (:func:`_suite_body`) with its folds the union of both's, so runs of some folds
+    (``--fold``) run or kept into a folder of others, or of all, narrow nothing the
+    folder reports."""
+    new = yaml.safe_load(text)
+    old = yaml.safe_load(dest.read_text()) if dest.is_file() else None
+    declared = (new.get("declared_folds") or new.get("folds")) if isinstance(new, dict) else None
+    if not declared or old is None or _suite_body(old) != _suite_body(new):
+        dest.write_text(text)
+        return
+    have = set(new.get("folds") or []) | set(old.get("folds") or declared)
+    folds = [f for f in declared if f in have]
+    data = {k: v for k, v in new.items() if k != "declared_folds"}
+    data["folds"] = folds
+    if folds != declared:
+        data["declared_folds"] = declared
+    head = text.splitlines()[0] if text else ""
+    dest.write_text((head + "\n" if head.startswith("#") else "")
+                    + yaml.safe_dump(data, sort_keys=False))
 
 
 def copy_records(run_dir: Path, target: Path) -> int:

@@ -161,10 +161,18 @@ def test_a_suite_under_two_settings_shows_its_word_across_them_and_the_pooled_ve
     assert row[-1] == f"not resolved: {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
     # one setting only: nothing to compare
     assert _primary_row(results.results_markdown(tmp_path), "fedmkt_iid_keep")[-2:] == ["-", "-"]
-    # the settings must have run the same folds: one fold short (a partial run) is not pooled
+    # a setting that ran fewer folds (`fedkt suite run --fold`): pooled on the folds both
+    # ran, named; three of them decide nothing (a verdict needs 4 folds)
     path = tmp_path / "fedmkt_transfer_bf16" / "suite.json"
     data = json.loads(path.read_text())
     data["claims"][0]["per_seed"] = {k: per_fold[1][k] for k in "012"}
+    path.write_text(json.dumps(data))
+    row = _primary_row(results.results_markdown(tmp_path), "fedmkt_transfer")
+    means = [(per_fold[0][k] + per_fold[1][k]) / 2 for k in "012"]
+    assert row[-1].startswith(f"not resolved: {sum(means) / 3:+.4f} [")
+    assert row[-1].endswith(" (folds 0, 1, 2, those every setting ran)")
+    # folds no two settings share: not pooled
+    data["claims"][0]["per_seed"] = {"7": 0.1, "8": 0.2, "9": 0.3}
     path.write_text(json.dumps(data))
     row = _primary_row(results.results_markdown(tmp_path), "fedmkt_transfer")
     assert row[-1] == "not computed: the folds differ between settings"
