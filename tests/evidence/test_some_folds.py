@@ -104,6 +104,13 @@ def test_folders_of_some_folds_report_them_and_keep_into_the_whole(tmp_path):
     assert load_suite_folder(second).cfg.folds == [2, 3]
     keep_runs(first, kept)
     assert load_suite_folder(kept).cfg.folds == [0, 1]
+    both = tmp_path / "both"  # folds 0-1 run, then 2-3 into the same folder: all four
+    _finish(path, both, [0, 1, 2, 3])
+    run_suite(path, output_dir=both, folds=[0, 1], quiet=True)
+    assert "- folds: [0, 1] (of" in (both / "suite.md").read_text()
+    run_suite(path, output_dir=both, folds=[2, 3], quiet=True)
+    assert "- folds: [0, 1, 2, 3], 2 training" in (both / "suite.md").read_text()
+    assert json.loads((both / "suite.json").read_text())["claims"][0]["verdict"] == "reproduced"
     keep_runs(second, kept)  # the same suite file: the kept folder holds all four folds
     data = yaml.safe_load((kept / "suite.yaml").read_text())
     assert data["folds"] == [0, 1, 2, 3] and "declared_folds" not in data
