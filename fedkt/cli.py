@@ -247,7 +247,7 @@ def cmd_suite_status(args: argparse.Namespace) -> int:
     from fedkt.evidence.wall import suite_wall
 
     def make() -> str:
-        suite = status_suite(args.suite, args.output_dir)  # loaded once for both
+        suite = status_suite(args.suite, args.output_dir, args.fold)  # loaded once
         states = suite_status(args.suite, suite=suite)
         wall = suite_wall([suite.run_dir(arm, seed) for arm, seed, state in states
                            if state.startswith("done")])
@@ -524,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = suite_sub.add_parser("status", help="which runs of a suite are done, started or new")
     q.add_argument("suite", help="suite YAML, or a suite folder (the suite.yaml it keeps)")
     q.add_argument("--output-dir", help="the suite file's folder (default: its output_dir)")
+    q.add_argument("--fold", type=int, action="append", metavar="K",
+                   help="only this of the suite's folds (repeatable), as `suite run --fold`")
     q.set_defaults(func=cmd_suite_status)
 
     p = sub.add_parser("data", help="a config's data split: each side's classes and record "

@@ -1061,15 +1061,21 @@ def _decide_interval(suite: Suite, claim: Claim) -> dict[str, Any]:
             "floor_text": f"{floor:.3f}", **({"per_run": per_run} if per_run else {})}
 
 
-def status_suite(path: str | Path, output_dir: str | Path | None) -> Suite:
-    """The suite of a suite file (its runs in ``output_dir``, else its own) or folder."""
+def status_suite(path: str | Path, output_dir: str | Path | None,
+                 folds: Sequence[int] | None = None) -> Suite:
+    """The suite of a suite file (its runs in ``output_dir``, else its own) or folder;
+    ``folds``: only these of its folds (:func:`only_folds`)."""
     folder = Path(path)
     if folder.is_dir():
         if output_dir is not None:
             raise ConfigError(f"{folder}: a suite folder is its own output_dir; give the "
                               "suite file with --output-dir, or the folder alone")
-        return load_suite_folder(folder)
-    return load_suite(path, output_dir)
+        if folds is None:
+            return load_suite_folder(folder)
+        if not (folder / "suite.yaml").is_file():
+            raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
+        return load_suite(folder / "suite.yaml", folder, folds)
+    return load_suite(path, output_dir, folds)
 
 
 def fold_progress(fold_of: dict[int, int], states: Sequence[tuple[str, int, str]]) -> str:

@@ -84,6 +84,11 @@ def test_some_folds_are_the_whole_suites_runs_of_them(tmp_path, capsys):
                  "--fold", "1", "--fold", "9"]) == 2
     assert "--fold: the suite has no fold 9" in capsys.readouterr().err
     assert not (tmp_path / "cli").exists()
+    # and `suite status --fold` counts what such a run leaves: fold 3's 2 arms x 2 seeds
+    assert main(["suite", "status", str(path), "--output-dir", str(tmp_path / "cli"),
+                 "--fold", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "left: 4 of 4 runs" in out and "whole folds: 0 of 1\n" in out
 
 
 def test_folders_of_some_folds_report_them_and_keep_into_the_whole(tmp_path):
