@@ -55,6 +55,7 @@ class SuiteResult:
     choice: dict[str, Any] | None = None  # a pilot's choice (fedkt.evidence.choice), if any
     wall: dict[str, Any] | None = None  # the runs' recorded wall time (fedkt.evidence.wall)
     commands: list[dict[str, str]] | None = None  # fedkt.evidence.invocations, if recorded
+    declared_folds: list[int] | None = None  # the file's folds, where it ran some (--fold)
 
     @property
     def unit(self) -> str:
@@ -221,13 +222,21 @@ def read_suite_result(spec: str | Path) -> SuiteResult:
         raise ValueError(f"{result}: environment: expected a list of lines, got "
                          f"{type(env).__name__}")
     optional = {"paper": _check_paper, "choice": _check_choice, "wall": _check_wall,
-                "commands": check_commands}  # each refused by field where malformed
+                "commands": check_commands, "declared_folds": _check_folds}
+    # each refused by field where malformed
     for key, check in optional.items():
         if data.get(key) is not None:
             check(data[key], f"{result}: {key}")
     return SuiteResult(label, folder, data["name"], claims, [_one_line(x) for x in env],
                        folds=bool(data.get("folds")),
                        **{key: data.get(key) for key in optional})
+
+
+def _check_folds(folds: Any, where: str) -> None:
+    """Refuse a ``declared_folds`` entry of suite.json that is not a list of folds."""
+    if not isinstance(folds, list) or not all(
+            isinstance(f, int) and not isinstance(f, bool) for f in folds):
+        raise ValueError(f"{where}: expected a list of fold numbers, got {folds!r}")
 
 
 def _check_wall(wall: Any, where: str) -> None:

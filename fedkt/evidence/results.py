@@ -241,8 +241,11 @@ def results_markdown(root: Path, command: str = "python -m fedkt.evidence.result
         lines += [
             f"## {rel}",
             "",
-            f"Suite `{suite.result.name}` ({suite.kernels}), folder "
-            f"[suites/{rel}](suites/{rel}/suite.md).",
+            f"Suite `{suite.result.name}` ({suite.kernels}), "
+            + (f"some of the suite file's folds {suite.result.declared_folds} (`fedkt "
+               "suite run --fold`: suite.md names them), "
+               if suite.result.declared_folds else "")
+            + f"folder [suites/{rel}](suites/{rel}/suite.md).",
             "",
             f"Provenance: {suite.provenance.line()}.",
             "",

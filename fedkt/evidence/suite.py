@@ -858,6 +858,8 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
          "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines,
          **({"commands": commands} if commands else {}),
+         **({"declared_folds": cfg.declared_folds}
+            if cfg.declared_folds and cfg.declared_folds != cfg.folds else {}),
          **({"peak_rss_mb": peaks} if peaks else {}),
          **({"wall": {"seconds": round(wall.seconds), "duration": wall.duration(),
                       "text": wall.text(), "timed_runs": wall.timed, "runs": wall.runs,

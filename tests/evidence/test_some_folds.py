@@ -13,6 +13,8 @@ import yaml
 
 from fedkt.config import ConfigError
 from fedkt.eval.predictions import Predictions, write_predictions
+from fedkt.evidence.across import read_suite_result
+from fedkt.evidence.results import results_markdown
 from fedkt.evidence.suite import (
     keep_runs,
     load_suite,
@@ -106,6 +108,18 @@ def test_folders_of_some_folds_report_them_and_keep_into_the_whole(tmp_path):
             "`fedkt suite run --fold`), 2 training seed(s)") in text
     claim = json.loads((first / "suite.json").read_text())["claims"][0]
     assert list(claim["per_seed"]) == ["0", "1"] and claim["verdict"] != "reproduced"
+    assert read_suite_result(first).declared_folds == [0, 1, 2, 3]  # suite.json keeps them
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("suite.json", "suite.md"):
+        (published / "folds").mkdir(exist_ok=True)
+        (published / "folds" / name).write_text((first / name).read_text())
+    assert ("some of the suite file's folds [0, 1, 2, 3] (`fedkt suite run --fold`: suite.md "
+            "names them), folder") in results_markdown(published)
+    data = json.loads((published / "folds" / "suite.json").read_text())
+    (published / "folds" / "suite.json").write_text(json.dumps({**data, "declared_folds": "0-3"}))
+    with pytest.raises(ValueError, match=r"suite.json: declared_folds: expected a list of fold"):
+        read_suite_result(published / "folds")
     assert load_suite_folder(second).cfg.folds == [2, 3]
     keep_runs(first, kept)
     assert load_suite_folder(kept).cfg.folds == [0, 1]
@@ -123,6 +137,7 @@ def test_folders_of_some_folds_report_them_and_keep_into_the_whole(tmp_path):
     assert load_suite_folder(kept).cfg.folds == [0, 1, 2, 3]
     text = report_suite(kept)
     assert "- folds: [0, 1, 2, 3], 2 training seed(s)" in text and "of the suite file" not in text
+    assert read_suite_result(kept).declared_folds is None
     claim = json.loads((kept / "suite.json").read_text())["claims"][0]
     want = [(10 + 3 * f + 0.5) / 40 for f in range(4)]
     assert list(claim["per_seed"].values()) == pytest.approx(want)
