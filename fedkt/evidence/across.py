@@ -345,9 +345,9 @@ class PooledClaim:
                  + ("; per fold " + ", ".join(f"{m:+.3f}" for m in p.fold_means)
                     if folds else "") for p in self.parts]
         cells = [f"part {k}: {c}" for k, c in enumerate(cells, 1)] if self.joint else cells
-        shared = self.parts[0]
-        if shared.shared_only:  # some settings ran more folds: say which were pooled
-            cells[-1] += f" (folds {', '.join(shared.folds)}, those every setting ran)"
+        first = self.parts[0]  # every part is pooled on the same folds
+        if first.shared_only:  # some settings ran more folds: say which were pooled
+            cells[-1] += f" (folds {', '.join(first.folds)}, those every setting ran)"
         return cells
 
     def cell(self) -> str:

@@ -555,12 +555,13 @@ def plan_runs(suite: Suite, *, rerun_changed: bool = False, quiet: bool = True,
     return todo
 
 
-def load_suite_folder(folder: str | Path) -> Suite:
-    """The suite a suite folder holds: the ``suite.yaml`` it keeps, its runs in it."""
+def load_suite_folder(folder: str | Path, folds: Sequence[int] | None = None) -> Suite:
+    """The suite a suite folder holds: the ``suite.yaml`` it keeps, its runs in it;
+    ``folds``: only these of its folds (:func:`only_folds`)."""
     folder = Path(folder)
     if not (folder / "suite.yaml").is_file():
         raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
-    return load_suite(folder / "suite.yaml", folder)
+    return load_suite(folder / "suite.yaml", folder, folds)
 
 
 def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None = None,
@@ -767,10 +768,11 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
                                   "mean_std": ms, "vs_baseline": entry})
         table.append(line)
     verdicts = [_decide(suite, c) for c in suite.claims]
+    # the suite file's folds where the folder ran only some of them (--fold)
+    declared = cfg.declared_folds if cfg.declared_folds != cfg.folds else None
     if suite.fold_of:
-        some = (f" (of the suite file's {cfg.declared_folds}: these folds only, "
-                "`fedkt suite run --fold`)"
-                if cfg.declared_folds and cfg.declared_folds != cfg.folds else "")
+        some = (f" (of the suite file's {declared}: these folds only, "
+                "`fedkt suite run --fold`)" if declared else "")
         design = (f"- folds: {cfg.folds}{some}, {cfg.seeds_per_fold or 1} training seed(s) in "
                   f"each (seeds {suite.seeds}); the fold is the unit of the verdicts")
         resampling = ("- resampling: folds, then seeds within a fold, then each seed's test "
@@ -858,8 +860,7 @@ def report_suite(folder: str | Path, *, suite: Suite | None = None,
          "table": rows_json,
          "claims": verdicts, "missing": missing, "environment": env_lines,
          **({"commands": commands} if commands else {}),
-         **({"declared_folds": cfg.declared_folds}
-            if cfg.declared_folds and cfg.declared_folds != cfg.folds else {}),
+         **({"declared_folds": declared} if declared else {}),
          **({"peak_rss_mb": peaks} if peaks else {}),
          **({"wall": {"seconds": round(wall.seconds), "duration": wall.duration(),
                       "text": wall.text(), "timed_runs": wall.timed, "runs": wall.runs,
@@ -1072,11 +1073,7 @@ def status_suite(path: str | Path, output_dir: str | Path | None,
         if output_dir is not None:
             raise ConfigError(f"{folder}: a suite folder is its own output_dir; give the "
                               "suite file with --output-dir, or the folder alone")
-        if folds is None:
-            return load_suite_folder(folder)
-        if not (folder / "suite.yaml").is_file():
-            raise FileNotFoundError(f"{folder}: no suite.yaml; is it a suite folder?")
-        return load_suite(folder / "suite.yaml", folder, folds)
+        return load_suite_folder(folder, folds)
     return load_suite(path, output_dir, folds)
 
 
@@ -1185,7 +1182,7 @@ def _check_kept_suite(suite: Suite, dest: Path) -> None:
             _suite_body(yaml.safe_load(kept.read_text())) != _suite_body(
                 yaml.safe_load((suite.folder / "suite.yaml").read_text())):
         raise SuiteChangedError(f"{dest}: holds runs of another suite file than "
-                                    f"{suite.folder}'s suite.yaml; keep them in a new folder")
+                                f"{suite.folder}'s suite.yaml; keep them in a new folder")
 
 
 def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:
@@ -1225,7 +1222,6 @@ def keep_runs(source: str | Path, dest: str | Path,
     are not copied (they start again).  Refused before anything is copied: a ``dest`` of
     another suite file, and runs (kept there or to keep) of another setting than the first
     run kept.  Returns (runs copied, bytes)."""
-
     source, dest = Path(source), Path(dest)
     suite = load_suite_folder(source)
     copy_of = source / "suite.yaml"
