@@ -480,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "edited suite file changed (without it they are refused by name)")
     q.add_argument("--keep", metavar="DIR",
                    help="keep each run's records (no weights) into DIR as it finishes, as "
-                        "`fedkt suite keep` does; a DIR it would refuse is refused first")
+                        "`fedkt suite keep` does; a DIR it would refuse is refused first, "
+                        "and DIR's finished runs the folder lacks are taken, not run again")
     q.add_argument("--runs-from", metavar="DIR", action="append",
                    help="take each finished run of the suite folder DIR (or a kept one) "
                         "that this suite would make itself, the same config and setting, "

@@ -576,15 +576,30 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     runs; ``rerun_changed`` runs those again from the start instead.  ``keep`` is a
     folder the finished runs' records are kept into (:func:`keep_runs`) as each run
     finishes, so a suite stopped at any point has kept every run it finished; a folder
-    :func:`keep_runs` would refuse is refused before anything runs.  ``runs_from``: suite
+    :func:`keep_runs` would refuse is refused before anything runs, and the runs it holds
+    that the suite folder lacks are taken from it (:func:`take_runs`), so a suite goes on
+    from its kept folder into a new working folder without running them again.
+    ``runs_from``: suite
     folders whose finished runs this suite would make itself (the same config and setting)
     are taken from them (:func:`take_runs`) rather than run again.  ``command``: the
     command line to record in the folder (:mod:`fedkt.evidence.invocations`), which the
     report names.  ``folds``: run only these of the suite's folds (:func:`only_folds`)."""
     suite = load_suite(path, output_dir, folds)
     threads = max(1, physical_cores() // max(1, jobs))
-    if runs_from:
-        taken, refused = take_runs(suite, runs_from, threads=threads)
+    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
+    dumped = suite.cfg.model_dump(exclude={"seeds"} if suite.cfg.folds is not None else None)
+    kept = Path(keep) if keep is not None and (Path(keep) / "suite.yaml").is_file() else None
+    if kept is not None:  # refused here, before any run, where keeping would be refused
+        _check_kept_suite(suite, kept, dumped)
+        plan_runs(load_suite(path, kept, folds), threads=threads)  # this config and setting
+    sources = list(runs_from)
+    if kept is not None and kept.resolve() != suite.folder.resolve():
+        sources.append(kept)  # going on from a kept folder: its runs are not run again
+    from_kept: set[tuple[str, int]] = set()
+    if sources:
+        taken, refused = take_runs(suite, sources, threads=threads)
+        from_kept = {(arm, seed) for arm, seed, source in taken if kept is not None
+                     and source.resolve().is_relative_to(kept.resolve())}
         if not quiet:
             for arm, seed, source in taken:
                 print(f"suite {suite.cfg.name}: {arm} seed {seed}: taken from {source}")
@@ -592,18 +607,13 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
                 print(f"suite {suite.cfg.name}: not taken: {line}")
     todo = plan_runs(suite, rerun_changed=rerun_changed, quiet=quiet, threads=threads)
     suite.folder.mkdir(parents=True, exist_ok=True)
-    # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
-    dumped = suite.cfg.model_dump(exclude={"seeds"} if suite.cfg.folds is not None else None)
     _write_suite_file(f"# copied from {suite.source}\n"
                       + yaml.safe_dump(dumped, sort_keys=False), suite.folder / "suite.yaml")
     failures: list[str] = []
-    if keep is not None:  # refused here, before any run, where keeping would be refused
-        _check_kept_suite(suite, Path(keep))
-        if (Path(keep) / "suite.yaml").is_file():  # its kept runs: this config and setting
-            plan_runs(load_suite(path, keep, folds), threads=threads)
-        if any(run_state(suite.run_dir(*k), cfg.rounds) == "done"
-               for k, cfg in suite.runs.items()):
-            keep_runs(suite.folder, keep)
+    finished = [k for k, cfg in suite.runs.items() if k not in from_kept
+                and run_state(suite.run_dir(*k), cfg.rounds) == "done"]
+    if keep is not None and finished:  # what DIR lacks (what came from it is there)
+        keep_runs(suite.folder, keep, only=finished)
     if command is not None and todo:  # it runs something: after every refusal above
         record_invocation(suite.folder, command)
     running: list[tuple[str, int, subprocess.Popen, Any, float]] = []
@@ -1174,15 +1184,18 @@ KEPT_FILES = (CONFIG_FILE, "environment.json", "metrics.jsonl", "summary.md",
               f"checkpoints/{LATEST_FILE}")
 
 
-def _check_kept_suite(suite: Suite, dest: Path) -> None:
-    """Refuse a ``dest`` that keeps runs of another suite file than ``suite``'s folder
-    (the same file run on other of its folds is the same suite)."""
-    kept = dest / "suite.yaml"
-    if kept.is_file() and kept.resolve() != (suite.folder / "suite.yaml").resolve() and \
-            _suite_body(yaml.safe_load(kept.read_text())) != _suite_body(
-                yaml.safe_load((suite.folder / "suite.yaml").read_text())):
-        raise SuiteChangedError(f"{dest}: holds runs of another suite file than "
-                                f"{suite.folder}'s suite.yaml; keep them in a new folder")
+def _check_kept_suite(suite: Suite, dest: Path, mine: dict[str, Any] | None = None) -> None:
+    """Refuse a ``dest`` that keeps runs of another suite file than ``suite``'s folder, or
+    than ``mine`` (the suite as it will be run, before its folder is written); the same
+    file run on other of its folds is the same suite."""
+    kept, own = dest / "suite.yaml", suite.folder / "suite.yaml"
+    if not kept.is_file() or kept.resolve() == own.resolve():
+        return
+    name = f"{own}" if mine is None else f"{suite.source}"
+    mine = yaml.safe_load(own.read_text() if mine is None else yaml.safe_dump(mine))
+    if _suite_body(yaml.safe_load(kept.read_text())) != _suite_body(mine):
+        raise SuiteChangedError(f"{dest}: holds runs of another suite file than {name}; "
+                                "keep them in a new folder")
 
 
 def _check_keep(suite: Suite, done: list[tuple[str, int]], dest: Path) -> None:

@@ -157,10 +157,12 @@ def test_kept_records_leave_the_weights_and_finish_on_a_machine_of_the_setting(t
     assert "no suite.yaml" in capsys.readouterr().err
 
 
-def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_path):
+def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_path,
+                                                                            capsys):
     """``fedkt suite run --keep DIR``: a run's records are kept into DIR as it finishes
     (before the table, so a suite stopped after it has kept it), equal to what ``fedkt
-    suite keep`` copies; a DIR of another suite is refused before any run.  One real run
+    suite keep`` copies; a DIR of another suite is refused before any run; the same command
+    into a new folder goes on from DIR rather than running its runs again.  One real run
     (about 20 s idle, 2-core AVX2, 2026-12-03); the slow tier's quick suite keeps each of
     four runs before the runs after it start (tests/evidence/test_suite.py)."""
     import os
@@ -203,6 +205,17 @@ def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_
     assert read_invocations(tmp_path / "out") == [entry]
     assert f"- run by: `fedkt suite run {path} --keep {kept}` (" in (
         tmp_path / "out" / "suite.md").read_text()
+    # Going on from the kept folder into a new working folder (a new machine's): the kept
+    # run is taken, not run again, and its records are the kept ones.
+    fresh = tmp_path / "fresh"
+    assert main(["suite", "run", str(path), "--output-dir", str(fresh), "--keep",
+                 str(kept)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert f"suite quick: fedavg seed 0: taken from {kept / 'fedavg' / 'seed_0'}" in said
+    assert not any(line.endswith(": running") for line in said)
+    assert [s for _, _, s in suite_status(fresh)] == ["done"]
+    assert all((fresh / f).read_bytes() == (kept / f).read_bytes()
+               for f in files if f.parts[0] == "fedavg")
 
 
 def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp_path,
