@@ -579,11 +579,11 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     :func:`keep_runs` would refuse is refused before anything runs, and the runs it holds
     that the suite folder lacks are taken from it (:func:`take_runs`), so a suite goes on
     from its kept folder into a new working folder without running them again.
-    ``runs_from``: suite
-    folders whose finished runs this suite would make itself (the same config and setting)
-    are taken from them (:func:`take_runs`) rather than run again.  ``command``: the
-    command line to record in the folder (:mod:`fedkt.evidence.invocations`), which the
-    report names.  ``folds``: run only these of the suite's folds (:func:`only_folds`)."""
+    ``runs_from``: suite folders whose finished runs this suite would make itself (the
+    same config and setting) are taken from them (:func:`take_runs`) rather than run
+    again.  ``command``: the command line to record in the folder
+    (:mod:`fedkt.evidence.invocations`), which the report names.  ``folds``: run only
+    these of the suite's folds (:func:`only_folds`)."""
     suite = load_suite(path, output_dir, folds)
     threads = max(1, physical_cores() // max(1, jobs))
     # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
