@@ -1191,7 +1191,7 @@ def _check_kept_suite(suite: Suite, dest: Path, mine: dict[str, Any] | None = No
     kept, own = dest / "suite.yaml", suite.folder / "suite.yaml"
     if not kept.is_file() or kept.resolve() == own.resolve():
         return
-    name = f"{own}" if mine is None else f"{suite.source}"
+    name = own if mine is None else suite.source
     mine = yaml.safe_load(own.read_text() if mine is None else yaml.safe_dump(mine))
     if _suite_body(yaml.safe_load(kept.read_text())) != _suite_body(mine):
         raise SuiteChangedError(f"{dest}: holds runs of another suite file than {name}; "
