@@ -180,13 +180,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_run(args: argparse.Namespace) -> int:
+    import time
+
+    from fedkt.evidence.deadline import STOPPED_EXIT, SuiteStopped, parse_stop_by
     from fedkt.evidence.suite import run_suite
 
+    try:  # a stop time it cannot read is refused before anything runs
+        stop_by = None if args.stop_by is None else parse_stop_by(args.stop_by, time.time())
+    except ValueError as exc:
+        print(f"fedkt: error: {exc}", file=sys.stderr)
+        return 2
     try:
         run_suite(args.suite, jobs=args.jobs, output_dir=args.output_dir, quiet=args.quiet,
                   rerun_changed=args.rerun_changed, keep=args.keep,
                   runs_from=args.runs_from or (), command=args.command_line,
-                  folds=args.fold)
+                  folds=args.fold, stop_by=stop_by)
+    except SuiteStopped as exc:
+        print(f"fedkt: stopped by --stop-by: {exc}", file=sys.stderr)
+        return STOPPED_EXIT
     except KeyboardInterrupt:
         print("fedkt: suite interrupted; the same command finishes only what is missing",
               file=sys.stderr)
@@ -491,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "are the whole suite's, and the report names the folds left out; "
                         "e.g. a second kernel setting on 4 of 8 folds, pooled on the folds "
                         "both ran (docs/evidence.md, \"Machines\")")
+    q.add_argument("--stop-by", metavar="WHEN",
+                   help="end by WHEN, a duration from now (90m, 2h30m) or a time with its "
+                        "zone (2026-12-06T12:00Z): start no run whose arm's mean wall time "
+                        "in the folder would end after it; the runs going finish (and are "
+                        "kept), then it exits 75 and the same command goes on later")
     q.set_defaults(func=cmd_suite_run)
     q = suite_sub.add_parser("report", help="re-render a suite's table, verdicts and plots")
     q.add_argument("suite_dir")

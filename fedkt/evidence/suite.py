@@ -78,6 +78,7 @@ from fedkt.evidence.claims import (
     decide_joint,
     parse_claim,
 )
+from fedkt.evidence.deadline import SuiteStopped, why_not_start
 from fedkt.evidence.invocations import (
     commands_text,
     keep_invocations,
@@ -568,7 +569,7 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
               quiet: bool = False, rerun_changed: bool = False,
               keep: str | Path | None = None,
               runs_from: Sequence[str | Path] = (), command: str | None = None,
-              folds: Sequence[int] | None = None) -> Path:
+              folds: Sequence[int] | None = None, stop_by: float | None = None) -> Path:
     """Run what is missing of a suite, then write its table and plots; returns the folder.
 
     A run of the folder made with another config than the suite file now gives it (an
@@ -583,7 +584,11 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     same config and setting) are taken from them (:func:`take_runs`) rather than run
     again.  ``command``: the command line to record in the folder
     (:mod:`fedkt.evidence.invocations`), which the report names.  ``folds``: run only
-    these of the suite's folds (:func:`only_folds`)."""
+    these of the suite's folds (:func:`only_folds`).  ``stop_by``: a time (seconds since
+    the epoch) by which the suite ends: a run is started only if its arm's mean wall time
+    here fits before it (:mod:`fedkt.evidence.deadline`); at the first that does not, no
+    more start, the runs going finish, and :class:`~fedkt.evidence.deadline.SuiteStopped`
+    is raised instead of writing the table."""
     suite = load_suite(path, output_dir, folds)
     threads = max(1, physical_cores() // max(1, jobs))
     # The suite as run, its base inlined, so `fedkt suite report DIR` needs nothing else.
@@ -671,11 +676,21 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+    stopped = ""
     try:
-        for item in todo:
+        for index, item in enumerate(todo):
             while len(running) >= max(1, jobs):
                 time.sleep(0.2)
                 reap()
+            arm, seed = item[0], item[1]
+            why = None if stop_by is None else why_not_start(arm_wall(suite, arm), stop_by,
+                                                             time.time())
+            if why is not None:
+                stopped = (f"{arm} seed {seed} not started: {why}; {len(todo) - index} "
+                           "run(s) left, the same command goes on")
+                if not quiet:
+                    print(f"suite {suite.cfg.name}: stopping: {stopped}", flush=True)
+                break
             start(*item)
         while running:
             time.sleep(0.2)
@@ -689,6 +704,11 @@ def run_suite(path: str | Path, *, jobs: int = 1, output_dir: str | Path | None 
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
+    if stopped:  # no table: the suite goes on later (a failed run is named first)
+        if failures:
+            raise RuntimeError("suite runs failed: " + "; ".join(failures)
+                               + f"; then stopped: {stopped}")
+        raise SuiteStopped(f"suite {suite.cfg.name}: {stopped}")
     # some folds (--fold): the folder's suite.yaml, which holds the folds run before too
     text = report_suite(suite.folder, suite=suite if folds is None else None)
     if not quiet:
@@ -1102,6 +1122,31 @@ def fold_progress(fold_of: dict[int, int], states: Sequence[tuple[str, int, str]
     return "; ".join([head, *parts])
 
 
+def arm_walls(suite: Suite) -> dict[str, list[tuple[float, float]]]:
+    """Each arm's finished runs in the suite folder, timed: ``(wall, wall + spared)`` a
+    run, its wall time and that plus the seconds the reuse store spared it
+    (:func:`fedkt.tracking.rows.time_breakdown`); arms with no timed run are left out."""
+    from fedkt.tracking.rows import read_rows
+
+    walls: dict[str, list[tuple[float, float]]] = {}
+    for (arm, seed), cfg in suite.runs.items():
+        run_dir = suite.run_dir(arm, seed)
+        metrics = run_dir / "metrics.jsonl"
+        if run_state(run_dir, cfg.rounds) != "done" or not metrics.is_file():
+            continue
+        spent = time_breakdown(read_rows(metrics))
+        if spent is not None:
+            walls.setdefault(arm, []).append((spent["wall"], spent["wall"] + spent["saved"]))
+    return walls
+
+
+def arm_wall(suite: Suite, arm: str) -> float | None:
+    """The mean wall time of ``arm``'s finished runs in the suite folder (None: none is
+    timed), what a left run of it is estimated to take (:func:`time_left`)."""
+    runs = arm_walls(suite).get(arm)
+    return sum(w for w, _ in runs) / len(runs) if runs else None
+
+
 def time_left(path: str | Path, output_dir: str | Path | None = None, *,
               suite: Suite | None = None) -> str:
     """One line: the runs left of a suite and their time, each left run at the mean wall
@@ -1111,10 +1156,8 @@ def time_left(path: str | Path, output_dir: str | Path | None = None, *,
     plus the seconds reuse spared it (:func:`fedkt.tracking.rows.time_breakdown`), what a
     left run costs if nothing it needs is stored.  ``suite``: the suite ``path`` gives,
     already loaded."""
-    from fedkt.tracking.rows import read_rows
-
     suite = status_suite(path, output_dir) if suite is None else suite
-    walls: dict[str, list[tuple[float, float]]] = {}  # arm -> (wall, wall + spared) a run
+    walls = arm_walls(suite)
     threads: set[int] = set()
     left: list[str] = []
     for (arm, seed), cfg in suite.runs.items():
@@ -1122,10 +1165,6 @@ def time_left(path: str | Path, output_dir: str | Path | None = None, *,
         if run_state(run_dir, cfg.rounds) != "done":
             left.append(arm)
             continue
-        metrics = run_dir / "metrics.jsonl"
-        spent = time_breakdown(read_rows(metrics)) if metrics.is_file() else None
-        if spent is not None:
-            walls.setdefault(arm, []).append((spent["wall"], spent["wall"] + spent["saved"]))
         for entry in read_environment(run_dir):
             if isinstance(entry.get("torch_threads"), int):
                 threads.add(entry["torch_threads"])
