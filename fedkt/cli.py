@@ -183,7 +183,7 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
     import time
 
     from fedkt.evidence.deadline import STOPPED_EXIT, SuiteStopped, parse_stop_by
-    from fedkt.evidence.suite import run_suite
+    from fedkt.evidence.suite_run import run_suite
 
     try:  # a stop time it cannot read is refused before anything runs
         stop_by = None if args.stop_by is None else parse_stop_by(args.stop_by, time.time())
@@ -209,7 +209,7 @@ def cmd_suite_run(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_report(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import report_suite
+    from fedkt.evidence.suite_report import report_suite
 
     print(report_suite(args.suite_dir, into=args.into))
     return 0
@@ -245,7 +245,7 @@ def cmd_suite_power(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_keep(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import keep_runs
+    from fedkt.evidence.suite_keep import keep_runs
 
     def make() -> str:
         runs, size = keep_runs(args.source, args.dest)
@@ -254,7 +254,7 @@ def cmd_suite_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_suite_status(args: argparse.Namespace) -> int:
-    from fedkt.evidence.suite import fold_progress, status_suite, suite_status, time_left
+    from fedkt.evidence.suite_keep import fold_progress, status_suite, suite_status, time_left
     from fedkt.evidence.wall import suite_wall
 
     def make() -> str:

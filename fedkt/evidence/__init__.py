@@ -9,7 +9,10 @@
 * :mod:`fedkt.evidence.paired_table`: ``fedkt report RUN... --baseline RUN``, paired
   differences to a baseline with CIs, seed groups' mean ± std, round 0 -> the end
   (``eval.compare_round0``);
-* :mod:`fedkt.evidence.suite`: ``fedkt suite run / report``;
+* :mod:`fedkt.evidence.suite`: suite files and their runs' state (config, setting);
+  :mod:`fedkt.evidence.suite_run`: ``fedkt suite run``; :mod:`fedkt.evidence.suite_report`:
+  ``fedkt suite report``; :mod:`fedkt.evidence.suite_keep`: ``fedkt suite status / keep``
+  and runs taken from other folders;
 * :mod:`fedkt.evidence.method_table`: a suite's cross-method table (accuracy, bytes,
   compute, exposure per arm);
 * :mod:`fedkt.evidence.suite_plots`: a suite's figures;

@@ -72,7 +72,7 @@ def _table_lines(table: Path) -> list[str]:
 
 
 def _environment_from_table(lines: list[str]) -> list[str]:
-    """The environment lines of a ``suite.md`` (as :func:`fedkt.evidence.suite.
+    """The environment lines of a ``suite.md`` (as :func:`fedkt.evidence.suite_report.
     environment_lines` writes them), for a folder whose suite.json does not keep them."""
     for i, line in enumerate(lines):
         if line.startswith("- environment:"):
@@ -240,7 +240,7 @@ def _check_folds(folds: Any, where: str) -> None:
 
 
 def _check_wall(wall: Any, where: str) -> None:
-    """Refuse a ``wall`` entry of suite.json (:func:`fedkt.evidence.suite.report_suite`'s)
+    """Refuse a ``wall`` entry of suite.json (:func:`fedkt.evidence.suite_report.report_suite`'s)
     that the results page could not read."""
     if not isinstance(wall, dict):
         raise ValueError(f"{where}: expected a mapping")

@@ -14,7 +14,8 @@ import yaml
 from fedkt.config import ConfigError
 from fedkt.evidence.choice import ChoiceRule, choice_markdown, choose
 from fedkt.evidence.results import results_markdown
-from fedkt.evidence.suite import load_suite, report_suite
+from fedkt.evidence.suite import load_suite
+from fedkt.evidence.suite_report import report_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "configs" / "suites" / "quick.yaml"

@@ -189,7 +189,8 @@ def test_a_fold_suites_report_counts_folds(tmp_path):
     import yaml
 
     from fedkt.eval.predictions import Predictions, write_predictions
-    from fedkt.evidence.suite import load_suite, report_suite
+    from fedkt.evidence.suite import load_suite
+    from fedkt.evidence.suite_report import report_suite
 
     data = {"name": "folds", "folds": [0, 1, 2, 3], "seeds_per_fold": 2, "baseline": "b",
             "base": {"name": "x", "rounds": 1, "method": {"name": "fedavg"},

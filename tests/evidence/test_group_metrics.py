@@ -13,7 +13,8 @@ import yaml
 from fedkt.eval.predictions import Predictions, write_predictions
 from fedkt.evidence.paired_table import baseline_report
 from fedkt.evidence.stats import bootstrap_difference, components, metric_names, sample
-from fedkt.evidence.suite import load_suite, report_suite
+from fedkt.evidence.suite import load_suite
+from fedkt.evidence.suite_report import report_suite
 from tests.evidence.test_suite import _hand_ci  # the paired bootstrap written out
 
 SRV = {0, 1, 2}

@@ -19,7 +19,7 @@ from fedkt.evidence.invocations import (
     read_invocations,
     record_invocation,
 )
-from fedkt.evidence.suite import report_suite
+from fedkt.evidence.suite_report import report_suite
 
 ENV = {"from_round": 1, "torch": "2.13.0+cpu", "transformers": "5.25.0", "peft": "0.21.2",
        "code": "ab" * 32, "commit": "26c26ed6e085bc8b2372cf2de13c95cd5b785b33",

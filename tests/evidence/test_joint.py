@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fedkt.config import ConfigError
-from fedkt.evidence import suite as suite_mod
+from fedkt.evidence import suite_report as suite_mod
 from fedkt.evidence.across import across_report, read_suite_result
 from fedkt.evidence.claims import (
     CONTRADICTED,

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from fedkt.config import ConfigError
-from fedkt.evidence.suite import load_suite, report_suite
+from fedkt.evidence.suite import load_suite
+from fedkt.evidence.suite_report import report_suite
 
 
 def _run(folder: Path, method: str, server_acc: float | None, client_acc: float | None,

@@ -10,7 +10,7 @@ import pytest
 
 from fedkt.cli import main
 from fedkt.evidence.power import claim_power, floor_factor, folds_needed, item_se, seed_split
-from fedkt.evidence.suite import target_rows
+from fedkt.evidence.suite_report import target_rows
 
 Z = 1.959963984540054
 

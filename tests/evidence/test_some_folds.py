@@ -15,14 +15,10 @@ from fedkt.config import ConfigError
 from fedkt.eval.predictions import Predictions, write_predictions
 from fedkt.evidence.across import read_suite_result
 from fedkt.evidence.results import results_markdown
-from fedkt.evidence.suite import (
-    keep_runs,
-    load_suite,
-    load_suite_folder,
-    only_folds,
-    report_suite,
-    run_suite,
-)
+from fedkt.evidence.suite import load_suite, load_suite_folder, only_folds
+from fedkt.evidence.suite_keep import keep_runs
+from fedkt.evidence.suite_report import report_suite
+from fedkt.evidence.suite_run import run_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = {"name": "folds", "folds": [0, 1, 2, 3], "seeds_per_fold": 2, "baseline": "b",

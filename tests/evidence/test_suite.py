@@ -18,7 +18,8 @@ import pytest
 from fedkt.eval.predictions import prediction_files, read_predictions
 from fedkt.evidence.claims import decide, parse_claim
 from fedkt.evidence.stats import seed_interval
-from fedkt.evidence.suite import keep_runs, load_suite, run_state
+from fedkt.evidence.suite import load_suite, run_state
+from fedkt.evidence.suite_keep import keep_runs
 from fedkt.infra.environment import describe, environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +187,7 @@ def test_a_claim_against_the_larger_of_two_arms_follows_from_the_files(finished,
 
     import yaml
 
-    from fedkt.evidence.suite import report_suite
+    from fedkt.evidence.suite_report import report_suite
 
     folder = tmp_path / "copy"
     shutil.copytree(finished, folder)
@@ -265,7 +266,7 @@ def test_report_takes_round0_from_an_arm_that_has_it(finished, tmp_path):
     next arm that has it; a claim on the missing round 0 is an error, not a crash."""
     import shutil
 
-    from fedkt.evidence.suite import report_suite
+    from fedkt.evidence.suite_report import report_suite
 
     folder = tmp_path / "quick"
     shutil.copytree(finished, folder)
@@ -294,7 +295,7 @@ def test_the_papers_numbers_stand_beside_the_suites_own(finished, tmp_path):
     import yaml
 
     from fedkt.evidence.results import results_markdown
-    from fedkt.evidence.suite import report_suite
+    from fedkt.evidence.suite_report import report_suite
 
     root = tmp_path / "suites"
     folder = root / "quick"

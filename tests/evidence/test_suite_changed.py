@@ -10,14 +10,9 @@ import pytest
 import yaml
 
 from fedkt.cli import main
-from fedkt.evidence.suite import (
-    SuiteChangedError,
-    config_changes,
-    load_suite,
-    plan_runs,
-    run_suite,
-    suite_status,
-)
+from fedkt.evidence.suite import SuiteChangedError, config_changes, load_suite, plan_runs
+from fedkt.evidence.suite_keep import suite_status
+from fedkt.evidence.suite_run import run_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,11 +16,10 @@ from fedkt.evidence.suite import (
     SuiteChangedError,
     SuiteMachineError,
     current_setting,
-    keep_runs,
     load_suite,
     plan_runs,
-    suite_status,
 )
+from fedkt.evidence.suite_keep import keep_runs, suite_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -220,7 +219,7 @@ def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_
 
 def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp_path,
                                                                              capsys):
-    from fedkt.evidence.suite import time_left
+    from fedkt.evidence.suite_keep import time_left
     from fedkt.infra.precision import physical_cores
 
     path = _suite(tmp_path)
@@ -251,7 +250,7 @@ def test_status_gives_a_range_where_the_reuse_store_served_the_finished_runs(tmp
     """A finished run the reuse store spared 2,880 s of (its ``<phase>_saved_seconds``)
     times a left run of its arm from its wall time up to its wall time plus those seconds:
     what the run costs if nothing it needs is stored."""
-    from fedkt.evidence.suite import time_left
+    from fedkt.evidence.suite_keep import time_left
     from fedkt.infra.precision import physical_cores
 
     path = _suite(tmp_path)
@@ -291,7 +290,7 @@ def test_runs_another_suite_made_with_the_same_config_and_setting_are_taken_not_
     """`--runs-from DIR`: a suite whose design repeats another's runs (other arm names,
     more seeds, an arm of its own) takes the finished ones that match by config and
     setting, records only, and plans the rest."""
-    from fedkt.evidence.suite import take_runs
+    from fedkt.evidence.suite_keep import take_runs
 
     path = _suite(tmp_path)  # the quick suite: fedavg and standalone, seeds 0 and 1
     here = current_setting(1)
@@ -340,7 +339,7 @@ def test_runs_another_suite_made_with_the_same_config_and_setting_are_taken_not_
 def test_status_says_which_folds_are_whole_and_how_far_the_others_are(tmp_path, capsys):
     """A suite kept fold by fold is stopped at a whole fold: ``fedkt suite status`` says
     which folds are (every arm and seed done) and how many runs of each other fold are."""
-    from fedkt.evidence.suite import fold_progress
+    from fedkt.evidence.suite_keep import fold_progress
 
     fold_of = {1000: 0, 2000: 0, 1001: 1, 2001: 1, 1002: 2, 2002: 2}
     states = [(arm, seed, state) for arm in ("a", "b") for seed, state in (

@@ -14,7 +14,7 @@ import yaml
 from fedkt.cli import main
 from fedkt.evidence import results
 from fedkt.evidence.across import read_suite_result
-from fedkt.evidence.suite import report_suite
+from fedkt.evidence.suite_report import report_suite
 from fedkt.evidence.wall import SITTING_GAP_S, suite_wall
 
 

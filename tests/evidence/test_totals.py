@@ -50,7 +50,7 @@ def test_suite_report_without_round0(tmp_path):
     # eval.round0: false (the FedKD suite) leaves no round-0 row; the report skips it.
     import yaml
 
-    from fedkt.evidence.suite import report_suite
+    from fedkt.evidence.suite_report import report_suite
 
     # Two seeds: a run-level number (bytes) with a zero-width interval is decided only when
     # at least 2 seeds gave it identically (docs/evidence.md, "How verdicts are decided").

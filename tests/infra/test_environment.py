@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedkt.evidence.suite import environment_lines, peak_memory
+from fedkt.evidence.suite_report import environment_lines, peak_memory
 from fedkt.infra.environment import (
     describe,
     environment,
