@@ -65,14 +65,17 @@ def fold_progress(fold_of: dict[int, int], states: Sequence[tuple[str, int, str]
     return "; ".join([head, *parts])
 
 
-def arm_walls(suite: Suite) -> dict[str, list[tuple[float, float]]]:
+def arm_walls(suite: Suite, only: str | None = None) -> dict[str, list[tuple[float, float]]]:
     """Each arm's finished runs in the suite folder, timed: ``(wall, wall + spared)`` a
     run, its wall time and that plus the seconds the reuse store spared it
-    (:func:`fedkt.tracking.rows.time_breakdown`); arms with no timed run are left out."""
+    (:func:`fedkt.tracking.rows.time_breakdown`); arms with no timed run are left out.
+    ``only``: read that arm's runs alone."""
     from fedkt.tracking.rows import read_rows
 
     walls: dict[str, list[tuple[float, float]]] = {}
     for (arm, seed), cfg in suite.runs.items():
+        if only is not None and arm != only:
+            continue
         run_dir = suite.run_dir(arm, seed)
         metrics = run_dir / "metrics.jsonl"
         if run_state(run_dir, cfg.rounds) != "done" or not metrics.is_file():
@@ -86,7 +89,7 @@ def arm_walls(suite: Suite) -> dict[str, list[tuple[float, float]]]:
 def arm_wall(suite: Suite, arm: str) -> float | None:
     """The mean wall time of ``arm``'s finished runs in the suite folder (None: none is
     timed), what a left run of it is estimated to take (:func:`time_left`)."""
-    runs = arm_walls(suite).get(arm)
+    runs = arm_walls(suite, only=arm).get(arm)  # before each start: its own runs only
     return sum(w for w, _ in runs) / len(runs) if runs else None
 
 
