@@ -274,11 +274,13 @@ def _round0_group(suite: Suite, arms: list[str]) -> tuple[str, Group] | None:
 def target_rows(target_floor: float | None, target_half: float | None,
                 verdicts: list[dict[str, Any]]) -> list[list[str]]:
     """The design-targets table: per decided claim (or part), floor and half-width against
-    the targets, with ``yes``/``no``; none without targets.  Also records them in each
-    verdict's ``targets`` (suite.json)."""
+    the targets, with ``yes``/``no``; none without targets.  A claim that is also a part of
+    a joint claim before it (a suite that declares the joint primary and then its parts)
+    gets one row.  Also records them in each verdict's ``targets`` (suite.json)."""
     if target_floor is None and target_half is None:
         return []
     rows = []
+    seen: set[str] = set()
     for v in verdicts:
         for part in v.get("parts") or [v]:
             floor, half = part.get("floor"), part.get("half_width")
@@ -289,6 +291,9 @@ def target_rows(target_floor: float | None, target_half: float | None,
             part["targets"] = {"floor": target_floor, "floor_met": met_floor,
                                "half_width": target_half, "half_width_met": met_half}
             word = {True: "yes", False: "no", None: "-"}
+            if part["claim"] in seen:
+                continue
+            seen.add(part["claim"])
             rows.append([part["claim"], f"{floor:.3f}", _fmt(target_floor), word[met_floor],
                          f"{half:.3f}", _fmt(target_half), word[met_half]])
     return rows

@@ -103,6 +103,19 @@ def test_design_targets_table():
     assert target_rows(None, None, verdicts) == []
 
 
+def test_a_part_declared_again_alone_gets_one_design_targets_row():
+    """A suite that declares a joint primary and then its parts one at a time: each part
+    once in the table, every verdict still given its targets."""
+    part = {"floor": 0.13, "half_width": 0.09}
+    verdicts = [{"claim": "a and b", "parts": [{"claim": "a", **part},
+                                               {"claim": "b", "floor": 0.01, "half_width": 0.01}]},
+                {"claim": "a", **part}, {"claim": "c", "floor": 0.05, "half_width": 0.03}]
+    rows = target_rows(0.10, 0.06, verdicts)
+    assert [r[0] for r in rows] == ["a", "b", "c"]
+    assert rows[0] == ["a", "0.130", "0.100", "no", "0.090", "0.060", "no"]
+    assert verdicts[1]["targets"]["floor_met"] is False
+
+
 PER_RUN = {"0": {"1000": 0.1, "2000": 0.3}, "1": {"1001": 0.5, "2001": 0.5},
            "2": {"1002": 0.2, "2002": 0.4}}
 
