@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +103,22 @@ def numerics() -> dict[str, Any]:
 
 
 def libraries() -> dict[str, str | None]:
-    """Versions of torch, transformers and peft (None for one not installed)."""
+    """Versions of torch, transformers and peft (None for one not installed): the imported
+    module's where it is imported, else its installed distribution's, so a command that
+    only reads runs (``fedkt suite status``) does not import transformers to name it."""
     out: dict[str, str | None] = {}
     for package in ("torch", "transformers", "peft"):
+        module = sys.modules.get(package)
+        if module is not None and hasattr(module, "__version__"):
+            out[package] = module.__version__
+            continue
         try:
-            out[package] = __import__(package).__version__
-        except ImportError:
-            out[package] = None
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:  # a source tree on the path
+            try:
+                out[package] = __import__(package).__version__
+            except ImportError:
+                out[package] = None
     return out
 
 

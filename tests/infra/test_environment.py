@@ -271,3 +271,20 @@ def test_a_setting_line_drops_the_code_and_an_auto_precision_but_not_a_pinned_on
     assert auto.endswith("; precision bf16 (auto)") and pinned.endswith("(pinned)")
     assert setting_line(auto) == setting_line(describe(env)) == describe(env)
     assert setting_line(pinned) == pinned != describe(env)
+
+
+def test_library_versions_are_named_without_importing_transformers():
+    """`fedkt suite status` reads runs only: naming the libraries must not import
+    transformers or peft (seconds), and must name the versions an import gives."""
+    code = ("import sys, json; from fedkt.infra.environment import libraries; v = libraries(); "
+            "print(json.dumps([v, 'transformers' in sys.modules, 'peft' in sys.modules]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300, check=True).stdout
+    versions, transformers_imported, peft_imported = json.loads(out)
+    assert not transformers_imported and not peft_imported
+    import peft
+    import transformers
+
+    assert versions == {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "peft": peft.__version__}
