@@ -114,7 +114,8 @@ def provenance(folder: Path, environment: Sequence[str] = (),
         command = "` then `".join(dict.fromkeys(c["command"] for c in commands))
     commit = (re.search(r"at commit ([0-9a-f]{7,40})", comment)
               or re.search(r"\(commit ([0-9a-f]{7})[0-9a-f]*\)", env))
-    date = _first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC)?", comment)
+    date = _first(r"\d{4}-\d{2}-\d{2}(?: [\d:]+(?:-[\d:]+)? UTC"
+                  r"(?: to \d{4}-\d{2}-\d{2} [\d:]+ UTC)?)?", comment)  # a span over days too
     if date == NOT_RECORDED and wall and wall["sittings"] and wall["timed_runs"] == wall["runs"]:
         a, b = (datetime.fromisoformat(t) for t in (wall["sittings"][0][0],
                                                      wall["sittings"][-1][1]))

@@ -57,6 +57,20 @@ def test_provenance_is_read_from_the_suites_comment_once_per_table(tmp_path):
     assert "commit not recorded" in results.results_markdown(tmp_path)
 
 
+def test_a_suite_run_over_several_days_keeps_its_whole_date_span(tmp_path):
+    folder = tmp_path / "s"
+    shutil.copytree(SUITES / "fedcollm_labelled", folder)
+    table = folder / "suite.md"
+    lines = table.read_text().splitlines()
+    lines[0] = ("<!-- `fedkt suite run suites/fedcollm_labelled --jobs 2` at commit 6812971, "
+                "2026-12-05 08:30:52 UTC to 2026-12-06 13:15:20 UTC, a 2-core Intel Xeon "
+                "with AMX, 10 h 41 min 35 s wall in all -->")
+    table.write_text("\n".join(lines))
+    got = results.provenance(folder)
+    assert got.date == "2026-12-05 08:30:52 UTC to 2026-12-06 13:15:20 UTC"
+    assert got.time == "10 h 41 min 35 s" and got.machine == "a 2-core Intel Xeon with AMX"
+
+
 def test_the_kernels_of_an_environment_line_follow_its_onednn_cap():
     """The native kinds by their flags; an emulated one (``ONEDNN_MAX_CPU_ISA``) by the
     kernels its cap leaves, on its host: a suite emulated on the AMX host gets its own
