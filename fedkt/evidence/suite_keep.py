@@ -65,11 +65,12 @@ def fold_progress(fold_of: dict[int, int], states: Sequence[tuple[str, int, str]
     return "; ".join([head, *parts])
 
 
-def arm_walls(suite: Suite, only: str | None = None) -> dict[str, list[tuple[float, float]]]:
+def arm_walls(suite: Suite, only: str | None = None,
+              done: set[tuple[str, int]] | None = None) -> dict[str, list[tuple[float, float]]]:
     """Each arm's finished runs in the suite folder, timed: ``(wall, wall + spared)`` a
     run, its wall time and that plus the seconds the reuse store spared it
     (:func:`fedkt.tracking.rows.time_breakdown`); arms with no timed run are left out.
-    ``only``: read that arm's runs alone."""
+    ``only``: read that arm's runs alone; ``done``: the finished runs, already known."""
     from fedkt.tracking.rows import read_rows
 
     walls: dict[str, list[tuple[float, float]]] = {}
@@ -78,7 +79,9 @@ def arm_walls(suite: Suite, only: str | None = None) -> dict[str, list[tuple[flo
             continue
         run_dir = suite.run_dir(arm, seed)
         metrics = run_dir / "metrics.jsonl"
-        if run_state(run_dir, cfg.rounds) != "done" or not metrics.is_file():
+        finished = ((arm, seed) in done if done is not None
+                    else run_state(run_dir, cfg.rounds) == "done")
+        if not finished or not metrics.is_file():
             continue
         spent = time_breakdown(read_rows(metrics))
         if spent is not None:
@@ -103,15 +106,16 @@ def time_left(path: str | Path, output_dir: str | Path | None = None, *,
     left run costs if nothing it needs is stored.  ``suite``: the suite ``path`` gives,
     already loaded."""
     suite = status_suite(path, output_dir) if suite is None else suite
-    walls = arm_walls(suite)
+    done = {k for k, cfg in suite.runs.items()
+            if run_state(suite.run_dir(*k), cfg.rounds) == "done"}  # each run's state once
+    walls = arm_walls(suite, done=done)
     threads: set[int] = set()
     left: list[str] = []
-    for (arm, seed), cfg in suite.runs.items():
-        run_dir = suite.run_dir(arm, seed)
-        if run_state(run_dir, cfg.rounds) != "done":
+    for arm, seed in suite.runs:
+        if (arm, seed) not in done:
             left.append(arm)
             continue
-        for entry in read_environment(run_dir):
+        for entry in read_environment(suite.run_dir(arm, seed)):
             if isinstance(entry.get("torch_threads"), int):
                 threads.add(entry["torch_threads"])
     head = f"left: {len(left)} of {len(suite.runs)} runs"

@@ -219,7 +219,7 @@ def test_suite_run_keeps_each_run_as_it_finishes_and_refuses_a_folder_first(tmp_
 
 def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp_path,
                                                                              capsys):
-    from fedkt.evidence.suite_keep import time_left
+    from fedkt.evidence.suite_keep import arm_walls, time_left
     from fedkt.infra.precision import physical_cores
 
     path = _suite(tmp_path)
@@ -232,6 +232,12 @@ def test_status_says_the_runs_left_and_their_time_by_each_arms_finished_runs(tmp
             "".join(json.dumps(x) + "\n" for x in rows))
     line = time_left(path)
     jobs = physical_cores()  # the runs' one torch thread each
+    # the finished runs, given, time the same arms as read from their folders; none given
+    # finished, none is timed
+    finished = {k for k in suite.runs if k != ("fedavg", 1)}
+    assert arm_walls(suite, done=finished) == arm_walls(suite) == {
+        "fedavg": [(1800.0, 1800.0)], "standalone": [(720.0, 720.0), (1080.0, 1080.0)]}
+    assert arm_walls(suite, done=set()) == {}
     assert line.startswith("left: 1 of 4 runs; about 0.5 h of runs")  # fedavg's 1,800 s
     assert (f"({0.5 / jobs:.1f} h at --jobs {jobs}" in line) == (jobs > 1)
     assert main(["suite", "status", str(tmp_path / "out")]) == 0
