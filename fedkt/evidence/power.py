@@ -209,14 +209,19 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float,
                 seeds: int | None = None
                 ) -> tuple[list[ClaimPower], dict[str, float | int | None]]:
     """Per claim (a joint claim: per part) :class:`ClaimPower`, and the pilot's design:
-    seeds per fold, arms, seconds per fold (all arms and seeds).  ``seeds``: plan with
-    that many seeds a fold (:func:`claim_power`)."""
+    seeds per fold, arms, seconds per fold (all arms and seeds).  A claim that is also a
+    part of another (a suite that declares a joint claim and its parts alone) gets one
+    row.  ``seeds``: plan with that many seeds a fold (:func:`claim_power`)."""
     folder = Path(folder)
     result = read_suite_result(folder)
     rows: list[ClaimPower] = []
+    seen: set[str] = set()
     for text, claim in result.claims.items():
         parts = claim.get("parts") or [claim]
         for part in parts:
+            if part.get("claim", text) in seen:
+                continue
+            seen.add(part.get("claim", text))
             per = part.get("per_seed")
             values = [float(v) for v in per.values()] if isinstance(per, dict) and per else \
                 [float(x) for x in str(part.get("per_seed_text") or "").split(",")

@@ -116,6 +116,30 @@ def test_a_part_declared_again_alone_gets_one_design_targets_row():
     assert verdicts[1]["targets"]["floor_met"] is False
 
 
+def test_a_part_declared_again_alone_gets_one_power_row(tmp_path):
+    """`fedkt suite power` on a suite with a joint claim whose first part is also declared
+    alone: each part once, in the order first met (it listed the part twice)."""
+    from fedkt.evidence.power import pilot_power
+
+    A, B = "a.server.accuracy > c.server.accuracy", "b.server.accuracy >= c.server.accuracy"
+    D = "d.server.accuracy > c.server.accuracy"
+    folder = tmp_path / "pilot"
+    folder.mkdir()
+
+    def one(text: str, per: str) -> dict:
+        return {"claim": text, "estimate": "+0.1", "ci": "[+0.05, +0.15]", "floor": 0.1,
+                "per_seed_text": per, "verdict": "x", "reason": "x"}
+
+    a, b = one(A, "+0.10, +0.12, +0.08, +0.10"), one(B, "+0.01, +0.02, +0.00, +0.01")
+    claims = [{"claim": f"{A} and {B}", "role": "primary", "verdict": "x", "reason": "x",
+               "estimate": "+0.1; +0.01", "ci": "-", "parts": [a, b]},
+              {**a, "role": "secondary"}, {**one(D, "+0.3, +0.2, +0.3, +0.2"), "role": "secondary"}]
+    (folder / "suite.json").write_text(json.dumps({"name": "p", "seeds": [0, 1, 2, 3],
+                                                   "claims": claims, "table": []}))
+    rows, _ = pilot_power(folder, 0.10, 0.06)
+    assert [r.claim for r in rows] == [A, B, D]
+
+
 PER_RUN = {"0": {"1000": 0.1, "2000": 0.3}, "1": {"1001": 0.5, "2001": 0.5},
            "2": {"1002": 0.2, "2002": 0.4}}
 
