@@ -219,9 +219,10 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float,
     for text, claim in result.claims.items():
         parts = claim.get("parts") or [claim]
         for part in parts:
-            if part.get("claim", text) in seen:
+            name = part.get("claim", text)
+            if name in seen:
                 continue
-            seen.add(part.get("claim", text))
+            seen.add(name)
             per = part.get("per_seed")
             values = [float(v) for v in per.values()] if isinstance(per, dict) and per else \
                 [float(x) for x in str(part.get("per_seed_text") or "").split(",")
@@ -234,7 +235,7 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float,
                 got = _numbers(str(part.get("floor_text", "")))
                 floor = got[0] if got else None
             per_run = part.get("per_run")
-            rows.append(claim_power(part.get("claim", text), values, ci[0], ci[1], floor,
+            rows.append(claim_power(name, values, ci[0], ci[1], floor,
                                     target_floor, target_half,
                                     per_run=per_run if isinstance(per_run, dict) else None,
                                     seeds=seeds))
