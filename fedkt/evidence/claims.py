@@ -56,10 +56,12 @@ touches the boundary decides neither way.  For ``~=`` (|D| < TOLERANCE):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Claim", "ClaimError", "Decision", "Joint", "Ref", "decide", "decide_joint", "is_ref",
-           "parse_claim", "verdict"]
+__all__ = ["Claim", "ClaimError", "Decision", "Joint", "Ref", "claim_parts", "decide",
+           "decide_joint", "is_ref", "parse_claim", "verdict"]
 
 REPRODUCED, NOT_RESOLVED, CONTRADICTED = "reproduced", "not resolved", "contradicted"
 FRAGILE = "fragile"
@@ -282,3 +284,14 @@ def decide_joint(parts: list[Decision] | tuple[Decision, ...]) -> Decision:
         return Decision(REPRODUCED)
     held = [f"part {k} {p}" for k, p in enumerate(parts, 1) if p.verdict != REPRODUCED]
     return Decision(NOT_RESOLVED, "; ".join(held))
+
+
+def claim_parts(records: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Each decided claim's parts (a claim that is not joint: itself), with whether it is
+    the first of its text: a suite that declares a joint claim and then its parts alone
+    holds each such part twice, and its tables give it one row."""
+    seen: set[str] = set()
+    for record in records:
+        for part in record.get("parts") or [record]:
+            yield part, part["claim"] not in seen
+            seen.add(part["claim"])

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedkt.evidence.across import read_suite_result
-from fedkt.evidence.claims import MIN_SEEDS
+from fedkt.evidence.claims import MIN_SEEDS, claim_parts
 from fedkt.evidence.stats import DEFAULT_LEVEL, DEFAULT_POWER, _normal_quantile
 from fedkt.tracking.tables import format_table
 
@@ -215,30 +215,25 @@ def pilot_power(folder: str | Path, target_floor: float, target_half: float,
     folder = Path(folder)
     result = read_suite_result(folder)
     rows: list[ClaimPower] = []
-    seen: set[str] = set()
-    for text, claim in result.claims.items():
-        parts = claim.get("parts") or [claim]
-        for part in parts:
-            name = part.get("claim", text)
-            if name in seen:
-                continue
-            seen.add(name)
-            per = part.get("per_seed")
-            values = [float(v) for v in per.values()] if isinstance(per, dict) and per else \
-                [float(x) for x in str(part.get("per_seed_text") or "").split(",")
-                 if x.strip() not in ("", "-")]
-            ci = _numbers(str(part.get("ci", "")))
-            if not values or len(ci) != 2:
-                continue
-            floor = part.get("floor")
-            if not isinstance(floor, int | float):
-                got = _numbers(str(part.get("floor_text", "")))
-                floor = got[0] if got else None
-            per_run = part.get("per_run")
-            rows.append(claim_power(name, values, ci[0], ci[1], floor,
-                                    target_floor, target_half,
-                                    per_run=per_run if isinstance(per_run, dict) else None,
-                                    seeds=seeds))
+    for part, first in claim_parts(result.claims.values()):
+        if not first:
+            continue
+        per = part.get("per_seed")
+        values = [float(v) for v in per.values()] if isinstance(per, dict) and per else \
+            [float(x) for x in str(part.get("per_seed_text") or "").split(",")
+             if x.strip() not in ("", "-")]
+        ci = _numbers(str(part.get("ci", "")))
+        if not values or len(ci) != 2:
+            continue
+        floor = part.get("floor")
+        if not isinstance(floor, int | float):
+            got = _numbers(str(part.get("floor_text", "")))
+            floor = got[0] if got else None
+        per_run = part.get("per_run")
+        rows.append(claim_power(part["claim"], values, ci[0], ci[1], floor,
+                                target_floor, target_half,
+                                per_run=per_run if isinstance(per_run, dict) else None,
+                                seeds=seeds))
     import json
 
     data = {}

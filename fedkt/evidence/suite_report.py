@@ -9,7 +9,7 @@ from typing import Any
 
 from fedkt.eval.predictions import read_predictions
 from fedkt.evidence.choice import choice_markdown, choose
-from fedkt.evidence.claims import Claim, Decision, Joint, Ref, decide, decide_joint
+from fedkt.evidence.claims import Claim, Decision, Joint, Ref, claim_parts, decide, decide_joint
 from fedkt.evidence.invocations import commands_text, read_invocations
 from fedkt.evidence.method_table import comparison_report
 from fedkt.evidence.paper import paper_markdown, paper_result
@@ -280,20 +280,16 @@ def target_rows(target_floor: float | None, target_half: float | None,
     if target_floor is None and target_half is None:
         return []
     rows = []
-    seen: set[str] = set()
-    for v in verdicts:
-        for part in v.get("parts") or [v]:
-            floor, half = part.get("floor"), part.get("half_width")
-            if floor is None or half is None:
-                continue
-            met_floor = None if target_floor is None else bool(floor <= target_floor)
-            met_half = None if target_half is None else bool(half <= target_half)
-            part["targets"] = {"floor": target_floor, "floor_met": met_floor,
-                               "half_width": target_half, "half_width_met": met_half}
-            word = {True: "yes", False: "no", None: "-"}
-            if part["claim"] in seen:
-                continue
-            seen.add(part["claim"])
+    word = {True: "yes", False: "no", None: "-"}
+    for part, first in claim_parts(verdicts):
+        floor, half = part.get("floor"), part.get("half_width")
+        if floor is None or half is None:
+            continue
+        met_floor = None if target_floor is None else bool(floor <= target_floor)
+        met_half = None if target_half is None else bool(half <= target_half)
+        part["targets"] = {"floor": target_floor, "floor_met": met_floor,
+                           "half_width": target_half, "half_width_met": met_half}
+        if first:
             rows.append([part["claim"], f"{floor:.3f}", _fmt(target_floor), word[met_floor],
                          f"{half:.3f}", _fmt(target_half), word[met_half]])
     return rows
