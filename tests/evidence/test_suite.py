@@ -24,6 +24,9 @@ from fedkt.infra.environment import describe, environment
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "configs" / "suites" / "quick.yaml"
+# suite.md's lines that differ between two runs of one suite: the command and its time,
+# and the peak memory (measured)
+MEASURED = ("- run by: ", "- peak memory of a run")
 
 
 def _ctrl_c_as_in_a_terminal() -> None:
@@ -122,7 +125,10 @@ def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
     # the environment the runs were computed in, as suite.md prints it (suite across reads it)
     assert report["environment"] == [x for x in table.splitlines()
                                      if x.startswith("- environment: ")]
-    assert report["environment"][0].endswith(describe(environment()))
+    # this process's environment, then the arithmetic the runs resolved `auto` to
+    line = report["environment"][0].removeprefix("- environment: ")
+    assert line.startswith(describe(environment()))
+    assert re.fullmatch(r"; precision (bf16|fp32) \(auto\)", line[len(describe(environment())):])
     assert [c["claim"] for c in report["claims"]] == [suite.cfg.primary, *suite.cfg.claims]
     assert [c["role"] for c in report["claims"]] == ["primary"] + ["secondary"] * len(
         suite.cfg.claims)
@@ -173,8 +179,9 @@ def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
     for key, mtime in done_before.items():  # finished runs were skipped, not rerun
         assert (suite.run_dir(*key) / "metrics.jsonl").stat().st_mtime_ns == mtime
         assert f"{key[0]} seed {key[1]}: done, skipped" in out
-    def strip(p: Path) -> str:  # the table and claims; the time breakdown is measured
-        return (p / "suite.md").read_text().replace(str(p), "").split("## Where the time")[0]
+    def strip(p: Path) -> str:  # the table and claims, without what is measured or typed
+        text = (p / "suite.md").read_text().replace(str(p), "").split("## Where the time")[0]
+        return "\n".join(x for x in text.splitlines() if not x.startswith(MEASURED))
 
     assert "| fedavg |" in strip(folder) and strip(folder) == strip(finished)
 

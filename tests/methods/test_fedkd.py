@@ -325,4 +325,4 @@ def test_fedkd_round_on_real_minilm(tmp_path):
     assert metrics["train/upload_ratio"] > 1
     teacher = client_ctx(cfg, 0, 2).load_state("teacher")
     assert sum(1 for k in teacher if k.endswith("attention.self.query.weight")) == 6
-    assert trainable_state(server.model).keys() == server.global_state.keys()
+    assert trainable_state(server.student).keys() == server.global_state.keys()

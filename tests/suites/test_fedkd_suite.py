@@ -58,7 +58,9 @@ def test_fedkd_suite_smoke(tmp_path):
     verdicts = table.split("## Claims")[1]
     # FedKD moves SVD-compressed 2-layer updates; student-size FedAvg dense ones
     (bytes_claim,) = [ln for ln in verdicts.splitlines() if "bytes_total" in ln]
-    assert bytes_claim.endswith("| reproduced |"), verdicts
+    # below 0.9x on the interval's side; one seed decides nothing more (docs/evidence.md)
+    assert bytes_claim.endswith(
+        "| fragile: reproduced by the interval, but 1 seed (4 needed) |"), verdicts
     # The global student after 2 rounds: its pooling weights moved (they travel with it)
     # and its pooled features are not constant across tweets.
     state = load_file(out_dir / "fedkd" / "seed_0" / "checkpoints" / "round_0002"

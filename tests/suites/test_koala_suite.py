@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fedkt.eval.predictions import prediction_files, read_predictions
-from fedkt.evidence.claims import CONTRADICTED, NOT_RESOLVED, REPRODUCED
+from fedkt.evidence.claims import FRAGILE, NOT_RESOLVED
 from fedkt.evidence.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,8 @@ def test_koala_suite_smoke_two_arms(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "suite.json").read_text())
     verdicts = {c["claim"]: c for c in result["claims"]}
-    assert all(c["verdict"] in (REPRODUCED, NOT_RESOLVED, CONTRADICTED) for c in verdicts.values())
+    # one seed: a decided interval is fragile (4 needed), its side in the reason
+    assert all(c["verdict"] in (NOT_RESOLVED, FRAGILE) for c in verdicts.values())
     # Table 2's claim is exact arithmetic on the counted models of the run.
     suite = load_suite(path, out)
     cfg = suite.runs[("homo", 0)]
@@ -87,7 +88,9 @@ def test_koala_suite_smoke_two_arms(tmp_path):
     sizes = client_reductions(cfg, data_spec(run_data(cfg.data, 5, 0)))
     table2 = verdicts["homo.server.client_storage_reduction >= 0.976"]
     assert table2["value"] == pytest.approx(sizes["client_storage_reduction"] - 0.976, abs=1e-9)
-    assert table2["verdict"] == CONTRADICTED  # a 0.25-wide MobileNetV2 beside a 4-wide VGG
+    # a 0.25-wide MobileNetV2 beside a 4-wide VGG
+    assert (table2["verdict"], table2["reason"]) == (
+        FRAGILE, "contradicted by the interval, but 1 seed (4 needed)")
     # Both arms start from the same pretrained backbone and adapter (round 0 identical);
     # the same clients' soft labels, shuffled across proxy images, give another KL.
     first = {}
