@@ -86,6 +86,15 @@ def final_test_rows(rows: list[dict]) -> dict[str, dict]:
             for r in without_timings(rows) if r.get("split") == "test"}
 
 
+def suite_claims_text(folder: Path) -> str:
+    """A suite folder's suite.md up to "Where the time went", its folder's path removed and
+    without the lines two runs of one suite do not share (the command that ran it, with
+    its time, and each arm's peak memory): for comparing two runs' tables and claims."""
+    text = (folder / "suite.md").read_text().replace(str(folder), "")
+    return "\n".join(x for x in text.split("## Where the time went")[0].splitlines()
+                     if not x.startswith(("- run by: ", "- peak memory of a run")))
+
+
 def finished_run(tmp_path_factory, *overrides: str) -> Path:
     """A finished FedAvg run on tiny models (``small_config`` with ``overrides``), run once
     per module by the run-folder tests, which copy its folder."""

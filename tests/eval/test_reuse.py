@@ -20,7 +20,7 @@ from fedkt.runtime.base import default_state_root
 from fedkt.runtime.job import run_job
 from fedkt.runtime.local import LocalTransport
 from fedkt.tracking import time_breakdown, without_timings
-from tests.conftest import run_data_of
+from tests.conftest import run_data_of, suite_claims_text
 
 
 def _run(cfg) -> list[dict]:
@@ -358,18 +358,14 @@ def test_a_suite_table_is_the_same_with_reuse_on_and_off_and_each_key_is_compute
             text=True, timeout=900, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
-    def table(folder: Path) -> str:  # without the command that ran it and the peak memory
-        text = (folder / "suite.md").read_text().replace(str(folder), "")
-        return "\n".join(x for x in text.split("## Where the time went")[0].splitlines()
-                         if not x.startswith(("- run by: ", "- peak memory of a run")))
-
     def rows(folder: Path) -> dict[str, list[dict]]:
         return {str(p.parent.relative_to(folder)): without_timings(
             json.loads(line) for line in p.read_text().splitlines())
             for p in sorted(folder.glob("*/seed_*/metrics.jsonl"))}
 
     on, off = folders[True], folders[False]
-    assert "| fedavg |" in table(on) and table(on) == table(off)
+    assert "| fedavg |" in suite_claims_text(on)
+    assert suite_claims_text(on) == suite_claims_text(off)
     summary = {k: json.loads((f / "suite.json").read_text()) for k, f in folders.items()}
     assert summary[True]["table"] == summary[False]["table"]
     assert summary[True]["claims"] == summary[False]["claims"]

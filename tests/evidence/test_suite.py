@@ -21,12 +21,10 @@ from fedkt.evidence.stats import seed_interval
 from fedkt.evidence.suite import load_suite, run_state
 from fedkt.evidence.suite_keep import keep_runs
 from fedkt.infra.environment import describe, environment
+from tests.conftest import suite_claims_text
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "configs" / "suites" / "quick.yaml"
-# suite.md's lines that differ between two runs of one suite: the command and its time,
-# and the peak memory (measured)
-MEASURED = ("- run by: ", "- peak memory of a run")
 
 
 def _ctrl_c_as_in_a_terminal() -> None:
@@ -179,11 +177,8 @@ def test_interrupted_suite_finishes_only_what_is_missing(finished, tmp_path):
     for key, mtime in done_before.items():  # finished runs were skipped, not rerun
         assert (suite.run_dir(*key) / "metrics.jsonl").stat().st_mtime_ns == mtime
         assert f"{key[0]} seed {key[1]}: done, skipped" in out
-    def strip(p: Path) -> str:  # the table and claims, without what is measured or typed
-        text = (p / "suite.md").read_text().replace(str(p), "").split("## Where the time")[0]
-        return "\n".join(x for x in text.splitlines() if not x.startswith(MEASURED))
-
-    assert "| fedavg |" in strip(folder) and strip(folder) == strip(finished)
+    assert "| fedavg |" in suite_claims_text(folder)
+    assert suite_claims_text(folder) == suite_claims_text(finished)
 
 
 @on_the_quick_suite
