@@ -165,12 +165,15 @@ def test_install_into_a_fresh_venv(tmp_path):
                     "--no-build-isolation", str(src), "-w", str(wheels)], check=True,
                    cwd=tmp_path)
     env = {**os.environ, "FEDKT_CACHE": str(tmp_path / "cache")}
-    env.pop("PYTHONPATH", None)  # the venv's own fedkt, not this checkout
+    # The venv's own fedkt, not this checkout: with this checkout on PYTHONPATH, or as the
+    # working folder of `python -m pip`, pip sees its fedkt.egg-info as "fedkt 0.1.0 is
+    # already installed" and skips the wheel.
+    env.pop("PYTHONPATH", None)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps",
-                    *map(str, wheels.glob("fedkt-*.whl"))], check=True)
+                    *map(str, wheels.glob("fedkt-*.whl"))], check=True, env=env, cwd=tmp_path)
     site = Path(subprocess.check_output(
         [str(py), "-c", "import fedkt, os; print(os.path.dirname(fedkt.__file__))"],
         text=True, cwd=tmp_path, env=env).strip())
