@@ -124,9 +124,9 @@ def test_quick_suite_verdicts_follow_from_its_prediction_files(finished):
     assert report["environment"] == [x for x in table.splitlines()
                                      if x.startswith("- environment: ")]
     # this process's environment, then the arithmetic the runs resolved `auto` to
-    line = report["environment"][0].removeprefix("- environment: ")
-    assert line.startswith(describe(environment()))
-    assert re.fullmatch(r"; precision (bf16|fp32) \(auto\)", line[len(describe(environment())):])
+    line, here = report["environment"][0].removeprefix("- environment: "), describe(environment())
+    assert line.startswith(here)
+    assert re.fullmatch(r"; precision (bf16|fp32) \(auto\)", line[len(here):])
     assert [c["claim"] for c in report["claims"]] == [suite.cfg.primary, *suite.cfg.claims]
     assert [c["role"] for c in report["claims"]] == ["primary"] + ["secondary"] * len(
         suite.cfg.claims)
