@@ -33,7 +33,7 @@ from typing import Any
 from fedkt.evidence.choice import choice_markdown
 from fedkt.evidence.claims import ClaimError, Decision, Joint, decide_joint, parse_claim
 from fedkt.evidence.invocations import check_commands
-from fedkt.evidence.pooled import Pooled, pooled_decision
+from fedkt.evidence.pooled import Pooled, align_folds, pooled_decision
 from fedkt.infra.environment import setting_line
 from fedkt.tracking.tables import format_table
 
@@ -374,7 +374,11 @@ def pool_claim(text: str, found: list[dict[str, Any] | None]) -> PooledClaim | s
             return "-"
         got = pooled_decision(part.text, folds)  # type: ignore[arg-type]
         if got is None:
-            return "not computed: the folds differ between settings"
+            matched = align_folds(folds)  # type: ignore[arg-type]
+            if matched is None:
+                return "not computed: the folds differ between settings"
+            return (f"not computed: {matched[0].shape[0]} fold in common "
+                    "(pooling needs 2 or more)")
         pooled.append(got)
     joint = isinstance(claim, Joint)
     decision = decide_joint([p.decision for p in pooled]) if joint else pooled[0].decision

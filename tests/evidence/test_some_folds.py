@@ -170,3 +170,22 @@ def test_the_pooled_verdict_takes_the_folds_every_setting_ran():
     same = pool_claim(claim, [{"per_seed": four}, {"per_seed": four}])
     assert same.parts[0].aligned_by == "fold label" and "every setting ran" not in same.short()
     assert align_folds([{"0": 1.0, "5": 2.0}, {"0": 1.0, "1": 2.0, "2": 3.0}]) is None
+    unmatched = pool_claim(claim, [{"per_seed": {"0": 1.0, "5": 2.0}},
+                                   {"per_seed": {"0": 1.0, "1": 2.0, "2": 3.0}}])
+    assert unmatched == "not computed: the folds differ between settings"
+
+
+def test_a_one_fold_pilot_under_two_settings_is_not_pooled_and_says_why() -> None:
+    """Two settings of a one-fold pilot share their fold: nothing is pooled (a t-interval
+    needs two folds), and the reason names the count rather than a mismatch."""
+    from fedkt.evidence.across import pool_claim
+
+    claim = "a.server.accuracy > b.server.accuracy"
+    got = pool_claim(claim, [{"per_seed": {"0": 0.2}}, {"per_seed": {"0": 0.3}}])
+    assert got == "not computed: 1 fold in common (pooling needs 2 or more)"
+    joint = pool_claim(f"{claim} and a.server.accuracy_srv >= b.server.accuracy_srv - 0.03",
+                       [{"per_seed": {"0": 0.2}, "parts": [{"per_seed": {"0": 0.2}},
+                                                           {"per_seed": {"0": -0.01}}]},
+                        {"per_seed": {"0": 0.3}, "parts": [{"per_seed": {"0": 0.3}},
+                                                           {"per_seed": {"0": 0.01}}]}])
+    assert joint == "not computed: 1 fold in common (pooling needs 2 or more)"
